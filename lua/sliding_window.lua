@@ -1,0 +1,54 @@
+--[[ sliding_window.lua: at most `limit` requests in any span of `window` (a log of admitted
+requests in a sorted set).
+
+KEYS[1]  the log's key, e.g. tollgate:<route>:<limit>:<client>
+ARGV[1]  limit: requests per window (>= 1)
+ARGV[2]  window_ms: the window's length in milliseconds (> 0)
+ARGV[3]  now in milliseconds (optional, decimals allowed; absent or empty: the Redis server clock)
+
+Returns {allowed 1|0, remaining, retry_after_ms, reset_ms}, all integers:
+  remaining       requests left in the window after this one
+  retry_after_ms  0 when allowed; else the time until enough old requests leave the window
+  reset_ms        the time until the oldest logged request leaves the window (rounded up)
+
+A request at time t counts while now < t + window. Stored: a sorted set, score = time of an
+admitted request, member = that time plus a sequence number among requests of the same time, so
+two requests in the same millisecond are two members (the article's `ZADD key now now` made them
+one, and let the limit be passed). Denied requests are not logged. The set expires one window
+after its newest member.
+
+Try it: redis-cli --eval lua/sliding_window.lua tollgate:demo:alice , 3 60000
+Debug:  redis-cli --ldb --eval lua/sliding_window.lua tollgate:demo:alice , 3 60000
+]]
+
+local function now_ms(arg)
+  if arg ~= nil and arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
+
+local key = KEYS[1]
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local now = now_ms(ARGV[3])
+if key == nil or limit == nil or limit < 1 or window == nil or window <= 0 or now == nil then
+  return redis.error_reply('usage: sliding_window.lua KEY , LIMIT>=1 WINDOW_MS>0 [NOW_MS]')
+end
+
+redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now - window))
+local count = redis.call('ZCARD', key)
+if count >= limit then
+  -- the request is admitted once count - limit + 1 of the oldest entries have left
+  local nth = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
+  local retry = math.max(1, math.ceil(tonumber(nth[2]) + window - now))
+  return {0, 0, retry, retry}
+end
+local at = string.format('%.17g', now)
+-- entries with one score are only ever removed together, so their count numbers them uniquely
+local same = redis.call('ZCOUNT', key, at, at)
+redis.call('ZADD', key, at, at .. ':' .. same)
+redis.call('PEXPIRE', key, math.ceil(window))
+local oldest = tonumber(redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2])
+return {1, limit - count - 1, 0, math.max(1, math.ceil(oldest + window - now))}

@@ -1,0 +1,74 @@
+--[[ sliding_window_counter.lua: about `limit` requests in any span of `window`, from two counters
+(this aligned window and the previous one) instead of a log: constant memory per key.
+
+KEYS[1]  the counters' key, e.g. tollgate:<route>:<limit>:<client>
+ARGV[1]  limit: requests per window (>= 1)
+ARGV[2]  window_ms: the window's length in milliseconds (> 0)
+ARGV[3]  now in milliseconds (optional, decimals allowed; absent or empty: the Redis server clock)
+
+Returns {allowed 1|0, remaining, retry_after_ms, reset_ms}, all integers:
+  remaining       requests left after this one, by the weighted estimate
+  retry_after_ms  0 when allowed; else the time until the estimate admits one more (rounded up)
+  reset_ms        the time until the current aligned window ends (at least retry_after_ms)
+
+The estimate: the sliding window [now - window, now) covers the elapsed part of the current
+aligned window and the last (window - elapsed) of the previous one. Assuming the previous
+window's requests were spread evenly, (window - elapsed) / window of them are still inside, so
+    estimate = prev * (window - elapsed) / window + curr
+and a request is admitted while estimate + 1 <= limit. The product is taken before the division
+so that whole-millisecond inputs give an exact estimate.
+Stored: a hash {w = current window start (ms), c = its count, p = the previous window's count};
+it expires when it can no longer serve as the previous window (two windows after w).
+
+Try it: redis-cli --eval lua/sliding_window_counter.lua tollgate:demo:alice , 3 60000
+Debug:  redis-cli --ldb --eval lua/sliding_window_counter.lua tollgate:demo:alice , 3 60000
+]]
+
+local function now_ms(arg)
+  if arg ~= nil and arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
+
+local key = KEYS[1]
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local now = now_ms(ARGV[3])
+if key == nil or limit == nil or limit < 1 or window == nil or window <= 0 or now == nil then
+  return redis.error_reply('usage: sliding_window_counter.lua KEY , LIMIT>=1 WINDOW_MS>0 [NOW_MS]')
+end
+
+local start = math.floor(now / window) * window
+local window_end = start + window
+local stored = redis.call('HMGET', key, 'w', 'c', 'p')
+local w = tonumber(stored[1])
+local curr = tonumber(stored[2]) or 0
+local prev = tonumber(stored[3]) or 0
+if w ~= start then
+  if w == start - window then
+    prev = curr
+  else
+    prev = 0
+  end
+  curr = 0
+end
+
+local estimate = prev * (window - now + start) / window + curr
+if estimate + 1 > limit then
+  local wait
+  if curr + 1 <= limit then
+    -- later in this window: prev * (window - e) / window + curr + 1 <= limit
+    wait = window_end - (limit - 1 - curr) * window / prev - now
+  else
+    -- in the next window, where prev' = curr and curr' = 0: curr * (window - e) / window + 1 <= limit
+    wait = window_end + window - (limit - 1) * window / curr - now
+  end
+  local retry = math.max(1, math.ceil(wait))
+  return {0, 0, retry, math.max(retry, math.ceil(window_end - now))}
+end
+curr = curr + 1
+redis.call('HSET', key, 'w', string.format('%.17g', start), 'c', curr, 'p', prev)
+redis.call('PEXPIRE', key, math.max(1, math.ceil(window_end + window - now)))
+return {1, math.floor(limit - estimate - 1), 0, math.max(1, math.ceil(window_end - now))}

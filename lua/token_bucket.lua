@@ -1,0 +1,58 @@
+--[[ token_bucket.lua: a token bucket, refilled lazily from elapsed time (GCRA layout).
+
+KEYS[1]  the bucket's key, e.g. tollgate:<route>:<limit>:<client>
+ARGV[1]  rate: tokens added per second (> 0; decimals allowed, 0.05 is 3 per minute)
+ARGV[2]  burst: the bucket's size (>= 1); a full bucket admits exactly `burst` requests at once
+ARGV[3]  cost: tokens this request takes (optional, default 1)
+ARGV[4]  now in milliseconds (optional, decimals allowed; absent or empty: the Redis server clock)
+
+Returns {allowed 1|0, remaining, retry_after_ms, reset_ms}, all integers:
+  remaining       tokens left after this request
+  retry_after_ms  0 when allowed; else how long until this request would be admitted (rounded up)
+  reset_ms        how long until the bucket is full again (rounded up)
+
+The stored value is the bucket's "theoretical arrival time" (TAT): the instant at which the bucket
+would be full again. With interval = 1000/rate ms per token, a bucket holding n tokens at `now`
+has TAT = now + (burst - n) * interval. Taking `cost` tokens moves TAT forward by cost * interval,
+which is allowed while TAT - now stays within burst * interval (the GCRA tolerance). One number
+per key, written with %.17g so it reads back exactly, and it expires when the bucket is full.
+
+Try it: redis-cli --eval lua/token_bucket.lua tollgate:demo:alice , 10 20
+Debug:  redis-cli --ldb --eval lua/token_bucket.lua tollgate:demo:alice , 10 20
+]]
+
+-- Comparisons allow 1 microsecond: timestamps near 1.7e12 ms carry about 0.25 us of rounding,
+-- and a request that arrives within 1 us of its slot must not be refused for that.
+local EPS = 0.001
+
+local function now_ms(arg)
+  if arg ~= nil and arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
+
+local key = KEYS[1]
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3] ~= '' and ARGV[3] or nil) or 1
+local now = now_ms(ARGV[4])
+if key == nil or rate == nil or rate <= 0 or burst == nil or burst < 1 or cost < 0 or now == nil then
+  return redis.error_reply('usage: token_bucket.lua KEY , RATE>0 BURST>=1 [COST] [NOW_MS]')
+end
+
+local interval = 1000 / rate
+local tolerance = burst * interval
+local tat = tonumber(redis.call('GET', key))
+if tat == nil or tat < now then
+  tat = now
+end
+-- after: how far ahead of now the bucket's TAT would be if this request took its tokens
+local after = tat - now + cost * interval
+if after - tolerance > EPS then
+  return {0, 0, math.max(1, math.ceil(after - tolerance - EPS)), math.ceil(tat - now)}
+end
+local new_tat = now + after
+redis.call('SET', key, string.format('%.17g', new_tat), 'PX', math.max(1, math.ceil(after)))
+return {1, math.floor((tolerance - after + EPS) / interval), 0, math.ceil(after)}

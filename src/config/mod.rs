@@ -1,0 +1,1 @@
+//! proxy.yaml: loading, validation, environment expansion.

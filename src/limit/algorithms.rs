@@ -1,0 +1,182 @@
+//! The step function of each algorithm: given the key's state and `now`, decide and update the
+//! state. Each mirrors its Lua script line for line; keep them in step (see `lua/`).
+
+use std::collections::VecDeque;
+
+use super::decision::ceil_ms;
+use super::{Algorithm, Bucket, Decision, Millis, Pace, Window, EPS_MS};
+
+/// What one key holds between requests.
+#[derive(Debug, Clone, PartialEq)]
+pub enum State {
+    /// token bucket: the theoretical arrival time; leaky bucket: the next free slot
+    At(Millis),
+    /// fixed window: the aligned window's start and its count
+    Fixed {
+        /// window start (ms)
+        start: Millis,
+        /// admitted in this window
+        count: u64,
+    },
+    /// sliding window: times of the admitted requests still in the window, oldest first
+    Log(VecDeque<Millis>),
+    /// sliding-window counter: the current aligned window's start, its count, the previous count
+    Counter {
+        /// current window start (ms)
+        start: Millis,
+        /// admitted in the current window
+        curr: u64,
+        /// admitted in the previous window
+        prev: u64,
+    },
+}
+
+/// Decides one request at `now` against `state` (`None`: the key is new or expired), updating
+/// `state` when the request is admitted. Returns the decision and, when the state was written,
+/// its time to live in ms (the `PX` the script sets): after that the state is equivalent to none.
+pub fn apply(alg: &Algorithm, state: &mut Option<State>, now: Millis) -> (Decision, Option<u64>) {
+    match alg {
+        Algorithm::TokenBucket(b) => token_bucket(b, state, now),
+        Algorithm::LeakyBucket(p) => leaky_bucket(p, state, now),
+        Algorithm::FixedWindow(w) => fixed_window(w, state, now),
+        Algorithm::SlidingWindow(w) => sliding_window(w, state, now),
+        Algorithm::SlidingWindowCounter(w) => sliding_window_counter(w, state, now),
+    }
+}
+
+fn stored_at(state: &Option<State>) -> Option<Millis> {
+    match state {
+        Some(State::At(t)) => Some(*t),
+        _ => None,
+    }
+}
+
+/// GCRA: see `lua/token_bucket.lua` for the derivation.
+fn token_bucket(b: &Bucket, state: &mut Option<State>, now: Millis) -> (Decision, Option<u64>) {
+    let interval = b.rate.interval_ms();
+    let tolerance = f64::from(b.burst.get()) * interval;
+    let tat = stored_at(state).filter(|t| *t >= now).unwrap_or(now);
+    let after = tat - now + f64::from(b.cost.get()) * interval;
+    if after - tolerance > EPS_MS {
+        let decision = Decision::counted(false, 0, ceil_ms(after - tolerance - EPS_MS), ceil0(tat - now));
+        return (decision, None);
+    }
+    *state = Some(State::At(now + after));
+    let remaining = ((tolerance - after + EPS_MS) / interval).floor() as u64;
+    let decision = Decision::counted(true, remaining, 0, ceil0(after));
+    (decision, Some(ceil_ms(after)))
+}
+
+/// Pacing: see `lua/leaky_bucket.lua`.
+fn leaky_bucket(p: &Pace, state: &mut Option<State>, now: Millis) -> (Decision, Option<u64>) {
+    let interval = p.rate.interval_ms();
+    let slot = stored_at(state).filter(|t| *t >= now).unwrap_or(now);
+    let delay = slot - now;
+    let delay_us = round_micros(delay);
+    if p.max_delay_ms.is_some_and(|max| delay - max > EPS_MS) {
+        return (Decision::paced(false, delay_us, interval, p.max_delay_ms), None);
+    }
+    let ahead = delay + interval;
+    *state = Some(State::At(now + ahead));
+    let decision = Decision::paced(true, delay_us, interval, p.max_delay_ms);
+    (decision, Some(ceil_ms(ahead)))
+}
+
+/// The script's `math.floor(ms * 1000 + 0.5)`: a delay to the nearest microsecond.
+fn round_micros(ms: f64) -> u64 {
+    (ms * 1000.0 + 0.5).floor().max(0.0) as u64
+}
+
+/// `math.ceil` of a span that may be zero or negative, clamped at zero.
+fn ceil0(ms: f64) -> u64 {
+    ms.ceil().max(0.0) as u64
+}
+
+/// The aligned window containing `now`: `floor(now / window) * window`, as the scripts compute it.
+fn window_start(now: Millis, window: f64) -> Millis {
+    (now / window).floor() * window
+}
+
+/// Aligned windows: see `lua/fixed_window.lua`.
+fn fixed_window(w: &Window, state: &mut Option<State>, now: Millis) -> (Decision, Option<u64>) {
+    let (limit, window) = (w.limit.get(), w.window_ms.get() as f64);
+    let start = window_start(now, window);
+    let reset = ceil_ms(start + window - now);
+    let count = match state {
+        Some(State::Fixed { start: s, count }) if *s == start => *count,
+        _ => 0,
+    };
+    if count >= limit {
+        return (Decision::counted(false, 0, reset, reset), None);
+    }
+    *state = Some(State::Fixed {
+        start,
+        count: count + 1,
+    });
+    (Decision::counted(true, limit - count - 1, 0, reset), Some(reset))
+}
+
+/// A log of admitted requests: see `lua/sliding_window.lua`.
+fn sliding_window(w: &Window, state: &mut Option<State>, now: Millis) -> (Decision, Option<u64>) {
+    let (limit, window) = (w.limit.get(), w.window_ms.get() as f64);
+    if !matches!(state, Some(State::Log(_))) {
+        *state = Some(State::Log(VecDeque::new()));
+    }
+    let Some(State::Log(log)) = state else {
+        unreachable!("set to a log just above")
+    };
+    // ZREMRANGEBYSCORE -inf (now - window): entries at or before the cut-off have left
+    let cutoff = now - window;
+    log.retain(|t| *t > cutoff);
+    let count = log.len() as u64;
+    if count >= limit {
+        let nth = log[(count - limit) as usize];
+        let retry = ceil_ms(nth + window - now);
+        return (Decision::counted(false, 0, retry, retry), None);
+    }
+    // keep the log sorted by time, as the sorted set is, even if clocks hand us an older `now`
+    let at = log.partition_point(|t| *t <= now);
+    log.insert(at, now);
+    let oldest = log[0];
+    let decision = Decision::counted(true, limit - count - 1, 0, ceil_ms(oldest + window - now));
+    (decision, Some(ceil_ms(window)))
+}
+
+/// Two weighted counters: see `lua/sliding_window_counter.lua` for the estimate.
+fn sliding_window_counter(
+    w: &Window,
+    state: &mut Option<State>,
+    now: Millis,
+) -> (Decision, Option<u64>) {
+    let (limit, window) = (w.limit.get() as f64, w.window_ms.get() as f64);
+    let start = window_start(now, window);
+    let window_end = start + window;
+    let (curr, prev) = match state {
+        Some(State::Counter { start: s, curr, prev }) if *s == start => (*curr, *prev),
+        Some(State::Counter { start: s, curr, .. }) if *s == start - window => (0, *curr),
+        _ => (0, 0),
+    };
+    let (currf, prevf) = (curr as f64, prev as f64);
+    let estimate = prevf * (window - now + start) / window + currf;
+    if estimate + 1.0 > limit {
+        let wait = if currf + 1.0 <= limit {
+            window_end - (limit - 1.0 - currf) * window / prevf - now
+        } else {
+            window_end + window - (limit - 1.0) * window / currf - now
+        };
+        let retry = ceil_ms(wait);
+        let reset = retry.max(ceil0(window_end - now));
+        return (Decision::counted(false, 0, retry, reset), None);
+    }
+    *state = Some(State::Counter {
+        start,
+        curr: curr + 1,
+        prev,
+    });
+    let remaining = (limit - estimate - 1.0).floor() as u64;
+    let decision = Decision::counted(true, remaining, 0, ceil_ms(window_end - now));
+    (decision, Some(ceil_ms(window_end + window - now)))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,165 @@
+//! Typed limiter parameters. Constructors refuse what would make an algorithm meaningless (a
+//! zero or negative rate, a zero burst, limit or window), so a built [`Algorithm`] is always valid.
+
+use std::num::{NonZeroU32, NonZeroU64};
+use std::time::Duration;
+
+/// Why a parameter was refused; the config layer adds the file position and key path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamError {
+    /// A rate must be a finite number of events per positive span.
+    #[error("rate must be greater than zero, found {0}")]
+    Rate(String),
+    /// `max_delay` must be a finite duration.
+    #[error("max_delay must be a finite duration")]
+    MaxDelay,
+    /// A token costing more than the bucket holds could never be admitted.
+    #[error("cost {cost} is larger than burst {burst}: no request could ever be admitted")]
+    CostOverBurst {
+        /// the cost asked for
+        cost: u32,
+        /// the bucket size
+        burst: u32,
+    },
+}
+
+/// Events per second, finite and greater than zero.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate(f64);
+
+impl Rate {
+    /// `count` events per `per`; refuses zero, negative, infinite and NaN rates.
+    pub fn new(count: f64, per: Duration) -> Result<Rate, ParamError> {
+        Rate::per_second(count / per.as_secs_f64())
+    }
+
+    /// A rate given directly in events per second.
+    pub fn per_second(rate: f64) -> Result<Rate, ParamError> {
+        if rate.is_finite() && rate > 0.0 {
+            Ok(Rate(rate))
+        } else {
+            Err(ParamError::Rate(rate.to_string()))
+        }
+    }
+
+    /// Events per second, as the scripts take it (ARGV[1]).
+    pub fn per_sec(self) -> f64 {
+        self.0
+    }
+
+    /// Milliseconds between two events: `1000 / rate`, computed exactly as the scripts do.
+    pub fn interval_ms(self) -> f64 {
+        1000.0 / self.0
+    }
+}
+
+/// Token bucket parameters: refill `rate`, bucket size `burst`, tokens per request `cost`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bucket {
+    /// tokens added per second
+    pub rate: Rate,
+    /// bucket size: a full bucket admits exactly `burst` requests at once
+    pub burst: NonZeroU32,
+    /// tokens one request takes
+    pub cost: NonZeroU32,
+}
+
+impl Bucket {
+    /// A bucket; refuses a cost larger than the burst, which could never be admitted.
+    pub fn new(rate: Rate, burst: NonZeroU32, cost: NonZeroU32) -> Result<Bucket, ParamError> {
+        if cost > burst {
+            return Err(ParamError::CostOverBurst {
+                cost: cost.get(),
+                burst: burst.get(),
+            });
+        }
+        Ok(Bucket { rate, burst, cost })
+    }
+}
+
+/// Leaky bucket (pacing) parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pace {
+    /// slots handed out per second
+    pub rate: Rate,
+    /// the longest wait a caller accepts, in ms; `None`: unbounded
+    pub max_delay_ms: Option<f64>,
+}
+
+impl Pace {
+    /// Pacing at `rate`, refusing waits longer than `max_delay` (unbounded when `None`).
+    pub fn new(rate: Rate, max_delay: Option<Duration>) -> Result<Pace, ParamError> {
+        let max_delay_ms = max_delay.map(|d| d.as_secs_f64() * 1000.0);
+        if max_delay_ms.is_some_and(|d| !d.is_finite()) {
+            return Err(ParamError::MaxDelay);
+        }
+        Ok(Pace { rate, max_delay_ms })
+    }
+}
+
+/// Window parameters shared by the fixed window, sliding window and sliding-window counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// requests per window
+    pub limit: NonZeroU64,
+    /// the window's length in whole milliseconds
+    pub window_ms: NonZeroU64,
+}
+
+impl Window {
+    /// `limit` requests per `window`; a window shorter than 1 ms is rounded up to 1 ms.
+    pub fn new(limit: NonZeroU64, window: Duration) -> Window {
+        let ms = window.as_nanos().div_ceil(1_000_000).max(1);
+        let window_ms = NonZeroU64::new(u64::try_from(ms).unwrap_or(u64::MAX))
+            .expect("clamped to at least 1 above");
+        Window { limit, window_ms }
+    }
+}
+
+/// One limiter: which algorithm, with its parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Algorithm {
+    /// `lua/token_bucket.lua`
+    TokenBucket(Bucket),
+    /// `lua/leaky_bucket.lua`
+    LeakyBucket(Pace),
+    /// `lua/fixed_window.lua`
+    FixedWindow(Window),
+    /// `lua/sliding_window.lua`
+    SlidingWindow(Window),
+    /// `lua/sliding_window_counter.lua`
+    SlidingWindowCounter(Window),
+}
+
+impl Algorithm {
+    /// The name used in `proxy.yaml` and for the script file (`lua/<name>.lua`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket(_) => "token_bucket",
+            Algorithm::LeakyBucket(_) => "leaky_bucket",
+            Algorithm::FixedWindow(_) => "fixed_window",
+            Algorithm::SlidingWindow(_) => "sliding_window",
+            Algorithm::SlidingWindowCounter(_) => "sliding_window_counter",
+        }
+    }
+
+    /// The quota and its window in seconds, as the IETF `RateLimit-Policy` field states them
+    /// (`q` and `w`): a bucket's burst refills in `burst / rate` seconds.
+    pub fn policy(&self) -> (u64, f64) {
+        match self {
+            Algorithm::TokenBucket(b) => (
+                u64::from(b.burst.get()),
+                f64::from(b.burst.get()) / b.rate.per_sec(),
+            ),
+            Algorithm::LeakyBucket(p) => {
+                let queued = p.max_delay_ms.map_or(1.0, |d| d / p.rate.interval_ms() + 1.0);
+                (queued.floor().max(1.0) as u64, 1.0 / p.rate.per_sec())
+            }
+            Algorithm::FixedWindow(w)
+            | Algorithm::SlidingWindow(w)
+            | Algorithm::SlidingWindowCounter(w) => {
+                (w.limit.get(), w.window_ms.get() as f64 / 1000.0)
+            }
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! The in-process store: the algorithms of [`crate::limit`] over a sharded, bounded map.
+//!
+//! Used as the `memory` backend and as the `local` fallback when Redis fails. Each shard is a
+//! mutex-guarded LRU map: a `std::sync::Mutex` because the critical section is a hash lookup and
+//! a few float operations, never held across an `.await`. Sharding by key hash keeps two cores
+//! from contending on one lock. The bound (`max_keys`) evicts the least recently used key, and
+//! a background task purges expired keys so idle clients cost nothing.
+
+use std::hash::BuildHasher;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lru::LruCache;
+
+use super::{Store, StoreFuture};
+use crate::limit::{apply, Algorithm, Decision, Millis, State};
+
+type Hasher = foldhash::fast::RandomState;
+
+/// How often the background task sweeps expired keys.
+const PURGE_EVERY: Duration = Duration::from_secs(5);
+
+/// In-process limiter state. Cheap to share behind an `Arc`.
+pub struct MemoryStore {
+    shards: Arc<Shards>,
+    /// Dropping the store drops this sender, which wakes and ends the purge task at once.
+    _stop_purge: tokio::sync::watch::Sender<()>,
+}
+
+struct Shards {
+    maps: Box<[Mutex<LruCache<Box<str>, Entry, Hasher>>]>,
+    hasher: Hasher,
+    clock: Clock,
+}
+
+struct Entry {
+    /// `None` once expired (until the purge removes the entry)
+    state: Option<State>,
+    /// clock time (ms) after which the state is equivalent to none
+    expires_at: Millis,
+}
+
+/// Wall-clock milliseconds, read through a monotonic clock so that they never go backwards.
+struct Clock {
+    epoch_ms: f64,
+    started: Instant,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        Clock {
+            epoch_ms: since_epoch.as_secs_f64() * 1000.0,
+            started: Instant::now(),
+        }
+    }
+
+    fn now(&self) -> Millis {
+        self.epoch_ms + self.started.elapsed().as_secs_f64() * 1000.0
+    }
+}
+
+impl MemoryStore {
+    /// A store holding at most about `max_keys` keys. Inside a Tokio runtime it also starts the
+    /// task that purges expired keys; it ends when the store is dropped.
+    pub fn new(max_keys: NonZeroUsize) -> MemoryStore {
+        // One shard per ~1024 keys up to 64 shards (a power of two): small bounds stay exact
+        // LRU, large ones spread the lock.
+        let shard_count = (max_keys.get() / 1024).clamp(1, 64).next_power_of_two().min(64);
+        let per_shard = NonZeroUsize::new(max_keys.get().div_ceil(shard_count))
+            .expect("max_keys >= 1, so each shard holds at least 1");
+        let maps = (0..shard_count)
+            .map(|_| Mutex::new(LruCache::with_hasher(per_shard, Hasher::default())))
+            .collect();
+        let shards = Arc::new(Shards {
+            maps,
+            hasher: Hasher::default(),
+            clock: Clock::new(),
+        });
+        let (stop, stopped) = tokio::sync::watch::channel(());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(purge_task(Arc::downgrade(&shards), stopped));
+        }
+        MemoryStore {
+            shards,
+            _stop_purge: stop,
+        }
+    }
+
+    /// Decides one request at once (the memory store never waits).
+    pub fn decide(&self, key: &str, alg: &Algorithm, now: Option<Millis>) -> Decision {
+        let shards = &*self.shards;
+        let now = now.unwrap_or_else(|| shards.clock.now());
+        let mut map = shards.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = map.get_mut(key) {
+            if entry.expires_at <= now {
+                entry.state = None;
+            }
+            let (decision, ttl) = apply(alg, &mut entry.state, now);
+            if let Some(ttl) = ttl {
+                entry.expires_at = now + ttl as f64;
+            }
+            return decision;
+        }
+        let mut state = None;
+        let (decision, ttl) = apply(alg, &mut state, now);
+        if let Some(ttl) = ttl {
+            let expires_at = now + ttl as f64;
+            map.push(key.into(), Entry { state, expires_at });
+        }
+        decision
+    }
+
+    /// How many keys the store holds (expired ones not yet purged included).
+    pub fn len(&self) -> usize {
+        self.shards.maps.iter().map(|m| m.lock().map(|m| m.len()).unwrap_or(0)).sum()
+    }
+
+    /// True when the store holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Removes every expired key now (the background task does this every few seconds).
+    pub fn purge_expired(&self) -> usize {
+        self.shards.purge()
+    }
+}
+
+impl Shards {
+    fn shard(&self, key: &str) -> &Mutex<LruCache<Box<str>, Entry, Hasher>> {
+        let ix = self.hasher.hash_one(key) as usize & (self.maps.len() - 1);
+        &self.maps[ix]
+    }
+
+    fn purge(&self) -> usize {
+        let mut removed = 0;
+        for map in self.maps.iter() {
+            let now = self.clock.now();
+            let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+            let expired: Vec<Box<str>> = map
+                .iter()
+                .filter(|(_, e)| e.expires_at <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in &expired {
+                map.pop(key);
+            }
+            removed += expired.len();
+        }
+        removed
+    }
+}
+
+async fn purge_task(shards: Weak<Shards>, mut stop: tokio::sync::watch::Receiver<()>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(PURGE_EVERY) => {}
+            _ = stop.changed() => return,
+        }
+        match shards.upgrade() {
+            Some(shards) => {
+                shards.purge();
+            }
+            None => return,
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn check<'a>(&'a self, key: &'a str, alg: &'a Algorithm, now: Option<Millis>) -> StoreFuture<'a> {
+        let decision = self.decide(key, alg, now);
+        Box::pin(std::future::ready(Ok(decision)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::{NonZeroU32, NonZeroU64};
+
+    use super::*;
+    use crate::limit::{Bucket, Rate, Window};
+
+    fn nz(n: usize) -> NonZeroUsize {
+        NonZeroUsize::new(n).unwrap()
+    }
+
+    fn fixed(limit: u64) -> Algorithm {
+        Algorithm::FixedWindow(Window::new(NonZeroU64::new(limit).unwrap(), Duration::from_secs(60)))
+    }
+
+    /// The key bound evicts the least recently used key, not the busiest.
+    #[test]
+    fn evicts_least_recently_used_past_max_keys() {
+        let store = MemoryStore::new(nz(3));
+        let alg = fixed(1);
+        for key in ["a", "b", "c"] {
+            assert!(store.decide(key, &alg, Some(0.0)).allowed);
+        }
+        assert!(!store.decide("a", &alg, Some(1.0)).allowed, "a is remembered and touched");
+        assert!(store.decide("d", &alg, Some(2.0)).allowed);
+        assert_eq!(store.len(), 3);
+        assert!(!store.decide("a", &alg, Some(3.0)).allowed, "a survived: b was least recent");
+        assert!(store.decide("b", &alg, Some(4.0)).allowed, "b was evicted and starts afresh");
+    }
+
+    /// A denied request for an unknown key stores nothing.
+    #[test]
+    fn denial_of_new_key_stores_nothing() {
+        let store = MemoryStore::new(nz(10));
+        let rate = Rate::per_second(1.0).unwrap();
+        let one = NonZeroU32::new(1).unwrap();
+        let alg = Algorithm::TokenBucket(Bucket::new(rate, one, one).unwrap());
+        assert!(store.decide("k", &alg, Some(0.0)).allowed);
+        store.purge_expired();
+        assert_eq!(store.len(), 1);
+        assert_eq!(store.purge_expired(), 0);
+    }
+
+    /// Expired keys are purged and then decide as new keys.
+    #[test]
+    fn purge_removes_expired_keys() {
+        let store = MemoryStore::new(nz(10));
+        let alg = Algorithm::FixedWindow(Window::new(NonZeroU64::new(1).unwrap(), Duration::from_millis(1)));
+        let now = store.shards.clock.now() - 10.0;
+        assert!(store.decide("gone", &alg, Some(now)).allowed);
+        assert_eq!(store.purge_expired(), 1);
+        assert!(store.is_empty());
+    }
+
+    /// The purge task ends when the store is dropped.
+    #[tokio::test]
+    async fn purge_task_stops_with_the_store() {
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let before = metrics.num_alive_tasks();
+        let store = MemoryStore::new(nz(10));
+        assert_eq!(metrics.num_alive_tasks(), before + 1, "the purge task runs");
+        drop(store);
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+            if metrics.num_alive_tasks() == before {
+                return;
+            }
+        }
+        panic!("the purge task outlived its store");
+    }
+}

@@ -1,0 +1,66 @@
+//! Limiter state stores. A [`Store`] decides one request for one key under one algorithm and
+//! keeps the key's state; the proxy sees only this trait.
+//!
+//! * [`memory::MemoryStore`]: in process, sharded, bounded (least recently used evicted).
+//! * [`redis::RedisStore`]: the Lua scripts of `lua/` on Redis or Redis Cluster, shared by
+//!   every tollgate instance.
+//!
+//! Rate limited is not an error (a [`Decision`]); a store that cannot answer is ([`StoreError`]),
+//! and the failure policy decides what that means.
+
+pub mod memory;
+pub mod redis;
+mod reply;
+mod scripts;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::limit::{Algorithm, Decision, Millis};
+
+pub use memory::MemoryStore;
+pub use redis::{RedisStore, RedisTarget};
+pub use reply::decode;
+
+/// The future a store call returns.
+pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'a>>;
+
+/// Keeps limiter state and decides requests.
+pub trait Store: Send + Sync + 'static {
+    /// Decides one request for `key` under `alg`. `now` is the time in ms since the epoch;
+    /// `None` takes the store's own clock (for Redis, the server's, so that instances with
+    /// skewed clocks agree). Tests pass `Some` to replay a sequence.
+    fn check<'a>(&'a self, key: &'a str, alg: &'a Algorithm, now: Option<Millis>) -> StoreFuture<'a>;
+}
+
+/// A store that could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No answer within the configured per-call timeout.
+    #[error("store call timed out after {0:?}")]
+    Timeout(Duration),
+    /// Redis answered with an error or the connection failed.
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    /// Redis answered something the script never returns.
+    #[error("unexpected reply from {script}: {detail}")]
+    Reply {
+        /// the script called
+        script: &'static str,
+        /// what was wrong with the reply
+        detail: String,
+    },
+}
+
+impl StoreError {
+    /// A short label for the `kind` of `tollgate_store_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Redis(e) if e.is_io_error() || e.is_connection_dropped() => "connection",
+            StoreError::Redis(_) => "redis",
+            StoreError::Reply { .. } => "reply",
+        }
+    }
+}

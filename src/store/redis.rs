@@ -1,0 +1,138 @@
+//! The Redis store: each check is one `EVALSHA` of the algorithm's script on the key's node.
+//!
+//! One multiplexed connection per node (redis-rs `ConnectionManager`, or the cluster client's
+//! per-node connections), so concurrent checks pipeline on it; the manager reconnects by itself
+//! after Redis restarts. `Script::invoke_async` sends `EVALSHA` and, on a `NOSCRIPT` answer
+//! (Redis restarted, failed over, or `SCRIPT FLUSH`), loads the script and retries once.
+//! Every call is bounded by `timeout`; past it the caller gets [`StoreError::Timeout`].
+
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::io::tcp::TcpSettings;
+use ::redis::{IntoConnectionInfo, Value};
+
+use super::scripts::Scripts;
+use super::{reply, Store, StoreError, StoreFuture};
+use crate::limit::{Algorithm, Millis};
+
+/// Where the Redis store connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// one Redis: `redis://`, `rediss://` or `redis+unix://` URL
+    Single(String),
+    /// a Redis Cluster: seed node URLs
+    Cluster(Vec<String>),
+}
+
+/// Limiter state in Redis, shared by every tollgate instance that uses the same Redis.
+pub struct RedisStore {
+    conn: Conn,
+    scripts: Scripts,
+    timeout: Duration,
+}
+
+/// Both kinds are cheap handles onto shared multiplexed connections: cloning one per call is
+/// how concurrent calls share (and pipeline on) the same socket.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl RedisStore {
+    /// Connects lazily: the store is usable at once, and calls fail with a [`StoreError`]
+    /// until Redis answers. `timeout` bounds every call.
+    pub fn connect(target: &RedisTarget, timeout: Duration) -> Result<RedisStore, StoreError> {
+        // Connecting may take longer than one call may wait; give it at least a second.
+        let connect_timeout = timeout.max(Duration::from_secs(1));
+        let tcp = TcpSettings::default().set_nodelay(true);
+        let conn = match target {
+            RedisTarget::Single(url) => {
+                let info = url.as_str().into_connection_info()?.set_tcp_settings(tcp);
+                let client = ::redis::Client::open(info)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(Some(timeout))
+                    // keep retrying in the background: recovery needs no restart
+                    .set_number_of_retries(usize::MAX)
+                    .set_min_delay(Duration::from_millis(20))
+                    .set_max_delay(Duration::from_millis(500));
+                Conn::Single(ConnectionManager::new_lazy_with_config(client, config)?)
+            }
+            RedisTarget::Cluster(urls) => {
+                let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                    .tcp_settings(tcp)
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(timeout)
+                    .retries(2)
+                    .build()?;
+                let config = ClusterConfig::new()
+                    .set_connection_timeout(connect_timeout)
+                    .set_response_timeout(timeout);
+                Conn::Cluster(client.get_pending_async_connection_with_config(config))
+            }
+        };
+        Ok(RedisStore {
+            conn,
+            scripts: Scripts::new(),
+            timeout,
+        })
+    }
+
+    /// Sends `PING` (bounded by the timeout): for readiness checks and tests.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let ping = async move { ::redis::cmd("PING").query_async::<String>(&mut conn).await };
+        match tokio::time::timeout(self.timeout, ping).await {
+            Ok(result) => result.map(drop).map_err(StoreError::from),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+
+    async fn eval(&self, key: &str, alg: &Algorithm, now: Option<Millis>) -> Result<Value, StoreError> {
+        let invocation = self.scripts.invocation(key, alg, now);
+        let mut conn = self.conn.clone();
+        let call = async move { invocation.invoke_async::<Value>(&mut conn).await };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+}
+
+impl Store for RedisStore {
+    fn check<'a>(&'a self, key: &'a str, alg: &'a Algorithm, now: Option<Millis>) -> StoreFuture<'a> {
+        Box::pin(async move { reply::decode(alg, &self.eval(key, alg, now).await?) })
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a ::redis::Cmd) -> ::redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> ::redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}

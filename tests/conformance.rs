@@ -1,0 +1,137 @@
+//! One conformance suite, generic over `Store`: the same sequences of (now, request) must get
+//! identical decisions from the memory store (Rust) and the Redis store (Lua on a real Redis).
+
+mod common;
+
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Window};
+use tollgate::store::{MemoryStore, RedisStore, RedisTarget, Store};
+
+const T0: f64 = 1_700_000_040_000.0; // a multiple of every window used below
+
+fn bucket(rate: f64, burst: u32, cost: u32) -> Algorithm {
+    let nz = |n| NonZeroU32::new(n).unwrap();
+    Algorithm::TokenBucket(Bucket::new(Rate::per_second(rate).unwrap(), nz(burst), nz(cost)).unwrap())
+}
+
+fn win(limit: u64, ms: u64) -> Window {
+    Window::new(NonZeroU64::new(limit).unwrap(), Duration::from_millis(ms))
+}
+
+fn pace(rate: f64, max_delay_ms: Option<u64>) -> Algorithm {
+    Algorithm::LeakyBucket(Pace::new(Rate::per_second(rate).unwrap(), max_delay_ms.map(Duration::from_millis)).unwrap())
+}
+
+/// Replays `times` for one key through any store.
+async fn replay(store: &dyn Store, key: &str, alg: &Algorithm, times: &[f64]) -> Vec<Decision> {
+    let mut out = Vec::with_capacity(times.len());
+    for t in times {
+        out.push(store.check(key, alg, Some(*t)).await.expect("store answers"));
+    }
+    out
+}
+
+static KEY: AtomicU64 = AtomicU64::new(0);
+
+/// The same sequence through both stores, under a fresh key; both answers, asserted equal.
+async fn both(redis: &RedisStore, alg: &Algorithm, times: &[f64]) -> Vec<Decision> {
+    let key = format!("conf:{}", KEY.fetch_add(1, Ordering::Relaxed));
+    let memory = MemoryStore::new(NonZeroUsize::new(1000).unwrap());
+    let from_rust = replay(&memory, &key, alg, times).await;
+    let from_lua = replay(redis, &key, alg, times).await;
+    for (i, (r, l)) in from_rust.iter().zip(&from_lua).enumerate() {
+        assert_eq!(r, l, "{} request {i} at {}: rust {r:?} lua {l:?}", alg.name(), times[i]);
+    }
+    from_lua
+}
+
+fn redis_store(redis: &common::Redis) -> RedisStore {
+    RedisStore::connect(&RedisTarget::Single(redis.url()), Duration::from_secs(2)).unwrap()
+}
+
+fn allowed(d: &[Decision]) -> Vec<bool> {
+    d.iter().map(|d| d.allowed).collect()
+}
+
+/// Hand-written edges, identical from Rust and Lua: full and empty buckets, cost > 1, window
+/// boundaries, same-millisecond requests, max_delay, fractional times and rates.
+#[tokio::test]
+async fn hand_written_edges_agree() {
+    let server = common::Redis::start();
+    let redis = redis_store(&server);
+    // token bucket: a full bucket, emptied, refilled one token at a time; cost 3
+    let d = both(&redis, &bucket(10.0, 3, 1), &[T0, T0, T0, T0, T0 + 99.0, T0 + 100.0, T0 + 5000.0]).await;
+    assert_eq!(allowed(&d), [true, true, true, false, false, true, true]);
+    let d = both(&redis, &bucket(2.0, 5, 3), &[T0, T0 + 1.0, T0 + 1000.0, T0 + 1000.0]).await;
+    assert_eq!(allowed(&d), [true, false, true, false]);
+    both(&redis, &bucket(0.05, 3, 1), &[T0, T0 + 0.25, T0 + 0.5, T0 + 0.75, T0 + 19_999.9, T0 + 20_000.5]).await;
+    both(&redis, &bucket(1.0 / 3.0, 2, 1), &[T0, T0 + 1.5, T0 + 2.5, T0 + 3000.0, T0 + 3333.334]).await;
+    // fixed window: the last ms of one window and the first of the next
+    let d = both(&redis, &Algorithm::FixedWindow(win(2, 1000)), &[T0 + 998.0, T0 + 999.0, T0 + 999.9, T0 + 1000.0, T0 + 1000.0, T0 + 1000.0]).await;
+    assert_eq!(allowed(&d), [true, true, false, true, true, false]);
+    // sliding window: same millisecond, and the exact moment an entry leaves
+    let d = both(&redis, &Algorithm::SlidingWindow(win(2, 1000)), &[T0, T0, T0, T0 + 999.999, T0 + 1000.0, T0 + 1000.0, T0 + 1000.0]).await;
+    assert_eq!(allowed(&d), [true, true, false, false, true, true, false]);
+    // sliding-window counter across two and three windows
+    let d = both(&redis, &Algorithm::SlidingWindowCounter(win(4, 1000)), &[T0 + 10.0, T0 + 20.0, T0 + 30.0, T0 + 40.0, T0 + 50.0, T0 + 1250.0, T0 + 1250.0, T0 + 1600.0, T0 + 3100.0]).await;
+    assert!(!d[4].allowed && d[5].allowed && d[8].allowed);
+    // pacing: unbounded, bounded, refused then admitted, fractional intervals
+    let d = both(&redis, &pace(4.0, Some(500)), &[T0, T0, T0, T0, T0 + 250.0, T0 + 10_000.0]).await;
+    assert_eq!(allowed(&d), [true, true, true, false, true, true]);
+    assert_eq!(d[2].delay_us, 500_000);
+    both(&redis, &pace(3.0, None), &[T0, T0, T0, T0 + 0.123, T0 + 0.124]).await;
+    both(&redis, &pace(1000.0, Some(0)), &[T0, T0 + 0.5, T0 + 1.0, T0 + 1.0005]).await;
+}
+
+/// Decisions taken with the Redis server clock (no `now` passed) behave like the memory store's.
+#[tokio::test]
+async fn server_clock_decisions_match_expectations() {
+    let server = common::Redis::start();
+    let redis = redis_store(&server);
+    let alg = bucket(1.0, 3, 1);
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(redis.check("live", &alg, None).await.unwrap());
+    }
+    assert_eq!(allowed(&seen), [true, true, true, false]);
+    assert!((900..=1000).contains(&seen[3].retry_after_ms), "{:?}", seen[3]);
+}
+
+fn times(max_gap: u64, n: usize, fractional: bool) -> impl Strategy<Value = Vec<f64>> {
+    prop::collection::vec((0..=max_gap, 0u32..1000), 1..n).prop_map(move |gaps| {
+        let mut t = T0;
+        gaps.iter()
+            .map(|(g, f)| {
+                t += *g as f64 + if fractional { f64::from(*f) / 1000.0 } else { 0.0 };
+                t
+            })
+            .collect()
+    })
+}
+
+fn any_algorithm() -> impl Strategy<Value = Algorithm> {
+    prop_oneof![
+        (1u32..40, 1u32..12, 1u32..4).prop_map(|(r, b, c)| bucket(f64::from(r) / 2.0, b.max(c), c)),
+        (1u32..400, prop::option::of(0u64..1500)).prop_map(|(r, m)| pace(f64::from(r) / 4.0, m)),
+        (1u64..8, 50u64..1500).prop_map(|(l, w)| Algorithm::FixedWindow(win(l, w))),
+        (1u64..8, 50u64..1500).prop_map(|(l, w)| Algorithm::SlidingWindow(win(l, w))),
+        (1u64..8, 50u64..1500).prop_map(|(l, w)| Algorithm::SlidingWindowCounter(win(l, w))),
+    ]
+}
+
+/// Random sequences for random parameters of all five algorithms get identical answers.
+#[test]
+fn random_sequences_agree() {
+    let server = common::Redis::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let redis = rt.block_on(async { redis_store(&server) });
+    let config = ProptestConfig { cases: 96, ..ProptestConfig::default() };
+    proptest!(config, |(alg in any_algorithm(), frac in any::<bool>(), seq in times(120, 60, false), fseq in times(120, 60, true))| {
+        let seq = if frac { fseq } else { seq };
+        rt.block_on(both(&redis, &alg, &seq));
+    });
+}
