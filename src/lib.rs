@@ -2,13 +2,18 @@
 //!
 //! # Layout
 //! * [`limit`]: the five algorithms, pure (no I/O); the Rust twins of the scripts in `lua/`.
-//! * [`store`]: the [`store::Store`] trait, the memory store and the Redis store.
+//! * [`store`]: the [`store::Store`] trait, the memory store, the Redis store, and the failure
+//!   policy (circuit breaker, deny cache) around it.
 //! * [`config`]: `proxy.yaml`: raw serde mirror, validation into typed config with positions.
 //! * [`routing`]: the route table: normalised path, host, method, headers to a route.
 //! * [`identity`]: client identity (peer, trusted proxies, X-Forwarded-For) and limiter keys.
+//! * [`proxy`]: the request path as phases: route, identify, limit, pace, forward, respond.
+//! * [`app`]: the only wiring module: builds stores, routes and listeners from the config; runs.
 
+pub mod app;
 pub mod config;
 pub mod identity;
 pub mod limit;
+pub mod proxy;
 pub mod routing;
 pub mod store;

@@ -1,1 +1,128 @@
-fn main() {}
+//! `tollgate`: command line, logging, configuration loading, and exit codes.
+//!
+//! Exit status: 0 normal end (also after a SIGTERM/SIGINT drain), 2 configuration error, 1 any
+//! other start-up failure, with a one-line message naming the cause.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use tollgate::app::Server;
+use tollgate::config::{self, ConfigError};
+
+#[derive(Parser)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "A rate-limiting reverse proxy: token-bucket limits inbound, leaky-bucket pacing outbound, state in Redis"
+)]
+struct Cli {
+    /// configuration file
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_CONFIG",
+        default_value = "proxy.yaml"
+    )]
+    config: PathBuf,
+    /// log line format (filter with RUST_LOG, e.g. RUST_LOG=tollgate=debug)
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// validate the configuration, print a summary, exit 0 (or 2 with every problem)
+    Check,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let loaded = match config::load(&cli.config) {
+        Ok(loaded) => loaded,
+        Err(err) => return config_failure(&err),
+    };
+    for warning in &loaded.warnings {
+        eprintln!("warning: {warning}");
+    }
+    if let Some(Command::Check) = cli.command {
+        print!("{}", loaded.config.summary());
+        println!("{}: ok", cli.config.display());
+        return ExitCode::SUCCESS;
+    }
+    match serve(loaded.config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("tollgate: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn config_failure(err: &ConfigError) -> ExitCode {
+    match err {
+        ConfigError::Invalid(problems) => {
+            for p in problems {
+                eprintln!("{p}");
+            }
+            eprintln!(
+                "tollgate: {} problem(s) in the configuration",
+                problems.len()
+            );
+            ExitCode::from(2)
+        }
+        other => {
+            eprintln!("tollgate: {other}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn serve(config: tollgate::config::Config) -> anyhow::Result<()> {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = config.workers {
+        runtime.worker_threads(n.get());
+    }
+    let runtime = runtime.enable_all().build()?;
+    runtime.block_on(async move {
+        let server = Server::bind(config).await?;
+        server.run(shutdown_signal()).await
+    })
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

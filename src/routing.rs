@@ -5,12 +5,17 @@
 //! first-match table ([`RouteTable`]) and the analysis that finds unreachable routes
 //! ([`RouteMatch::shadows`]). It does not own what a route *does* (limits, upstream): the table is
 //! generic over that. Uses nothing else of the crate, and only `http` types, not hyper's.
+//!
+//! Requests are compared in normal form, so the paths of a [`PathMatch`] should be too: build
+//! them through [`normalize_path`] (a prefix such as `/v1/%7euser` would otherwise never match).
+//!
+//! Submodules: `path` (normalisation), `table` (the ordered table and `strip_prefix`).
 
 mod path;
-
-use std::borrow::Cow;
+mod table;
 
 pub use path::{normalize_path, PathError};
+pub use table::{strip_prefix, RouteTable};
 
 use http::{HeaderName, HeaderValue, Method};
 
@@ -46,4 +51,376 @@ pub struct RouteMatch {
     pub methods: Vec<Method>,
     /// `match.headers`: exact values
     pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// The parts of a request that routing looks at, borrowed from it.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestParts<'a> {
+    /// `Host` header or `:authority`; may carry a port (`api.example.com:8080`, `[::1]:8080`)
+    /// and any case.
+    pub host: Option<&'a str>,
+    /// The path as returned by [`normalize_path`].
+    pub path: &'a str,
+    /// The request method.
+    pub method: &'a Method,
+    /// The request headers.
+    pub headers: &'a http::HeaderMap,
+}
+
+impl HostPattern {
+    /// Whether the request host (any case, with or without port or trailing dot) matches.
+    pub fn matches(&self, host: &str) -> bool {
+        let host = host_name(host);
+        match self {
+            HostPattern::Exact(name) => host_name(name).eq_ignore_ascii_case(host),
+            HostPattern::Suffix(suffix) => has_label_suffix(host, trim_dot(suffix)),
+        }
+    }
+
+    /// Whether `self` matches every host that `later` matches.
+    fn covers(&self, later: &HostPattern) -> bool {
+        match (self, later) {
+            (_, HostPattern::Exact(name)) => self.matches(name),
+            (HostPattern::Suffix(mine), HostPattern::Suffix(theirs)) => {
+                let (mine, theirs) = (trim_dot(mine), trim_dot(theirs));
+                mine.eq_ignore_ascii_case(theirs) || has_label_suffix(theirs, mine)
+            }
+            (HostPattern::Exact(_), HostPattern::Suffix(_)) => false,
+        }
+    }
+}
+
+/// The host of a `Host` value: without port, IPv6 brackets or the trailing dot of an absolute name.
+fn host_name(host: &str) -> &str {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split_once(']').map_or(host, |(inside, _port)| inside)
+    } else {
+        match host.rsplit_once(':') {
+            // More than one `:` without brackets is a bare IPv6 address, not `host:port`.
+            Some((name, port))
+                if !name.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                name
+            }
+            _ => host,
+        }
+    };
+    trim_dot(name)
+}
+
+fn trim_dot(name: &str) -> &str {
+    name.strip_suffix('.').unwrap_or(name)
+}
+
+/// Whether `host` is `suffix` preceded by at least one more label (case-insensitive).
+/// `suffix` is normally `.example.com`; without its leading dot a label boundary is still required.
+fn has_label_suffix(host: &str, suffix: &str) -> bool {
+    let (host, suffix) = (host.as_bytes(), suffix.as_bytes());
+    let Some(cut) = host.len().checked_sub(suffix.len()).filter(|&cut| cut > 0) else {
+        return false;
+    };
+    host[cut..].eq_ignore_ascii_case(suffix)
+        && (suffix.first() == Some(&b'.') || host[cut - 1] == b'.')
+}
+
+impl PathMatch {
+    /// Whether the normalised `path` matches. `Prefix` is segment aware: `/v1` matches `/v1`,
+    /// `/v1/` and `/v1/x` but not `/v1x`; a prefix ending in `/` matches what starts with it;
+    /// `Prefix("/")` matches every path.
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::Any => true,
+            PathMatch::Exact(exact) => path == exact,
+            PathMatch::Prefix(prefix) => prefix == "/" || is_under(prefix, path),
+        }
+    }
+
+    fn matches_everything(&self) -> bool {
+        matches!(self, PathMatch::Any) || matches!(self, PathMatch::Prefix(p) if p == "/")
+    }
+
+    /// Whether `self` matches every path that `later` matches.
+    fn covers(&self, later: &PathMatch) -> bool {
+        if self.matches_everything() {
+            return true;
+        }
+        match (self, later) {
+            // Every path under `/v1/x` (or equal to it) is under `/v1`, since `/v1/x` is.
+            (PathMatch::Prefix(mine), PathMatch::Prefix(theirs) | PathMatch::Exact(theirs)) => {
+                is_under(mine, theirs)
+            }
+            (PathMatch::Exact(mine), PathMatch::Exact(theirs)) => mine == theirs,
+            _ => false,
+        }
+    }
+}
+
+/// Segment-aware prefix test: `path` is `prefix`, or continues it at a `/`.
+fn is_under(prefix: &str, path: &str) -> bool {
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || prefix.ends_with('/'))
+}
+
+impl RouteMatch {
+    /// Whether the request meets every condition: host (case-insensitive, port ignored), path,
+    /// method (empty list: any), and each listed header present with exactly that value on one of
+    /// its lines.
+    pub fn matches(&self, req: &RequestParts<'_>) -> bool {
+        self.path.matches(req.path)
+            && (self.methods.is_empty() || self.methods.contains(req.method))
+            && match (&self.host, req.host) {
+                (None, _) => true,
+                (Some(pattern), Some(host)) => pattern.matches(host),
+                (Some(_), None) => false,
+            }
+            && self
+                .headers
+                .iter()
+                .all(|(name, value)| req.headers.get_all(name).iter().any(|line| line == value))
+    }
+
+    /// Whether `self` certainly matches every request that `later` matches, so that a route
+    /// with `later`'s conditions after one with `self`'s can never be reached.
+    ///
+    /// Conservative: `true` only when each of `self`'s conditions is implied by one of `later`'s
+    /// (same or narrower host, path under `self`'s prefix, methods a subset, headers a superset).
+    /// It can answer `false` for pairs that do in fact shadow, never `true` for pairs that do not.
+    pub fn shadows(&self, later: &RouteMatch) -> bool {
+        let host = match (&self.host, &later.host) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(mine), Some(theirs)) => mine.covers(theirs),
+        };
+        let methods = self.methods.is_empty()
+            || (!later.methods.is_empty()
+                && later.methods.iter().all(|m| self.methods.contains(m)));
+        let headers = self
+            .headers
+            .iter()
+            .all(|header| later.headers.contains(header));
+        host && methods && headers && self.path.covers(&later.path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderMap;
+
+    fn prefix(p: &str) -> RouteMatch {
+        RouteMatch {
+            host: None,
+            path: PathMatch::Prefix(p.into()),
+            methods: vec![],
+            headers: vec![],
+        }
+    }
+
+    fn with_host(host: HostPattern) -> RouteMatch {
+        RouteMatch {
+            host: Some(host),
+            ..prefix("/")
+        }
+    }
+
+    fn request<'a>(
+        host: Option<&'a str>,
+        path: &'a str,
+        method: &'a Method,
+        headers: &'a HeaderMap,
+    ) -> RequestParts<'a> {
+        RequestParts {
+            host,
+            path,
+            method,
+            headers,
+        }
+    }
+
+    fn matches_host(m: &RouteMatch, host: Option<&str>) -> bool {
+        m.matches(&request(host, "/", &Method::GET, &HeaderMap::new()))
+    }
+
+    fn matches_path(m: &RouteMatch, path: &str) -> bool {
+        m.matches(&request(None, path, &Method::GET, &HeaderMap::new()))
+    }
+
+    /// Exact hosts compare case-insensitively and ignore the port, brackets and a trailing dot.
+    #[test]
+    fn exact_host_ignores_case_port_and_trailing_dot() {
+        let m = with_host(HostPattern::Exact("api.example.com".into()));
+        for host in [
+            "api.example.com",
+            "API.Example.COM",
+            "api.example.com:8080",
+            "api.example.com.",
+        ] {
+            assert!(matches_host(&m, Some(host)), "{host}");
+        }
+        for host in [
+            "example.com",
+            "xapi.example.com",
+            "api.example.com.evil",
+            "api.example.com:80x",
+        ] {
+            assert!(!matches_host(&m, Some(host)), "{host}");
+        }
+        assert!(!matches_host(&m, None), "a host condition needs a host");
+    }
+
+    /// IPv6 literal hosts match with or without brackets and port.
+    #[test]
+    fn ipv6_host_with_port_matches() {
+        let m = with_host(HostPattern::Exact("[::1]".into()));
+        assert!(matches_host(&m, Some("[::1]:8080")));
+        assert!(matches_host(&m, Some("[::1]")));
+        let bare = with_host(HostPattern::Exact("::1".into()));
+        assert!(matches_host(&bare, Some("[::1]:8080")));
+        assert!(!matches_host(&bare, Some("[::2]:8080")));
+    }
+
+    /// `*.example.com` matches any deeper name, not the bare domain or a look-alike.
+    #[test]
+    fn wildcard_host_matches_subdomains_only() {
+        let m = with_host(HostPattern::Suffix(".example.com".into()));
+        for host in ["a.example.com", "a.b.example.com", "A.EXAMPLE.com:443"] {
+            assert!(matches_host(&m, Some(host)), "{host}");
+        }
+        for host in [
+            "example.com",
+            ".example.com",
+            "badexample.com",
+            "example.com.evil",
+        ] {
+            assert!(!matches_host(&m, Some(host)), "{host}");
+        }
+    }
+
+    /// Prefixes are segment aware: `/v1` covers `/v1`, `/v1/`, `/v1/x`, not `/v1x`.
+    #[test]
+    fn prefix_is_segment_aware() {
+        let m = prefix("/v1");
+        for path in ["/v1", "/v1/", "/v1/x", "/v1/x/y"] {
+            assert!(matches_path(&m, path), "{path}");
+        }
+        for path in ["/v1x", "/v", "/", "/v2/v1"] {
+            assert!(!matches_path(&m, path), "{path}");
+        }
+        let slash = prefix("/v1/");
+        assert!(matches_path(&slash, "/v1/x"));
+        assert!(!matches_path(&slash, "/v1"));
+    }
+
+    /// `Prefix("/")` and `Any` match every path; `Exact` only its own.
+    #[test]
+    fn root_prefix_matches_everything_and_exact_only_itself() {
+        for path in ["/", "/x", "/v1/y/"] {
+            assert!(matches_path(&prefix("/"), path));
+        }
+        let exact = RouteMatch {
+            path: PathMatch::Exact("/health".into()),
+            ..prefix("/")
+        };
+        assert!(matches_path(&exact, "/health"));
+        assert!(!matches_path(&exact, "/health/"));
+        assert!(!matches_path(&exact, "/healthz"));
+    }
+
+    /// A method list admits only its methods; an empty one admits all.
+    #[test]
+    fn methods_restrict_when_listed() {
+        let m = RouteMatch {
+            methods: vec![Method::GET, Method::POST],
+            ..prefix("/")
+        };
+        let headers = HeaderMap::new();
+        assert!(m.matches(&request(None, "/", &Method::POST, &headers)));
+        assert!(!m.matches(&request(None, "/", &Method::DELETE, &headers)));
+        assert!(prefix("/").matches(&request(None, "/", &Method::DELETE, &headers)));
+    }
+
+    /// Every listed header must be present with exactly that value, on any of its lines.
+    #[test]
+    fn headers_need_exact_values() {
+        let m = RouteMatch {
+            headers: vec![(
+                HeaderName::from_static("x-tenant"),
+                HeaderValue::from_static("gold"),
+            )],
+            ..prefix("/")
+        };
+        let with = |values: &[&'static str]| {
+            let mut headers = HeaderMap::new();
+            for v in values {
+                headers.append("x-tenant", HeaderValue::from_static(v));
+            }
+            m.matches(&request(None, "/", &Method::GET, &headers))
+        };
+        assert!(with(&["gold"]));
+        assert!(with(&["silver", "gold"]));
+        assert!(!with(&[]));
+        assert!(!with(&["Gold"]));
+        assert!(!with(&["gold, silver"]));
+    }
+
+    /// A catch-all shadows everything; narrower conditions shadow only what they certainly cover.
+    #[test]
+    fn shadows_only_when_certain() {
+        let any = RouteMatch {
+            path: PathMatch::Any,
+            ..prefix("/")
+        };
+        let v1_get = RouteMatch {
+            methods: vec![Method::GET],
+            ..prefix("/v1")
+        };
+        assert!(prefix("/").shadows(&v1_get));
+        assert!(any.shadows(&prefix("/")));
+        assert!(prefix("/v1").shadows(&prefix("/v1/x")));
+        assert!(prefix("/v1").shadows(&RouteMatch {
+            path: PathMatch::Exact("/v1".into()),
+            ..prefix("/")
+        }));
+        assert!(!prefix("/v1").shadows(&prefix("/v1x")));
+        assert!(!prefix("/v1/").shadows(&prefix("/v1")));
+        assert!(!prefix("/v1").shadows(&prefix("/")));
+        assert!(
+            !v1_get.shadows(&prefix("/v1")),
+            "a method condition the later route lacks"
+        );
+        let v1_get_head = RouteMatch {
+            methods: vec![Method::GET, Method::HEAD],
+            ..prefix("/v1")
+        };
+        assert!(v1_get_head.shadows(&v1_get));
+        assert!(!v1_get.shadows(&v1_get_head));
+    }
+
+    /// Host and header conditions shadow only later routes that are at least as narrow.
+    #[test]
+    fn shadows_compares_hosts_and_headers() {
+        let wild = with_host(HostPattern::Suffix(".example.com".into()));
+        let exact = with_host(HostPattern::Exact("a.example.com".into()));
+        let deeper = with_host(HostPattern::Suffix(".b.example.com".into()));
+        assert!(wild.shadows(&exact));
+        assert!(wild.shadows(&deeper));
+        assert!(!deeper.shadows(&wild));
+        assert!(!exact.shadows(&wild));
+        assert!(!exact.shadows(&prefix("/")));
+        assert!(!wild.shadows(&with_host(HostPattern::Exact("example.com".into()))));
+        let gold = (
+            HeaderName::from_static("x-tenant"),
+            HeaderValue::from_static("gold"),
+        );
+        let tenant = RouteMatch {
+            headers: vec![gold.clone()],
+            ..prefix("/")
+        };
+        let tenant_v1 = RouteMatch {
+            headers: vec![gold],
+            ..prefix("/v1")
+        };
+        assert!(tenant.shadows(&tenant_v1));
+        assert!(!tenant.shadows(&prefix("/v1")));
+    }
 }

@@ -15,7 +15,9 @@ const T0: f64 = 1_700_000_040_000.0; // a multiple of every window used below
 
 fn bucket(rate: f64, burst: u32, cost: u32) -> Algorithm {
     let nz = |n| NonZeroU32::new(n).unwrap();
-    Algorithm::TokenBucket(Bucket::new(Rate::per_second(rate).unwrap(), nz(burst), nz(cost)).unwrap())
+    Algorithm::TokenBucket(
+        Bucket::new(Rate::per_second(rate).unwrap(), nz(burst), nz(cost)).unwrap(),
+    )
 }
 
 fn win(limit: u64, ms: u64) -> Window {
@@ -23,14 +25,25 @@ fn win(limit: u64, ms: u64) -> Window {
 }
 
 fn pace(rate: f64, max_delay_ms: Option<u64>) -> Algorithm {
-    Algorithm::LeakyBucket(Pace::new(Rate::per_second(rate).unwrap(), max_delay_ms.map(Duration::from_millis)).unwrap())
+    Algorithm::LeakyBucket(
+        Pace::new(
+            Rate::per_second(rate).unwrap(),
+            max_delay_ms.map(Duration::from_millis),
+        )
+        .unwrap(),
+    )
 }
 
 /// Replays `times` for one key through any store.
 async fn replay(store: &dyn Store, key: &str, alg: &Algorithm, times: &[f64]) -> Vec<Decision> {
     let mut out = Vec::with_capacity(times.len());
     for t in times {
-        out.push(store.check(key, alg, Some(*t)).await.expect("store answers"));
+        out.push(
+            store
+                .check(key, alg, Some(*t))
+                .await
+                .expect("store answers"),
+        );
     }
     out
 }
@@ -44,7 +57,13 @@ async fn both(redis: &RedisStore, alg: &Algorithm, times: &[f64]) -> Vec<Decisio
     let from_rust = replay(&memory, &key, alg, times).await;
     let from_lua = replay(redis, &key, alg, times).await;
     for (i, (r, l)) in from_rust.iter().zip(&from_lua).enumerate() {
-        assert_eq!(r, l, "{} request {i} at {}: rust {r:?} lua {l:?}", alg.name(), times[i]);
+        assert_eq!(
+            r,
+            l,
+            "{} request {i} at {}: rust {r:?} lua {l:?}",
+            alg.name(),
+            times[i]
+        );
     }
     from_lua
 }
@@ -64,27 +83,109 @@ async fn hand_written_edges_agree() {
     let server = common::Redis::start();
     let redis = redis_store(&server);
     // token bucket: a full bucket, emptied, refilled one token at a time; cost 3
-    let d = both(&redis, &bucket(10.0, 3, 1), &[T0, T0, T0, T0, T0 + 99.0, T0 + 100.0, T0 + 5000.0]).await;
+    let d = both(
+        &redis,
+        &bucket(10.0, 3, 1),
+        &[T0, T0, T0, T0, T0 + 99.0, T0 + 100.0, T0 + 5000.0],
+    )
+    .await;
     assert_eq!(allowed(&d), [true, true, true, false, false, true, true]);
-    let d = both(&redis, &bucket(2.0, 5, 3), &[T0, T0 + 1.0, T0 + 1000.0, T0 + 1000.0]).await;
+    let d = both(
+        &redis,
+        &bucket(2.0, 5, 3),
+        &[T0, T0 + 1.0, T0 + 1000.0, T0 + 1000.0],
+    )
+    .await;
     assert_eq!(allowed(&d), [true, false, true, false]);
-    both(&redis, &bucket(0.05, 3, 1), &[T0, T0 + 0.25, T0 + 0.5, T0 + 0.75, T0 + 19_999.9, T0 + 20_000.5]).await;
-    both(&redis, &bucket(1.0 / 3.0, 2, 1), &[T0, T0 + 1.5, T0 + 2.5, T0 + 3000.0, T0 + 3333.334]).await;
+    both(
+        &redis,
+        &bucket(0.05, 3, 1),
+        &[
+            T0,
+            T0 + 0.25,
+            T0 + 0.5,
+            T0 + 0.75,
+            T0 + 19_999.9,
+            T0 + 20_000.5,
+        ],
+    )
+    .await;
+    both(
+        &redis,
+        &bucket(1.0 / 3.0, 2, 1),
+        &[T0, T0 + 1.5, T0 + 2.5, T0 + 3000.0, T0 + 3333.334],
+    )
+    .await;
     // fixed window: the last ms of one window and the first of the next
-    let d = both(&redis, &Algorithm::FixedWindow(win(2, 1000)), &[T0 + 998.0, T0 + 999.0, T0 + 999.9, T0 + 1000.0, T0 + 1000.0, T0 + 1000.0]).await;
+    let d = both(
+        &redis,
+        &Algorithm::FixedWindow(win(2, 1000)),
+        &[
+            T0 + 998.0,
+            T0 + 999.0,
+            T0 + 999.9,
+            T0 + 1000.0,
+            T0 + 1000.0,
+            T0 + 1000.0,
+        ],
+    )
+    .await;
     assert_eq!(allowed(&d), [true, true, false, true, true, false]);
     // sliding window: same millisecond, and the exact moment an entry leaves
-    let d = both(&redis, &Algorithm::SlidingWindow(win(2, 1000)), &[T0, T0, T0, T0 + 999.999, T0 + 1000.0, T0 + 1000.0, T0 + 1000.0]).await;
+    let d = both(
+        &redis,
+        &Algorithm::SlidingWindow(win(2, 1000)),
+        &[
+            T0,
+            T0,
+            T0,
+            T0 + 999.999,
+            T0 + 1000.0,
+            T0 + 1000.0,
+            T0 + 1000.0,
+        ],
+    )
+    .await;
     assert_eq!(allowed(&d), [true, true, false, false, true, true, false]);
     // sliding-window counter across two and three windows
-    let d = both(&redis, &Algorithm::SlidingWindowCounter(win(4, 1000)), &[T0 + 10.0, T0 + 20.0, T0 + 30.0, T0 + 40.0, T0 + 50.0, T0 + 1250.0, T0 + 1250.0, T0 + 1600.0, T0 + 3100.0]).await;
+    let d = both(
+        &redis,
+        &Algorithm::SlidingWindowCounter(win(4, 1000)),
+        &[
+            T0 + 10.0,
+            T0 + 20.0,
+            T0 + 30.0,
+            T0 + 40.0,
+            T0 + 50.0,
+            T0 + 1250.0,
+            T0 + 1250.0,
+            T0 + 1600.0,
+            T0 + 3100.0,
+        ],
+    )
+    .await;
     assert!(!d[4].allowed && d[5].allowed && d[8].allowed);
     // pacing: unbounded, bounded, refused then admitted, fractional intervals
-    let d = both(&redis, &pace(4.0, Some(500)), &[T0, T0, T0, T0, T0 + 250.0, T0 + 10_000.0]).await;
+    let d = both(
+        &redis,
+        &pace(4.0, Some(500)),
+        &[T0, T0, T0, T0, T0 + 250.0, T0 + 10_000.0],
+    )
+    .await;
     assert_eq!(allowed(&d), [true, true, true, false, true, true]);
     assert_eq!(d[2].delay_us, 500_000);
-    both(&redis, &pace(3.0, None), &[T0, T0, T0, T0 + 0.123, T0 + 0.124]).await;
-    both(&redis, &pace(1000.0, Some(0)), &[T0, T0 + 0.5, T0 + 1.0, T0 + 1.0005]).await;
+    both(
+        &redis,
+        &pace(3.0, None),
+        &[T0, T0, T0, T0 + 0.123, T0 + 0.124],
+    )
+    .await;
+    both(
+        &redis,
+        &pace(1000.0, Some(0)),
+        &[T0, T0 + 0.5, T0 + 1.0, T0 + 1.0005],
+    )
+    .await;
 }
 
 /// Decisions taken with the Redis server clock (no `now` passed) behave like the memory store's.
@@ -98,7 +199,11 @@ async fn server_clock_decisions_match_expectations() {
         seen.push(redis.check("live", &alg, None).await.unwrap());
     }
     assert_eq!(allowed(&seen), [true, true, true, false]);
-    assert!((900..=1000).contains(&seen[3].retry_after_ms), "{:?}", seen[3]);
+    assert!(
+        (900..=1000).contains(&seen[3].retry_after_ms),
+        "{:?}",
+        seen[3]
+    );
 }
 
 fn times(max_gap: u64, n: usize, fractional: bool) -> impl Strategy<Value = Vec<f64>> {
@@ -106,7 +211,12 @@ fn times(max_gap: u64, n: usize, fractional: bool) -> impl Strategy<Value = Vec<
         let mut t = T0;
         gaps.iter()
             .map(|(g, f)| {
-                t += *g as f64 + if fractional { f64::from(*f) / 1000.0 } else { 0.0 };
+                t += *g as f64
+                    + if fractional {
+                        f64::from(*f) / 1000.0
+                    } else {
+                        0.0
+                    };
                 t
             })
             .collect()
@@ -127,9 +237,15 @@ fn any_algorithm() -> impl Strategy<Value = Algorithm> {
 #[test]
 fn random_sequences_agree() {
     let server = common::Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let redis = rt.block_on(async { redis_store(&server) });
-    let config = ProptestConfig { cases: 96, ..ProptestConfig::default() };
+    let config = ProptestConfig {
+        cases: 96,
+        ..ProptestConfig::default()
+    };
     proptest!(config, |(alg in any_algorithm(), frac in any::<bool>(), seq in times(120, 60, false), fseq in times(120, 60, true))| {
         let seq = if frac { fseq } else { seq };
         rt.block_on(both(&redis, &alg, &seq));

@@ -20,14 +20,38 @@ fn token_bucket_by_hand() {
     let now = "1700000000000";
     for i in 0..3 {
         let remaining = (2 - i).to_string();
-        assert_eq!(eval(&redis, "token_bucket.lua", "tollgate:demo:alice", &["10", "3", "1", now]), ["1", remaining.as_str(), "0", &((i + 1) * 100).to_string()]);
+        assert_eq!(
+            eval(
+                &redis,
+                "token_bucket.lua",
+                "tollgate:demo:alice",
+                &["10", "3", "1", now]
+            ),
+            ["1", remaining.as_str(), "0", &((i + 1) * 100).to_string()]
+        );
     }
-    assert_eq!(eval(&redis, "token_bucket.lua", "tollgate:demo:alice", &["10", "3", "1", now]), ["0", "0", "100", "300"]);
+    assert_eq!(
+        eval(
+            &redis,
+            "token_bucket.lua",
+            "tollgate:demo:alice",
+            &["10", "3", "1", now]
+        ),
+        ["0", "0", "100", "300"]
+    );
     // the shape of the README line: no cost, no now (the server clock)
-    let live = eval(&redis, "token_bucket.lua", "tollgate:demo:bob", &["10", "20"]);
+    let live = eval(
+        &redis,
+        "token_bucket.lua",
+        "tollgate:demo:bob",
+        &["10", "20"],
+    );
     assert_eq!(live, ["1", "19", "0", "100"]);
     let ttl: i64 = redis.cli(&["pttl", "tollgate:demo:bob"]).parse().unwrap();
-    assert!((1..=100).contains(&ttl), "the key expires when the bucket is full again: {ttl}");
+    assert!(
+        (1..=100).contains(&ttl),
+        "the key expires when the bucket is full again: {ttl}"
+    );
 }
 
 /// The leaky bucket run by hand hands out slots 1/rate apart, as decimal strings.
@@ -35,15 +59,48 @@ fn token_bucket_by_hand() {
 fn leaky_bucket_by_hand() {
     let redis = Redis::start();
     let now = "1700000000000.5";
-    let d: Vec<Vec<String>> = (0..4).map(|_| eval(&redis, "leaky_bucket.lua", "tollgate:pace:api", &["4", "600", now])).collect();
+    let d: Vec<Vec<String>> = (0..4)
+        .map(|_| {
+            eval(
+                &redis,
+                "leaky_bucket.lua",
+                "tollgate:pace:api",
+                &["4", "600", now],
+            )
+        })
+        .collect();
     assert_eq!(d[0], ["1", "0.000"]);
     assert_eq!(d[1], ["1", "250.000"]);
     assert_eq!(d[2], ["1", "500.000"]);
     assert_eq!(d[3], ["0", "750.000"], "past max_delay: refused");
-    assert_eq!(eval(&redis, "leaky_bucket.lua", "tollgate:pace:api", &["3", "", "1700000000750.5"]), ["1", "0.000"]);
-    assert_eq!(eval(&redis, "leaky_bucket.lua", "tollgate:pace:api", &["3", "", "1700000000750.5"]), ["1", "333.333"]);
+    assert_eq!(
+        eval(
+            &redis,
+            "leaky_bucket.lua",
+            "tollgate:pace:api",
+            &["3", "", "1700000000750.5"]
+        ),
+        ["1", "0.000"]
+    );
+    assert_eq!(
+        eval(
+            &redis,
+            "leaky_bucket.lua",
+            "tollgate:pace:api",
+            &["3", "", "1700000000750.5"]
+        ),
+        ["1", "333.333"]
+    );
     // the README line: server clock
-    assert_eq!(eval(&redis, "leaky_bucket.lua", "tollgate:pace:web", &["4", "1000"]), ["1", "0.000"]);
+    assert_eq!(
+        eval(
+            &redis,
+            "leaky_bucket.lua",
+            "tollgate:pace:web",
+            &["4", "1000"]
+        ),
+        ["1", "0.000"]
+    );
 }
 
 /// The fixed window run by hand counts to the limit and reports the aligned window's end.
@@ -51,12 +108,50 @@ fn leaky_bucket_by_hand() {
 fn fixed_window_by_hand() {
     let redis = Redis::start();
     let at = |ms: u64| (1_700_000_040_000u64 + ms).to_string();
-    assert_eq!(eval(&redis, "fixed_window.lua", "k", &["3", "60000", &at(0)]), ["1", "2", "0", "60000"]);
-    assert_eq!(eval(&redis, "fixed_window.lua", "k", &["3", "60000", &at(10_000)]), ["1", "1", "0", "50000"]);
-    assert_eq!(eval(&redis, "fixed_window.lua", "k", &["3", "60000", &at(20_000)]), ["1", "0", "0", "40000"]);
-    assert_eq!(eval(&redis, "fixed_window.lua", "k", &["3", "60000", &at(59_999)]), ["0", "0", "1", "1"]);
-    assert_eq!(eval(&redis, "fixed_window.lua", "k", &["3", "60000", &at(60_000)]), ["1", "2", "0", "60000"]);
-    assert_eq!(eval(&redis, "fixed_window.lua", "live", &["3", "60000"])[..3], ["1", "2", "0"]);
+    assert_eq!(
+        eval(&redis, "fixed_window.lua", "k", &["3", "60000", &at(0)]),
+        ["1", "2", "0", "60000"]
+    );
+    assert_eq!(
+        eval(
+            &redis,
+            "fixed_window.lua",
+            "k",
+            &["3", "60000", &at(10_000)]
+        ),
+        ["1", "1", "0", "50000"]
+    );
+    assert_eq!(
+        eval(
+            &redis,
+            "fixed_window.lua",
+            "k",
+            &["3", "60000", &at(20_000)]
+        ),
+        ["1", "0", "0", "40000"]
+    );
+    assert_eq!(
+        eval(
+            &redis,
+            "fixed_window.lua",
+            "k",
+            &["3", "60000", &at(59_999)]
+        ),
+        ["0", "0", "1", "1"]
+    );
+    assert_eq!(
+        eval(
+            &redis,
+            "fixed_window.lua",
+            "k",
+            &["3", "60000", &at(60_000)]
+        ),
+        ["1", "2", "0", "60000"]
+    );
+    assert_eq!(
+        eval(&redis, "fixed_window.lua", "live", &["3", "60000"])[..3],
+        ["1", "2", "0"]
+    );
 }
 
 /// The sliding window run by hand counts requests of the same millisecond separately.
@@ -65,11 +160,29 @@ fn sliding_window_by_hand() {
     let redis = Redis::start();
     let now = "1700000000000";
     for left in ["2", "1", "0"] {
-        assert_eq!(eval(&redis, "sliding_window.lua", "k", &["3", "60000", now]), ["1", left, "0", "60000"]);
+        assert_eq!(
+            eval(&redis, "sliding_window.lua", "k", &["3", "60000", now]),
+            ["1", left, "0", "60000"]
+        );
     }
-    assert_eq!(eval(&redis, "sliding_window.lua", "k", &["3", "60000", now]), ["0", "0", "60000", "60000"]);
-    assert_eq!(redis.cli(&["zcard", "k"]), "3", "three members for three requests in one ms; the denial is not logged");
-    assert_eq!(eval(&redis, "sliding_window.lua", "k", &["3", "60000", "1700000060000"]), ["1", "2", "0", "60000"]);
+    assert_eq!(
+        eval(&redis, "sliding_window.lua", "k", &["3", "60000", now]),
+        ["0", "0", "60000", "60000"]
+    );
+    assert_eq!(
+        redis.cli(&["zcard", "k"]),
+        "3",
+        "three members for three requests in one ms; the denial is not logged"
+    );
+    assert_eq!(
+        eval(
+            &redis,
+            "sliding_window.lua",
+            "k",
+            &["3", "60000", "1700000060000"]
+        ),
+        ["1", "2", "0", "60000"]
+    );
 }
 
 /// The sliding-window counter run by hand weighs the previous window.
@@ -78,13 +191,37 @@ fn sliding_window_counter_by_hand() {
     let redis = Redis::start();
     let start = 1_700_000_040_000u64; // a multiple of 60000
     for _ in 0..3 {
-        assert_eq!(eval(&redis, "sliding_window_counter.lua", "k", &["3", "60000", &start.to_string()])[0], "1");
+        assert_eq!(
+            eval(
+                &redis,
+                "sliding_window_counter.lua",
+                "k",
+                &["3", "60000", &start.to_string()]
+            )[0],
+            "1"
+        );
     }
     // 30 s into the next window, half of the previous 3 still count: 1.5 + 1 <= 3
     let mid = (start + 90_000).to_string();
-    assert_eq!(eval(&redis, "sliding_window_counter.lua", "k", &["3", "60000", &mid]), ["1", "0", "0", "30000"]);
+    assert_eq!(
+        eval(
+            &redis,
+            "sliding_window_counter.lua",
+            "k",
+            &["3", "60000", &mid]
+        ),
+        ["1", "0", "0", "30000"]
+    );
     // now 1.5 + 1 + 1 > 3: admitted once 3 * (60000 - e) / 60000 <= 1, at e = 40000
-    assert_eq!(eval(&redis, "sliding_window_counter.lua", "k", &["3", "60000", &mid]), ["0", "0", "10000", "30000"]);
+    assert_eq!(
+        eval(
+            &redis,
+            "sliding_window_counter.lua",
+            "k",
+            &["3", "60000", &mid]
+        ),
+        ["0", "0", "10000", "30000"]
+    );
 }
 
 /// Bad arguments get a usage error, not a wrong answer.
@@ -93,9 +230,19 @@ fn scripts_refuse_bad_arguments() {
     let redis = Redis::start();
     let path = format!("{}/lua/token_bucket.lua", env!("CARGO_MANIFEST_DIR"));
     let out = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port.to_string(), "--eval", &path, "k", ",", "0", "10"])
+        .args([
+            "-p",
+            &redis.port.to_string(),
+            "--eval",
+            &path,
+            "k",
+            ",",
+            "0",
+            "10",
+        ])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("usage: token_bucket.lua"), "{text}");
 }

@@ -1,1 +1,124 @@
-//! proxy.yaml: loading, validation, environment expansion.
+//! `proxy.yaml`: reading, environment expansion, validation into the typed [`Config`], and
+//! problems that name the file, line, column and key path.
+//!
+//! The path from text to config, one module per step:
+//!
+//! * [`tree`]: the YAML text as a plain tree (syntax errors stop here); repeated keys are
+//!   reported and `${VAR}` is expanded in every string value ([`env`]).
+//! * [`de`] + [`raw`]: the tree read into the serde mirror of the file, which denies unknown
+//!   keys; the deserializer records every problem and keeps going, so one check reports them all.
+//! * [`validate`], [`routes`], [`limits`]: the mirror turned into [`Config`] (formats in
+//!   [`units`], defaults, cross references, warnings).
+//! * [`locate`]: the key path of each problem turned into a line and column.
+//! * [`summary`]: the config told back, for `tollgate check` and the admin `/config`.
+//!
+//! This module owns no I/O beyond reading the file in [`load`]; reloading (SIGHUP, a changed
+//! file) is the caller's: it calls [`load`] again and keeps the old config on an error.
+
+mod de;
+mod env;
+mod limits;
+mod locate;
+mod problem;
+mod raw;
+mod routes;
+mod summary;
+mod tree;
+mod types;
+mod units;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::Path as FilePath;
+
+pub use problem::{ConfigError, Problem};
+pub use types::{
+    AdminConfig, Backend, Config, HeaderStyle, LimitConfig, Mode, OnError, RouteConfig,
+    StoreConfig, Timeouts, TlsConfig, UpstreamConfig,
+};
+
+use locate::Locator;
+use problem::{Path, Pending};
+
+/// A configuration that passed validation, with the warnings it drew.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// the typed configuration
+    pub config: Config,
+    /// problems that do not stop the proxy (an unreachable route, no routes, an unused
+    /// upstream), in file order
+    pub warnings: Vec<Problem>,
+}
+
+/// Reads and validates the file at `path`, expanding `${VAR}` from the process environment.
+/// Problems name the file as `path` is written.
+pub fn load(path: &FilePath) -> Result<Loaded, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(&text, &path.display().to_string(), &|name| {
+        std::env::var(name).ok()
+    })
+}
+
+/// Validates `text` as the contents of `file` (used only in messages), expanding `${VAR}` with
+/// `env`. On failure, every problem found is returned, in file order.
+pub fn parse(
+    text: &str,
+    file: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Loaded, ConfigError> {
+    let mut tree = match tree::parse(text) {
+        Ok(tree) => tree,
+        Err(e) => {
+            return Err(ConfigError::Invalid(vec![Problem {
+                file: file.to_owned(),
+                line: e.line,
+                column: e.column,
+                path: String::new(),
+                message: e.message,
+            }]))
+        }
+    };
+    let locator = Locator::new(text);
+    let mut errors = Vec::new();
+    tree::prepare(&mut tree, &Path::root(), env, &locator, &mut errors);
+    let ctx = de::Ctx::default();
+    let raw: Option<raw::RawConfig> = de::from_node(&tree, &ctx);
+    errors.extend(ctx.into_problems());
+    let mut chk = validate::Checker::new(&locator);
+    let config = raw.map(|raw| validate::config(&mut chk, &raw));
+    errors.append(&mut chk.errors);
+    let errors = place(errors, file, &locator);
+    match config {
+        Some(config) if errors.is_empty() => Ok(Loaded {
+            config,
+            warnings: place(chk.warnings, file, &locator),
+        }),
+        _ => Err(ConfigError::Invalid(errors)),
+    }
+}
+
+/// Gives each problem its position; sorts them into file order and drops exact repeats.
+fn place(pending: Vec<Pending>, file: &str, locator: &Locator<'_>) -> Vec<Problem> {
+    let mut problems: Vec<Problem> = pending
+        .into_iter()
+        .map(|p| {
+            let (line, column) = locator.locate(&p.path, p.at);
+            Problem {
+                file: file.to_owned(),
+                line,
+                column,
+                path: p.path.to_string(),
+                message: p.message,
+            }
+        })
+        .collect();
+    // A stable sort keeps problems at one position in the order they were found.
+    problems.sort_by_key(|p| (p.line, p.column));
+    problems.dedup();
+    problems
+}

@@ -58,7 +58,12 @@ fn token_bucket(b: &Bucket, state: &mut Option<State>, now: Millis) -> (Decision
     let tat = stored_at(state).filter(|t| *t >= now).unwrap_or(now);
     let after = tat - now + f64::from(b.cost.get()) * interval;
     if after - tolerance > EPS_MS {
-        let decision = Decision::counted(false, 0, ceil_ms(after - tolerance - EPS_MS), ceil0(tat - now));
+        let decision = Decision::counted(
+            false,
+            0,
+            ceil_ms(after - tolerance - EPS_MS),
+            ceil0(tat - now),
+        );
         return (decision, None);
     }
     *state = Some(State::At(now + after));
@@ -74,7 +79,10 @@ fn leaky_bucket(p: &Pace, state: &mut Option<State>, now: Millis) -> (Decision, 
     let delay = slot - now;
     let delay_us = round_micros(delay);
     if p.max_delay_ms.is_some_and(|max| delay - max > EPS_MS) {
-        return (Decision::paced(false, delay_us, interval, p.max_delay_ms), None);
+        return (
+            Decision::paced(false, delay_us, interval, p.max_delay_ms),
+            None,
+        );
     }
     let ahead = delay + interval;
     *state = Some(State::At(now + ahead));
@@ -113,7 +121,10 @@ fn fixed_window(w: &Window, state: &mut Option<State>, now: Millis) -> (Decision
         start,
         count: count + 1,
     });
-    (Decision::counted(true, limit - count - 1, 0, reset), Some(reset))
+    (
+        Decision::counted(true, limit - count - 1, 0, reset),
+        Some(reset),
+    )
 }
 
 /// A log of admitted requests: see `lua/sliding_window.lua`.
@@ -152,7 +163,11 @@ fn sliding_window_counter(
     let start = window_start(now, window);
     let window_end = start + window;
     let (curr, prev) = match state {
-        Some(State::Counter { start: s, curr, prev }) if *s == start => (*curr, *prev),
+        Some(State::Counter {
+            start: s,
+            curr,
+            prev,
+        }) if *s == start => (*curr, *prev),
         Some(State::Counter { start: s, curr, .. }) if *s == start - window => (0, *curr),
         _ => (0, 0),
     };

@@ -35,14 +35,23 @@ impl Decision {
     ///   `retry_after = ceil(delay - max_delay)`;
     /// * remaining: how many more slots fit before the wait passes `max_delay`;
     /// * reset: when the schedule is idle again (the wait plus one interval).
-    pub fn paced(admitted: bool, delay_us: u64, interval_ms: f64, max_delay_ms: Option<f64>) -> Self {
+    pub fn paced(
+        admitted: bool,
+        delay_us: u64,
+        interval_ms: f64,
+        max_delay_ms: Option<f64>,
+    ) -> Self {
         let delay_ms = delay_us as f64 / 1000.0;
         let (retry_after_ms, remaining) = match max_delay_ms {
             Some(max) if !admitted => (ceil_ms(delay_ms - max), 0),
             Some(max) => (0, ((max - delay_ms) / interval_ms).floor().max(0.0) as u64),
             None => (0, u64::from(admitted)),
         };
-        let reset_ms = if admitted { ceil_ms(delay_ms + interval_ms) } else { ceil_ms(delay_ms) };
+        let reset_ms = if admitted {
+            ceil_ms(delay_ms + interval_ms)
+        } else {
+            ceil_ms(delay_ms)
+        };
         Decision {
             allowed: admitted,
             remaining,

@@ -152,7 +152,9 @@ impl Algorithm {
                 f64::from(b.burst.get()) / b.rate.per_sec(),
             ),
             Algorithm::LeakyBucket(p) => {
-                let queued = p.max_delay_ms.map_or(1.0, |d| d / p.rate.interval_ms() + 1.0);
+                let queued = p
+                    .max_delay_ms
+                    .map_or(1.0, |d| d / p.rate.interval_ms() + 1.0);
                 (queued.floor().max(1.0) as u64, 1.0 / p.rate.per_sec())
             }
             Algorithm::FixedWindow(w)

@@ -9,6 +9,7 @@
 //! and the failure policy decides what that means.
 
 pub mod memory;
+pub mod policy;
 pub mod redis;
 mod reply;
 mod scripts;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use crate::limit::{Algorithm, Decision, Millis};
 
 pub use memory::MemoryStore;
+pub use policy::{GuardedStore, OnError};
 pub use redis::{RedisStore, RedisTarget};
 pub use reply::decode;
 
@@ -31,7 +33,12 @@ pub trait Store: Send + Sync + 'static {
     /// Decides one request for `key` under `alg`. `now` is the time in ms since the epoch;
     /// `None` takes the store's own clock (for Redis, the server's, so that instances with
     /// skewed clocks agree). Tests pass `Some` to replay a sequence.
-    fn check<'a>(&'a self, key: &'a str, alg: &'a Algorithm, now: Option<Millis>) -> StoreFuture<'a>;
+    fn check<'a>(
+        &'a self,
+        key: &'a str,
+        alg: &'a Algorithm,
+        now: Option<Millis>,
+    ) -> StoreFuture<'a>;
 }
 
 /// A store that could not answer.
@@ -43,6 +50,9 @@ pub enum StoreError {
     /// Redis answered with an error or the connection failed.
     #[error("redis: {0}")]
     Redis(#[from] ::redis::RedisError),
+    /// The circuit breaker is open: the store was not asked.
+    #[error("store unavailable: circuit breaker open after repeated failures")]
+    CircuitOpen,
     /// Redis answered something the script never returns.
     #[error("unexpected reply from {script}: {detail}")]
     Reply {
@@ -60,6 +70,7 @@ impl StoreError {
             StoreError::Timeout(_) => "timeout",
             StoreError::Redis(e) if e.is_io_error() || e.is_connection_dropped() => "connection",
             StoreError::Redis(_) => "redis",
+            StoreError::CircuitOpen => "circuit_open",
             StoreError::Reply { .. } => "reply",
         }
     }

@@ -92,7 +92,12 @@ impl RedisStore {
         }
     }
 
-    async fn eval(&self, key: &str, alg: &Algorithm, now: Option<Millis>) -> Result<Value, StoreError> {
+    async fn eval(
+        &self,
+        key: &str,
+        alg: &Algorithm,
+        now: Option<Millis>,
+    ) -> Result<Value, StoreError> {
         let invocation = self.scripts.invocation(key, alg, now);
         let mut conn = self.conn.clone();
         let call = async move { invocation.invoke_async::<Value>(&mut conn).await };
@@ -104,13 +109,21 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    fn check<'a>(&'a self, key: &'a str, alg: &'a Algorithm, now: Option<Millis>) -> StoreFuture<'a> {
+    fn check<'a>(
+        &'a self,
+        key: &'a str,
+        alg: &'a Algorithm,
+        now: Option<Millis>,
+    ) -> StoreFuture<'a> {
         Box::pin(async move { reply::decode(alg, &self.eval(key, alg, now).await?) })
     }
 }
 
 impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a ::redis::Cmd) -> ::redis::RedisFuture<'a, Value> {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Cmd,
+    ) -> ::redis::RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),

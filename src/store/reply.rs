@@ -20,7 +20,12 @@ pub fn decode(alg: &Algorithm, value: &Value) -> Result<Decision, StoreError> {
             };
             let admitted = int(admitted).ok_or_else(|| bad(format!("admitted: {admitted:?}")))?;
             let delay_us = micros(delay).ok_or_else(|| bad(format!("delay: {delay:?}")))?;
-            Ok(Decision::paced(admitted == 1, delay_us, p.rate.interval_ms(), p.max_delay_ms))
+            Ok(Decision::paced(
+                admitted == 1,
+                delay_us,
+                p.rate.interval_ms(),
+                p.max_delay_ms,
+            ))
         }
         _ => {
             let [a, r, t, z] = items.as_slice() else {
@@ -53,7 +58,11 @@ fn micros(v: &Value) -> Option<u64> {
         return None;
     }
     let whole: u64 = whole.parse().ok()?;
-    let frac: u64 = if frac.is_empty() { 0 } else { frac.parse::<u64>().ok()? * 10u64.pow(3 - frac.len() as u32) };
+    let frac: u64 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse::<u64>().ok()? * 10u64.pow(3 - frac.len() as u32)
+    };
     whole.checked_mul(1000)?.checked_add(frac)
 }
 

@@ -20,18 +20,27 @@ impl Scripts {
             leaky_bucket: Script::new(include_str!("../../lua/leaky_bucket.lua")),
             fixed_window: Script::new(include_str!("../../lua/fixed_window.lua")),
             sliding_window: Script::new(include_str!("../../lua/sliding_window.lua")),
-            sliding_window_counter: Script::new(include_str!("../../lua/sliding_window_counter.lua")),
+            sliding_window_counter: Script::new(include_str!(
+                "../../lua/sliding_window_counter.lua"
+            )),
         }
     }
 
     /// The invocation for one check: KEYS[1] = `key`, ARGV as SPEC §5 lists them, and `now`
     /// last when given. Numbers are written in Rust's shortest round-trip form, so the script's
     /// `tonumber` reads back exactly the `f64` the memory store computes with.
-    pub(crate) fn invocation<'a>(&'a self, key: &str, alg: &Algorithm, now: Option<Millis>) -> ScriptInvocation<'a> {
+    pub(crate) fn invocation<'a>(
+        &'a self,
+        key: &str,
+        alg: &Algorithm,
+        now: Option<Millis>,
+    ) -> ScriptInvocation<'a> {
         let mut inv = match alg {
             Algorithm::TokenBucket(b) => {
                 let mut inv = self.token_bucket.key(key);
-                inv.arg(b.rate.per_sec().to_string()).arg(b.burst.get()).arg(b.cost.get());
+                inv.arg(b.rate.per_sec().to_string())
+                    .arg(b.burst.get())
+                    .arg(b.cost.get());
                 inv
             }
             Algorithm::LeakyBucket(p) => {
@@ -50,7 +59,12 @@ impl Scripts {
         inv
     }
 
-    fn window<'a>(&self, script: &'a Script, key: &str, w: &crate::limit::Window) -> ScriptInvocation<'a> {
+    fn window<'a>(
+        &self,
+        script: &'a Script,
+        key: &str,
+        w: &crate::limit::Window,
+    ) -> ScriptInvocation<'a> {
         let mut inv = script.key(key);
         inv.arg(w.limit.get()).arg(w.window_ms.get());
         inv

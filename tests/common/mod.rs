@@ -29,7 +29,10 @@ fn free_port() -> u16 {
 }
 
 fn require(binary: &str) {
-    let found = Command::new(binary).arg("--version").stdout(Stdio::null()).status();
+    let found = Command::new(binary)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status();
     assert!(
         found.is_ok_and(|s| s.success()),
         "`{binary}` is not installed: these tests need a real Redis \
@@ -70,7 +73,11 @@ impl Redis {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !ping(self.port) {
-            assert!(Instant::now() < deadline, "redis-server on port {} did not answer PING", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not answer PING",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -97,7 +104,10 @@ impl Redis {
     /// Pauses the server (SIGSTOP) or resumes it (SIGCONT).
     pub fn signal(&self, sig: &str) {
         let pid = self.child.as_ref().expect("running").id().to_string();
-        let ok = Command::new("kill").args([sig, &pid]).status().expect("kill");
+        let ok = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill");
         assert!(ok.success());
     }
 
@@ -126,7 +136,11 @@ pub fn cli(port: u16, args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("run redis-cli");
-    assert!(out.status.success(), "redis-cli {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "redis-cli {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -148,9 +162,14 @@ pub struct Cluster {
 impl Cluster {
     pub fn start() -> Cluster {
         let nodes: Vec<Redis> = (0..3)
-            .map(|_| Redis::start_with(&["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]))
+            .map(|_| {
+                Redis::start_with(&["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+            })
             .collect();
-        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let mut args = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
         args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
@@ -166,6 +185,269 @@ impl Cluster {
     }
 
     pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(Redis::url).map(|u| u.trim_end_matches("/0").to_string()).collect()
+        self.nodes
+            .iter()
+            .map(Redis::url)
+            .map(|u| u.trim_end_matches("/0").to_string())
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A real upstream and a real proxy, in process, on free ports.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+/// What the upstream saw of one request.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub at: Instant,
+    pub method: String,
+    pub uri: String,
+    pub headers: http::HeaderMap,
+}
+
+/// A test upstream. Paths it understands:
+/// `/slow/MS` waits MS ms before answering; `/status/CODE?retry_after=S` answers CODE;
+/// `/echo` streams the request body back; `/bytes/N` streams N bytes; anything else answers
+/// 200 "ok". Every request is recorded in `seen`.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type TestBody =
+    http_body_util::combinators::BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+fn full(text: impl Into<Bytes>) -> TestBody {
+    Full::new(text.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+async fn upstream_handle(
+    req: Request<Incoming>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+) -> Response<TestBody> {
+    seen.lock().unwrap().push(Seen {
+        at: Instant::now(),
+        method: req.method().to_string(),
+        uri: req.uri().to_string(),
+        headers: req.headers().clone(),
+    });
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["slow", ms] => {
+            tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
+            Response::new(full("slow ok"))
+        }
+        ["status", code] => {
+            let mut resp = Response::new(full("status"));
+            *resp.status_mut() = http::StatusCode::from_u16(code.parse().unwrap_or(500)).unwrap();
+            if let Some(s) = query.strip_prefix("retry_after=") {
+                resp.headers_mut().insert("retry-after", s.parse().unwrap());
+            }
+            resp
+        }
+        ["echo"] => Response::new(req.into_body().map_err(|e| e.into()).boxed()),
+        ["bytes", n] => {
+            let total: u64 = n.parse().unwrap_or(0);
+            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+            let stream = futures_stream(total, chunk);
+            Response::new(StreamBody::new(stream).boxed())
+        }
+        _ => Response::new(full("ok")),
+    }
+}
+
+fn futures_stream(
+    total: u64,
+    chunk: Bytes,
+) -> impl futures_core::Stream<Item = Result<Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>>
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            if tx.send(Ok(Frame::data(chunk.slice(..n)))).await.is_err() {
+                return;
+            }
+            left -= n as u64;
+        }
+    });
+    tokio_stream_from(rx)
+}
+
+fn tokio_stream_from<T>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_core::Stream<Item = T> {
+    struct S<T>(tokio::sync::mpsc::Receiver<T>);
+    impl<T> futures_core::Stream for S<T> {
+        type Item = T;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<T>> {
+            self.0.poll_recv(cx)
+        }
+    }
+    let _ = &mut rx;
+    S(rx)
+}
+
+impl Upstream {
+    /// Starts the upstream on a free port.
+    pub async fn start() -> Upstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Upstream::serve(listener).await
+    }
+
+    /// Serves on `listener` (to restart an upstream on the same port).
+    pub async fn serve(listener: tokio::net::TcpListener) -> Upstream {
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen2 = seen.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let seen = seen2.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let seen = seen.clone();
+                        async move { Ok::<_, Infallible>(upstream_handle(req, seen).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Upstream { addr, seen, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// A tollgate running in this process with a config given as text.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pub done: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Proxy {
+    /// Starts tollgate with `yaml` (which should `listen: 127.0.0.1:0`).
+    pub async fn start(yaml: &str) -> Proxy {
+        let loaded = tollgate::config::parse(yaml, "test.yaml", &|_| None)
+            .unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
+        let server = tollgate::app::Server::bind(loaded.config)
+            .await
+            .expect("bind");
+        let addr = server.local_addrs()[0];
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let done = tokio::spawn(server.run(async move {
+            let _ = stopped.await;
+        }));
+        Proxy {
+            addr,
+            stop: Some(stop),
+            done: Some(done),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Triggers the graceful shutdown and waits for it.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(done) = self.done.take() {
+            done.await.unwrap().unwrap();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            done.abort();
+        }
+    }
+}
+
+/// A small HTTP/1.1 client: one pooled hyper client for the test.
+pub fn http_client(
+) -> hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, TestBody>
+{
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A finished response: status, headers, body text.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: String,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// GET `url` with extra headers; the whole answer.
+pub async fn get(url: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut req = Request::get(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    send(req.body(full("")).unwrap()).await
+}
+
+/// Sends a request with a fresh connection-pooled client; the whole answer.
+pub async fn send(req: Request<TestBody>) -> Answer {
+    let resp = http_client().request(req).await.expect("request");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    Answer {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).to_string(),
     }
 }

@@ -10,7 +10,9 @@ const T0: f64 = 1_700_000_000_000.0;
 
 fn bucket(rate: f64, burst: u32, cost: u32) -> Algorithm {
     let nz = |n| NonZeroU32::new(n).unwrap();
-    Algorithm::TokenBucket(Bucket::new(Rate::per_second(rate).unwrap(), nz(burst), nz(cost)).unwrap())
+    Algorithm::TokenBucket(
+        Bucket::new(Rate::per_second(rate).unwrap(), nz(burst), nz(cost)).unwrap(),
+    )
 }
 
 fn window(limit: u64, ms: u64) -> Window {
@@ -18,7 +20,10 @@ fn window(limit: u64, ms: u64) -> Window {
 }
 
 fn pace(rate: f64, max_delay_ms: Option<u64>) -> Algorithm {
-    let p = Pace::new(Rate::per_second(rate).unwrap(), max_delay_ms.map(Duration::from_millis));
+    let p = Pace::new(
+        Rate::per_second(rate).unwrap(),
+        max_delay_ms.map(Duration::from_millis),
+    );
     Algorithm::LeakyBucket(p.unwrap())
 }
 
@@ -42,7 +47,10 @@ fn token_bucket_admits_burst_then_denies_with_exact_retry() {
 #[test]
 fn token_bucket_refills_at_rate() {
     let alg = bucket(10.0, 2, 1);
-    let d = run(&alg, &[T0, T0, T0, T0 + 99.0, T0 + 100.0, T0 + 150.0, T0 + 200.0]);
+    let d = run(
+        &alg,
+        &[T0, T0, T0, T0 + 99.0, T0 + 100.0, T0 + 150.0, T0 + 200.0],
+    );
     let allowed: Vec<bool> = d.iter().map(|d| d.allowed).collect();
     assert_eq!(allowed, [true, true, false, false, true, false, true]);
     assert_eq!(d[3].retry_after_ms, 1);
@@ -69,7 +77,10 @@ fn fixed_window_resets_at_aligned_end_under_constant_traffic() {
     let allowed = d.iter().filter(|d| d.allowed).count();
     assert_eq!(allowed, 6, "3 in each of the two windows touched");
     assert_eq!(d[3].retry_after_ms, 350);
-    assert!(d[10].allowed, "first request of the next window is admitted");
+    assert!(
+        d[10].allowed,
+        "first request of the next window is admitted"
+    );
 }
 
 /// Requests in the same millisecond are each counted by the sliding window.

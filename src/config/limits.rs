@@ -1,0 +1,357 @@
+//! `routes[N].limits[M]`: the algorithm and its parameters, the key, the mode, exemptions and
+//! per-key overrides.
+//!
+//! Each parameter is parsed once where it is written (the limit or an override), so a bad
+//! value is reported once; an override is then merged over the limit's own parameters and the
+//! result built like the limit itself.
+
+use std::num::{NonZeroU32, NonZeroU64};
+use std::time::Duration;
+
+use http::HeaderName;
+
+use super::de::{one_of, or_list, Field};
+use super::problem::Path;
+use super::raw::{RawAlgorithm, RawLimit, RawMode, RawParams};
+use super::types::{LimitConfig, Mode};
+use super::units::{self, ParsedRate};
+use super::validate::{check_name, parse_net, Checker};
+use crate::identity::KeyPart;
+use crate::limit::{Algorithm, Bucket, Pace, ParamError, Window};
+
+/// Validates one limit; `None` when it cannot be built (the reasons are reported).
+pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Option<LimitConfig> {
+    let name = chk.required(&raw.name, path, "name").cloned();
+    if let Some(Err(message)) = name.as_deref().map(check_name) {
+        chk.error(path.key("name"), message);
+    }
+    let kind = chk.required(&raw.algorithm, path, "algorithm").copied();
+    if raw.key.get().is_some_and(|k| k.is_empty()) {
+        chk.error(path.key("key"), "needs at least one part, such as ip");
+    }
+    let mut key = chk.parse_list(&raw.key, &path.key("key"), parse_key_part);
+    if !raw.key.is_given() {
+        key.push(KeyPart::Ip);
+    }
+    let exempt = chk.parse_list(&raw.exempt, &path.key("exempt"), parse_net);
+    let own = Params::read(chk, &raw.params(), path);
+    let algorithm = kind.and_then(|kind| {
+        own.check_belongs(chk, kind);
+        own.build(chk, kind, path)
+    });
+    let mut overrides = Vec::new();
+    for (value, field) in raw.overrides.get().map_or(&[][..], |o| o.0.as_slice()) {
+        let opath = path.key("overrides").key(value);
+        let Some(params) = chk.item(field, &opath, "parameters such as {rate: 100/s}") else {
+            continue;
+        };
+        let given = Params::read(chk, params, &opath);
+        if let Some(kind) = kind {
+            given.check_belongs(chk, kind);
+            // Built only over a valid limit: a limit's own problem would repeat per override.
+            if algorithm.is_some() {
+                if let Some(alg) = given.over(&own).build(chk, kind, &opath) {
+                    overrides.push((value.clone(), alg));
+                }
+            }
+        }
+    }
+    Some(LimitConfig {
+        name: name?,
+        algorithm: algorithm?,
+        key,
+        mode: match raw.mode.get() {
+            Some(RawMode::Enforce) | None => Mode::Enforce,
+            Some(RawMode::Shadow) => Mode::Shadow,
+        },
+        exempt,
+        overrides,
+    })
+}
+
+/// The names `key` accepts, for messages.
+const KEY_PARTS: [&str; 6] = ["ip", "header:NAME", "query:NAME", "host", "path", "route"];
+
+/// `ip`, `header:NAME`, `query:NAME`, `host`, `path` or `route`.
+fn parse_key_part(text: &str) -> Result<KeyPart, String> {
+    let t = text.trim();
+    if let Some(name) = t.strip_prefix("header:") {
+        return HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes())
+            .map(KeyPart::Header)
+            .map_err(|_| format!("not a valid header name in {text:?}"));
+    }
+    if let Some(name) = t.strip_prefix("query:") {
+        if name.trim().is_empty() {
+            return Err(format!(
+                "query: needs a parameter name, as in query:api_key, found {text:?}"
+            ));
+        }
+        return Ok(KeyPart::Query(name.trim().to_owned()));
+    }
+    match t {
+        "ip" => Ok(KeyPart::Ip),
+        "host" => Ok(KeyPart::Host),
+        "path" => Ok(KeyPart::Path),
+        "route" => Ok(KeyPart::Route),
+        _ => Err(one_of(text, &KEY_PARTS)),
+    }
+}
+
+/// One parameter: not written, written but invalid (reported), or valid at a path.
+#[derive(Debug, Clone)]
+enum Param<T> {
+    Absent,
+    Broken,
+    Given(T, Path),
+}
+
+impl<T: Clone> Param<T> {
+    fn value(&self) -> Option<T> {
+        match self {
+            Param::Given(v, _) => Some(v.clone()),
+            Param::Absent | Param::Broken => None,
+        }
+    }
+
+    fn path(&self) -> Option<&Path> {
+        match self {
+            Param::Given(_, p) => Some(p),
+            Param::Absent | Param::Broken => None,
+        }
+    }
+
+    fn is_broken(&self) -> bool {
+        matches!(self, Param::Broken)
+    }
+
+    fn or(&self, base: &Param<T>) -> Param<T> {
+        match self {
+            Param::Absent => base.clone(),
+            given => given.clone(),
+        }
+    }
+}
+
+/// The parameters written in one place (a limit or one override), parsed.
+#[derive(Debug, Clone)]
+struct Params {
+    rate: Param<ParsedRate>,
+    burst: Param<NonZeroU32>,
+    cost: Param<NonZeroU32>,
+    max_delay: Param<Duration>,
+    limit: Param<NonZeroU64>,
+    window: Param<Duration>,
+    /// the keys written, for the check that each belongs to the algorithm
+    written: Vec<(&'static str, Path)>,
+}
+
+impl Params {
+    fn read(chk: &mut Checker<'_>, raw: &RawParams, path: &Path) -> Params {
+        let written = [
+            ("rate", raw.rate.is_given()),
+            ("burst", raw.burst.is_given()),
+            ("cost", raw.cost.is_given()),
+            ("max_delay", raw.max_delay.is_given()),
+            ("limit", raw.limit.is_given()),
+            ("window", raw.window.is_given()),
+        ];
+        Params {
+            rate: text(chk, &raw.rate, &path.key("rate"), units::parse_rate),
+            burst: whole(chk, &raw.burst, &path.key("burst"), "burst", |n| {
+                u32::try_from(n).ok().and_then(NonZeroU32::new)
+            }),
+            cost: whole(chk, &raw.cost, &path.key("cost"), "cost", |n| {
+                u32::try_from(n).ok().and_then(NonZeroU32::new)
+            }),
+            max_delay: text(
+                chk,
+                &raw.max_delay,
+                &path.key("max_delay"),
+                units::parse_duration,
+            ),
+            limit: whole(
+                chk,
+                &raw.limit,
+                &path.key("limit"),
+                "limit",
+                NonZeroU64::new,
+            ),
+            window: text(chk, &raw.window, &path.key("window"), |w| {
+                units::parse_duration(w).and_then(|d| {
+                    if d.is_zero() {
+                        Err(format!("window must be greater than zero, found {w:?}"))
+                    } else {
+                        Ok(d)
+                    }
+                })
+            }),
+            written: written
+                .into_iter()
+                .filter(|(_, given)| *given)
+                .map(|(key, _)| (key, path.key(key)))
+                .collect(),
+        }
+    }
+
+    /// These parameters merged over `base`'s.
+    fn over(&self, base: &Params) -> Params {
+        Params {
+            rate: self.rate.or(&base.rate),
+            burst: self.burst.or(&base.burst),
+            cost: self.cost.or(&base.cost),
+            max_delay: self.max_delay.or(&base.max_delay),
+            limit: self.limit.or(&base.limit),
+            window: self.window.or(&base.window),
+            written: self.written.clone(),
+        }
+    }
+
+    /// Reports each written parameter that `kind` does not take.
+    fn check_belongs(&self, chk: &mut Checker<'_>, kind: RawAlgorithm) {
+        let (name, takes) = takes(kind);
+        for (key, path) in &self.written {
+            if !takes.contains(key) {
+                let message = format!(
+                    "{key} is not a parameter of {name}, which takes {}",
+                    or_list(takes).replacen(" or ", " and ", 1)
+                );
+                chk.key_error(path.clone(), message);
+            }
+        }
+    }
+
+    /// The algorithm; `scope` is where these parameters were written (for a missing one, and
+    /// to place a conflict between two on the one written there).
+    fn build(&self, chk: &mut Checker<'_>, kind: RawAlgorithm, scope: &Path) -> Option<Algorithm> {
+        let broken = [
+            self.rate.is_broken(),
+            self.burst.is_broken(),
+            self.cost.is_broken(),
+            self.max_delay.is_broken(),
+            self.limit.is_broken(),
+            self.window.is_broken(),
+        ];
+        if broken.contains(&true) {
+            return None;
+        }
+        let (name, _) = takes(kind);
+        match kind {
+            RawAlgorithm::TokenBucket => {
+                let rate = self.require(chk, self.rate.value(), scope, name, "rate")?;
+                self.bucket(chk, rate, scope).map(Algorithm::TokenBucket)
+            }
+            RawAlgorithm::LeakyBucket => {
+                let rate = self.require(chk, self.rate.value(), scope, name, "rate")?;
+                let pace = Pace::new(rate.rate, self.max_delay.value());
+                self.report(chk, pace, scope).map(Algorithm::LeakyBucket)
+            }
+            RawAlgorithm::FixedWindow => self.window(chk, scope, name).map(Algorithm::FixedWindow),
+            RawAlgorithm::SlidingWindow => {
+                self.window(chk, scope, name).map(Algorithm::SlidingWindow)
+            }
+            RawAlgorithm::SlidingWindowCounter => self
+                .window(chk, scope, name)
+                .map(Algorithm::SlidingWindowCounter),
+        }
+    }
+
+    /// A required parameter's value, or the report that it is missing.
+    fn require<T>(
+        &self,
+        chk: &mut Checker<'_>,
+        value: Option<T>,
+        scope: &Path,
+        algorithm: &str,
+        key: &str,
+    ) -> Option<T> {
+        if value.is_none() {
+            let message = format!("missing required key {key:?} ({algorithm} needs it)");
+            chk.error(scope.clone(), message);
+        }
+        value
+    }
+
+    fn window(&self, chk: &mut Checker<'_>, scope: &Path, algorithm: &str) -> Option<Window> {
+        let limit = self.require(chk, self.limit.value(), scope, algorithm, "limit");
+        let window = self.require(chk, self.window.value(), scope, algorithm, "window");
+        Some(Window::new(limit?, window?))
+    }
+
+    fn bucket(&self, chk: &mut Checker<'_>, rate: ParsedRate, scope: &Path) -> Option<Bucket> {
+        // Default burst: the rate's N rounded up, so `10/s` admits 10 at once, and `0.5/s` 1.
+        let default_burst =
+            NonZeroU32::new(rate.count.ceil().clamp(1.0, f64::from(u32::MAX)) as u32)
+                .unwrap_or(NonZeroU32::MIN);
+        let burst = self.burst.value().unwrap_or(default_burst);
+        let cost = self.cost.value().unwrap_or(NonZeroU32::MIN);
+        let bucket = Bucket::new(rate.rate, burst, cost);
+        // The conflict is placed on whichever of the two was written in this scope.
+        let site = [self.cost.path(), self.burst.path()]
+            .into_iter()
+            .flatten()
+            .find(|p| p.starts_with(scope))
+            .cloned()
+            .unwrap_or_else(|| scope.clone());
+        self.report(chk, bucket, &site)
+    }
+
+    fn report<T>(
+        &self,
+        chk: &mut Checker<'_>,
+        built: Result<T, ParamError>,
+        at: &Path,
+    ) -> Option<T> {
+        built.map_err(|e| chk.error(at.clone(), e.to_string())).ok()
+    }
+}
+
+/// The algorithm's name in the file and the parameters it takes.
+fn takes(kind: RawAlgorithm) -> (&'static str, &'static [&'static str]) {
+    match kind {
+        RawAlgorithm::TokenBucket => ("token_bucket", &["rate", "burst", "cost"]),
+        RawAlgorithm::LeakyBucket => ("leaky_bucket", &["rate", "max_delay"]),
+        RawAlgorithm::FixedWindow => ("fixed_window", &["limit", "window"]),
+        RawAlgorithm::SlidingWindow => ("sliding_window", &["limit", "window"]),
+        RawAlgorithm::SlidingWindowCounter => ("sliding_window_counter", &["limit", "window"]),
+    }
+}
+
+fn text<T>(
+    chk: &mut Checker<'_>,
+    field: &Field<String>,
+    path: &Path,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Param<T> {
+    match field {
+        Field::Absent => Param::Absent,
+        Field::Invalid => Param::Broken,
+        Field::Present(_) => match chk.parse(field, path, parse) {
+            Some(v) => Param::Given(v, path.clone()),
+            None => Param::Broken,
+        },
+    }
+}
+
+fn whole<T>(
+    chk: &mut Checker<'_>,
+    field: &Field<u64>,
+    path: &Path,
+    key: &str,
+    convert: impl FnOnce(u64) -> Option<T>,
+) -> Param<T> {
+    match field {
+        Field::Absent => Param::Absent,
+        Field::Invalid => Param::Broken,
+        Field::Present(n) => match convert(*n) {
+            Some(v) => Param::Given(v, path.clone()),
+            None if *n == 0 => {
+                chk.error(path.clone(), format!("{key} must be at least 1, found 0"));
+                Param::Broken
+            }
+            None => {
+                chk.error(path.clone(), format!("{key} is too large, found {n}"));
+                Param::Broken
+            }
+        },
+    }
+}

@@ -1,0 +1,303 @@
+//! `routes`: names, `match`, `strip_prefix`, the upstream reference, and the warning for a
+//! route that an earlier one shadows.
+
+use http::{HeaderName, HeaderValue, Method};
+
+use super::de::{or_list, Field};
+use super::limits;
+use super::problem::{closest, Path};
+use super::raw::{RawMatch, RawRoute, StrList};
+use super::types::{LimitConfig, RouteConfig};
+use super::validate::{check_name, Checker};
+use crate::routing::{HostPattern, PathMatch, RouteMatch};
+
+/// Validates every route; duplicate names are errors, shadowed routes warnings.
+pub(crate) fn routes(
+    chk: &mut Checker<'_>,
+    raw: &Field<Vec<Field<RawRoute>>>,
+    upstreams: &[&str],
+) -> Vec<RouteConfig> {
+    let path = Path::root().key("routes");
+    let items = match raw {
+        Field::Present(items) => items.as_slice(),
+        Field::Invalid => return Vec::new(),
+        Field::Absent => &[],
+    };
+    if items.is_empty() {
+        chk.warn(
+            path.clone(),
+            "no routes: every request will be answered 404",
+        );
+    }
+    // (index in the file, route) of every route that is valid, for the shadowing check
+    let mut built: Vec<(usize, RouteConfig)> = Vec::new();
+    let mut names: Vec<(&str, usize)> = Vec::new();
+    for (i, field) in items.iter().enumerate() {
+        let rpath = path.index(i);
+        let Some(raw) = chk.item(
+            field,
+            &rpath,
+            "a route (a mapping with name, match, upstream)",
+        ) else {
+            continue;
+        };
+        if let Some(name) = raw.name.get() {
+            if let Some(&(_, first)) = names.iter().find(|(n, _)| *n == name.as_str()) {
+                let line = chk.line_of(&path.index(first));
+                let message =
+                    format!("duplicate route name {name:?}: routes[{first}] on line {line} has it");
+                chk.error(rpath.key("name"), message);
+            } else {
+                names.push((name, i));
+            }
+        }
+        if let Some(route) = route(chk, raw, &rpath, upstreams) {
+            built.push((i, route));
+        }
+    }
+    warn_shadowed(chk, &built);
+    built.into_iter().map(|(_, route)| route).collect()
+}
+
+fn route(
+    chk: &mut Checker<'_>,
+    raw: &RawRoute,
+    path: &Path,
+    upstreams: &[&str],
+) -> Option<RouteConfig> {
+    let name = chk.required(&raw.name, path, "name").cloned();
+    if let Some(Err(message)) = name.as_deref().map(check_name) {
+        chk.error(path.key("name"), message);
+    }
+    let matcher = match &raw.matcher {
+        Field::Present(m) => matcher(chk, m, &path.key("match")),
+        Field::Absent => Some(RouteMatch {
+            host: None,
+            path: PathMatch::Any,
+            methods: Vec::new(),
+            headers: Vec::new(),
+        }),
+        Field::Invalid => None,
+    };
+    let strip_prefix = raw.strip_prefix.get().copied().unwrap_or(false);
+    if strip_prefix
+        && !matches!(
+            matcher,
+            Some(RouteMatch {
+                path: PathMatch::Prefix(_),
+                ..
+            })
+        )
+    {
+        let message = "strip_prefix needs match.path_prefix (there is no prefix to strip)";
+        chk.error(path.key("strip_prefix"), message);
+    }
+    let upstream = chk.required(&raw.upstream, path, "upstream").cloned();
+    if let Some(up) = &upstream {
+        if !upstreams.contains(&up.as_str()) {
+            chk.error(path.key("upstream"), missing_upstream(up, upstreams));
+        }
+    }
+    let limits = route_limits(chk, raw, path);
+    Some(RouteConfig {
+        name: name?,
+        matcher: matcher?,
+        strip_prefix,
+        upstream: upstream?,
+        limits,
+    })
+}
+
+fn missing_upstream(name: &str, upstreams: &[&str]) -> String {
+    if upstreams.is_empty() {
+        return format!("no upstream named {name:?}: the file defines no upstreams");
+    }
+    match closest(name, upstreams.iter().copied()) {
+        Some(close) => format!("no upstream named {name:?} (did you mean {close:?}?)"),
+        None => format!(
+            "no upstream named {name:?}; upstreams defines {}",
+            or_list(upstreams)
+        ),
+    }
+}
+
+fn route_limits(chk: &mut Checker<'_>, raw: &RawRoute, path: &Path) -> Vec<LimitConfig> {
+    let Some(items) = raw.limits.get() else {
+        return Vec::new();
+    };
+    let lpath = path.key("limits");
+    let mut names: Vec<(&str, usize)> = Vec::new();
+    let mut out = Vec::new();
+    for (j, field) in items.iter().enumerate() {
+        let Some(limit) = chk.item(field, &lpath.index(j), "a limit (a mapping)") else {
+            continue;
+        };
+        if let Some(name) = limit.name.get() {
+            if let Some(&(_, first)) = names.iter().find(|(n, _)| *n == name.as_str()) {
+                let line = chk.line_of(&lpath.index(first));
+                let message = format!(
+                    "duplicate limit name {name:?} in this route: limits[{first}] on line {line} has it"
+                );
+                chk.error(lpath.index(j).key("name"), message);
+            } else {
+                names.push((name, j));
+            }
+        }
+        out.extend(limits::limit(chk, limit, &lpath.index(j)));
+    }
+    out
+}
+
+fn matcher(chk: &mut Checker<'_>, raw: &RawMatch, path: &Path) -> Option<RouteMatch> {
+    let errors_before = chk.errors.len();
+    let host = chk.parse(&raw.host, &path.key("host"), parse_host);
+    let prefix = chk.parse(&raw.path_prefix, &path.key("path_prefix"), |p| {
+        parse_path(p).map(|p| {
+            let trimmed = p.trim_end_matches('/');
+            PathMatch::Prefix(if trimmed.is_empty() { "/" } else { trimmed }.to_owned())
+        })
+    });
+    let exact = chk.parse(&raw.path, &path.key("path"), |p| {
+        parse_path(p).map(|p| PathMatch::Exact(p.to_owned()))
+    });
+    if raw.path_prefix.is_given() && raw.path.is_given() {
+        let message = "give either path_prefix or path, not both";
+        chk.key_error(path.key("path"), message);
+    }
+    let methods = methods(chk, &raw.methods, &path.key("methods"));
+    let mut headers = Vec::new();
+    for (name, value) in raw.headers.get().map_or(&[][..], |h| h.0.as_slice()) {
+        let hpath = path.key("headers").key(name);
+        let header = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()).map_err(|_| {
+            chk.key_error(hpath.clone(), format!("not a valid header name: {name:?}"))
+        });
+        let value = chk.item(value, &hpath, "a header value").and_then(|v| {
+            HeaderValue::from_str(v)
+                .map_err(|_| chk.error(hpath.clone(), format!("not a valid header value: {v:?}")))
+                .ok()
+        });
+        if let (Ok(header), Some(value)) = (header, value) {
+            headers.push((header, value));
+        }
+    }
+    if chk.errors.len() > errors_before {
+        return None;
+    }
+    Some(RouteMatch {
+        host,
+        path: prefix.or(exact).unwrap_or(PathMatch::Any),
+        methods,
+        headers,
+    })
+}
+
+fn methods(chk: &mut Checker<'_>, raw: &Field<StrList>, path: &Path) -> Vec<Method> {
+    if raw.get().is_some_and(StrList::is_empty) {
+        let message = "an empty list matches no request; leave methods out to match every method";
+        chk.error(path.clone(), message);
+    }
+    let mut methods: Vec<Method> = Vec::new();
+    // Methods are case-sensitive on the wire, but nobody writing `get` means another method.
+    let parsed = chk.parse_list(raw, path, |m| {
+        Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes())
+            .map_err(|_| format!("expected an HTTP method such as GET or POST, found {m:?}"))
+    });
+    for method in parsed {
+        if !methods.contains(&method) {
+            methods.push(method);
+        }
+    }
+    methods
+}
+
+/// `api.example.com` (exact) or `*.example.com` (any subdomain), compared in lowercase.
+fn parse_host(text: &str) -> Result<HostPattern, String> {
+    let host = text.trim().to_ascii_lowercase();
+    let (pattern, name) = match host.strip_prefix("*.") {
+        Some(rest) => (HostPattern::Suffix(format!(".{rest}")), rest),
+        None => (HostPattern::Exact(host.clone()), host.as_str()),
+    };
+    if name.contains('*') {
+        return Err(format!(
+            "a wildcard is allowed only as a leading \"*.\", as in *.example.com, found {text:?}"
+        ));
+    }
+    let bracketed_v6 = name.starts_with('[') && name.ends_with(']');
+    if !bracketed_v6 && name.contains(':') {
+        return Err(format!(
+            "a host is matched without its port; leave the port out of {text:?}"
+        ));
+    }
+    let ok = bracketed_v6
+        || (!name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'));
+    if !ok {
+        return Err(format!(
+            "expected a host such as api.example.com or *.example.com, found {text:?}"
+        ));
+    }
+    Ok(pattern)
+}
+
+fn parse_path(text: &str) -> Result<&str, String> {
+    if text.starts_with('/') {
+        Ok(text)
+    } else {
+        Err(format!("a path must start with \"/\", found {text:?}"))
+    }
+}
+
+/// Warns about every route that an earlier route matches whenever it would match: first match
+/// wins, so it can never be reached.
+fn warn_shadowed(chk: &mut Checker<'_>, routes: &[(usize, RouteConfig)]) {
+    for (k, (j, later)) in routes.iter().enumerate() {
+        let earlier = routes[..k]
+            .iter()
+            .find(|(_, e)| covers(&e.matcher, &later.matcher));
+        if let Some((i, first)) = earlier {
+            let line = chk.line_of(&Path::root().key("routes").index(*i));
+            let message = format!(
+                "route {:?} can never match: route {:?} (routes[{i}], line {line}) comes first \
+                 and matches every request it would",
+                later.name, first.name
+            );
+            chk.warn(Path::root().key("routes").index(*j), message);
+        }
+    }
+}
+
+/// Whether every request that `later` matches is also matched by `first`.
+fn covers(first: &RouteMatch, later: &RouteMatch) -> bool {
+    let host = match (&first.host, &later.host) {
+        (None, _) => true,
+        (Some(a), Some(b)) if a == b => true,
+        (Some(HostPattern::Suffix(s)), Some(HostPattern::Exact(h) | HostPattern::Suffix(h))) => {
+            h.ends_with(s.as_str())
+        }
+        _ => false,
+    };
+    let methods = first.methods.is_empty()
+        || (!later.methods.is_empty() && later.methods.iter().all(|m| first.methods.contains(m)));
+    let headers = first.headers.iter().all(|h| later.headers.contains(h));
+    host && methods && headers && path_covers(&first.path, &later.path)
+}
+
+fn path_covers(first: &PathMatch, later: &PathMatch) -> bool {
+    // Requests always have a path starting with `/`, so the prefix `/` matches them all.
+    let under = |prefix: &str, path: &str| {
+        prefix == "/"
+            || path == prefix
+            || path
+                .strip_prefix(prefix)
+                .is_some_and(|r| r.starts_with('/'))
+    };
+    match (first, later) {
+        (PathMatch::Any, _) => true,
+        (PathMatch::Prefix(p), PathMatch::Any) => p == "/",
+        (PathMatch::Prefix(p), PathMatch::Prefix(q) | PathMatch::Exact(q)) => under(p, q),
+        (PathMatch::Exact(p), PathMatch::Exact(q)) => p == q,
+        (PathMatch::Exact(_), PathMatch::Any | PathMatch::Prefix(_)) => false,
+    }
+}

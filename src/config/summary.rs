@@ -1,0 +1,303 @@
+//! The config told back: a short text for `tollgate check` and JSON for the admin `/config`
+//! endpoint. Both redact secrets (a Redis password in a URL).
+
+use serde_json::{json, Value};
+
+use super::types::{
+    Backend, Config, HeaderStyle, LimitConfig, Mode, OnError, RouteConfig, UpstreamConfig,
+};
+use super::units::{format_duration, format_rate, format_size};
+use super::validate::redact_url;
+use crate::identity::KeyPart;
+use crate::limit::Algorithm;
+use crate::routing::{HostPattern, PathMatch, RouteMatch};
+
+impl Config {
+    /// A short human summary for `tollgate check`: listeners, store, upstreams (targets and
+    /// pacing), routes (match, upstream, and each limit). Passwords in URLs are shown as `***`.
+    pub fn summary(&self) -> String {
+        let mut out = Vec::new();
+        let addrs: Vec<String> = self.listen.iter().map(ToString::to_string).collect();
+        let tls = if self.tls.is_some() { " (tls)" } else { "" };
+        out.push(format!("listen: {}{tls}", addrs.join(", ")));
+        if let Some(admin) = &self.admin {
+            out.push(format!("admin: {}", admin.listen));
+        }
+        out.push(format!("store: {}", store_line(self)));
+        if let Some(size) = self.max_body_size {
+            out.push(format!("max_body_size: {}", format_size(size)));
+        }
+        out.push(format!("upstreams ({}):", self.upstreams.len()));
+        out.extend(
+            self.upstreams
+                .iter()
+                .map(|u| format!("  {}", upstream_line(u))),
+        );
+        out.push(format!("routes ({}):", self.routes.len()));
+        for route in &self.routes {
+            out.push(format!("  {}", route_line(route)));
+            out.extend(
+                route
+                    .limits
+                    .iter()
+                    .map(|l| format!("    {}", limit_line(l))),
+            );
+        }
+        out.join("\n")
+    }
+
+    /// The effective configuration as JSON, defaults filled in, for the admin `/config`
+    /// endpoint. Passwords in Redis URLs are replaced by `***`.
+    pub fn to_json(&self) -> Value {
+        let t = &self.timeouts;
+        json!({
+            "listen": self.listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "workers": self.workers.map(|w| w.get()),
+            "tls": self.tls.as_ref().map(|t| json!({"cert": t.cert, "key": t.key})),
+            "admin": self.admin.as_ref().map(|a| json!({"listen": a.listen.to_string()})),
+            "store": store_json(self),
+            "trusted_proxies": self.trusted_proxies.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "rate_limit_headers": header_style(self.rate_limit_headers),
+            "timeouts": {
+                "client_header": format_duration(t.client_header),
+                "upstream_connect": format_duration(t.upstream_connect),
+                "upstream_response": format_duration(t.upstream_response),
+                "idle": format_duration(t.idle),
+                "shutdown": format_duration(t.shutdown),
+            },
+            "max_body_size": self.max_body_size,
+            "upstreams": self.upstreams.iter().map(upstream_json).collect::<Vec<_>>(),
+            "routes": self.routes.iter().map(route_json).collect::<Vec<_>>(),
+        })
+    }
+}
+
+fn backend_text(backend: &Backend) -> String {
+    match backend {
+        Backend::Memory => "memory".to_owned(),
+        Backend::Redis { url } => format!("redis {}", redact_url(url)),
+        Backend::Cluster { urls } => {
+            let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+            format!("redis cluster {}", urls.join(", "))
+        }
+    }
+}
+
+fn store_line(config: &Config) -> String {
+    let s = &config.store;
+    let mut line = backend_text(&s.backend);
+    if s.backend != Backend::Memory {
+        line.push_str(&format!(
+            ", key_prefix {}, timeout {}, on_error {}",
+            s.key_prefix,
+            format_duration(s.timeout),
+            on_error(s.on_error)
+        ));
+        if s.instances.get() > 1 {
+            line.push_str(&format!(", instances {}", s.instances));
+        }
+    }
+    line.push_str(&format!(", max_keys {}", s.max_keys));
+    line
+}
+
+fn store_json(config: &Config) -> Value {
+    let s = &config.store;
+    let (backend, url, cluster) = match &s.backend {
+        Backend::Memory => ("memory", None, None),
+        Backend::Redis { url } => ("redis", Some(redact_url(url)), None),
+        Backend::Cluster { urls } => {
+            let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+            ("redis", None, Some(urls))
+        }
+    };
+    json!({
+        "backend": backend,
+        "url": url,
+        "cluster": cluster,
+        "key_prefix": s.key_prefix,
+        "timeout": format_duration(s.timeout),
+        "on_error": on_error(s.on_error),
+        "instances": s.instances.get(),
+        "max_keys": s.max_keys.get(),
+    })
+}
+
+fn on_error(policy: OnError) -> &'static str {
+    match policy {
+        OnError::Allow => "allow",
+        OnError::Deny => "deny",
+        OnError::Local => "local",
+    }
+}
+
+fn header_style(style: HeaderStyle) -> &'static str {
+    match style {
+        HeaderStyle::Ietf => "ietf",
+        HeaderStyle::Legacy => "legacy",
+        HeaderStyle::Both => "both",
+        HeaderStyle::None => "none",
+    }
+}
+
+fn upstream_line(u: &UpstreamConfig) -> String {
+    let targets: Vec<String> = u.targets.iter().map(ToString::to_string).collect();
+    let mut line = format!("{}: {}", u.name, targets.join(", "));
+    if !u.preserve_host {
+        line.push_str(" (host rewritten)");
+    }
+    if let Some(pace) = &u.pace {
+        line.push_str(&format!("; pace {}", format_rate(pace.rate)));
+        if let Some(ms) = pace.max_delay_ms {
+            line.push_str(&format!(" max_delay {}", format_ms(ms)));
+        }
+        if let Some(n) = u.max_waiting {
+            line.push_str(&format!(" max_waiting {n}"));
+        }
+    }
+    line
+}
+
+fn upstream_json(u: &UpstreamConfig) -> Value {
+    json!({
+        "name": u.name,
+        "targets": u.targets.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "preserve_host": u.preserve_host,
+        "pace": u.pace.map(|p| json!({
+            "rate": format_rate(p.rate),
+            "max_delay": p.max_delay_ms.map(format_ms),
+            "max_waiting": u.max_waiting.map(|n| n.get()),
+        })),
+    })
+}
+
+fn format_ms(ms: f64) -> String {
+    format_duration(std::time::Duration::from_secs_f64(ms / 1000.0))
+}
+
+fn host_text(host: &HostPattern) -> String {
+    match host {
+        HostPattern::Exact(h) => h.clone(),
+        HostPattern::Suffix(s) => format!("*{s}"),
+    }
+}
+
+fn match_parts(m: &RouteMatch) -> Vec<String> {
+    let mut parts = Vec::new();
+    if let Some(host) = &m.host {
+        parts.push(format!("host {}", host_text(host)));
+    }
+    match &m.path {
+        PathMatch::Any => {}
+        PathMatch::Prefix(p) => parts.push(format!("path_prefix {p}")),
+        PathMatch::Exact(p) => parts.push(format!("path {p}")),
+    }
+    if !m.methods.is_empty() {
+        let methods: Vec<&str> = m.methods.iter().map(http::Method::as_str).collect();
+        parts.push(format!("methods {}", methods.join(" ")));
+    }
+    for (name, value) in &m.headers {
+        parts.push(format!(
+            "header {name}={}",
+            value.to_str().unwrap_or("(binary)")
+        ));
+    }
+    parts
+}
+
+fn route_line(r: &RouteConfig) -> String {
+    let mut parts = match_parts(&r.matcher);
+    if parts.is_empty() {
+        parts.push("every request".to_owned());
+    }
+    let strip = if r.strip_prefix {
+        " (prefix stripped)"
+    } else {
+        ""
+    };
+    format!("{}: {} -> {}{strip}", r.name, parts.join(", "), r.upstream)
+}
+
+fn route_json(r: &RouteConfig) -> Value {
+    json!({
+        "name": r.name,
+        "match": match_parts(&r.matcher),
+        "strip_prefix": r.strip_prefix,
+        "upstream": r.upstream,
+        "limits": r.limits.iter().map(limit_json).collect::<Vec<_>>(),
+    })
+}
+
+/// `token_bucket 10/s burst 20 cost 1`, `sliding_window 1000 per 1h`.
+pub(crate) fn algorithm_text(alg: &Algorithm) -> String {
+    match alg {
+        Algorithm::TokenBucket(b) => format!(
+            "token_bucket {} burst {} cost {}",
+            format_rate(b.rate),
+            b.burst,
+            b.cost
+        ),
+        Algorithm::LeakyBucket(p) => match p.max_delay_ms {
+            Some(ms) => format!(
+                "leaky_bucket {} max_delay {}",
+                format_rate(p.rate),
+                format_ms(ms)
+            ),
+            None => format!("leaky_bucket {}", format_rate(p.rate)),
+        },
+        Algorithm::FixedWindow(w)
+        | Algorithm::SlidingWindow(w)
+        | Algorithm::SlidingWindowCounter(w) => {
+            let window = std::time::Duration::from_millis(w.window_ms.get());
+            format!("{} {} per {}", alg.name(), w.limit, format_duration(window))
+        }
+    }
+}
+
+fn key_text(key: &[KeyPart]) -> String {
+    let parts: Vec<String> = key
+        .iter()
+        .map(|part| match part {
+            KeyPart::Ip => "ip".to_owned(),
+            KeyPart::Header(name) => format!("header:{name}"),
+            KeyPart::Query(name) => format!("query:{name}"),
+            KeyPart::Host => "host".to_owned(),
+            KeyPart::Path => "path".to_owned(),
+            KeyPart::Route => "route".to_owned(),
+        })
+        .collect();
+    parts.join("+")
+}
+
+fn limit_line(l: &LimitConfig) -> String {
+    let mut line = format!(
+        "{}: {}, key {}",
+        l.name,
+        algorithm_text(&l.algorithm),
+        key_text(&l.key)
+    );
+    if l.mode == Mode::Shadow {
+        line.push_str(", shadow");
+    }
+    if !l.exempt.is_empty() {
+        let nets: Vec<String> = l.exempt.iter().map(ToString::to_string).collect();
+        line.push_str(&format!(", exempt {}", nets.join(" ")));
+    }
+    match l.overrides.len() {
+        0 => {}
+        1 => line.push_str(", 1 override"),
+        n => line.push_str(&format!(", {n} overrides")),
+    }
+    line
+}
+
+fn limit_json(l: &LimitConfig) -> Value {
+    json!({
+        "name": l.name,
+        "algorithm": algorithm_text(&l.algorithm),
+        "key": key_text(&l.key),
+        "mode": match l.mode { Mode::Enforce => "enforce", Mode::Shadow => "shadow" },
+        "exempt": l.exempt.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "overrides": l.overrides.len(),
+    })
+}

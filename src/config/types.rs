@@ -1,0 +1,223 @@
+//! The typed configuration that the rest of tollgate sees: every value parsed, every default
+//! filled in, every cross reference checked. Nothing here knows about YAML or serde.
+
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::identity::KeyPart;
+use crate::limit::{Algorithm, Pace};
+use crate::routing::RouteMatch;
+
+/// A validated `proxy.yaml`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `listen`: the addresses the proxy accepts clients on (at least one)
+    pub listen: Vec<SocketAddr>,
+    /// `workers`: worker threads; `None`: one per core
+    pub workers: Option<NonZeroUsize>,
+    /// `tls`: terminate TLS on every listener
+    pub tls: Option<TlsConfig>,
+    /// `admin`: the admin listener (`/metrics`, `/healthz`, `/readyz`, `/config`)
+    pub admin: Option<AdminConfig>,
+    /// `store`: where limiter state lives; the memory store when the file has no `store`
+    pub store: StoreConfig,
+    /// `trusted_proxies`: peers whose `X-Forwarded-For` is believed (bare addresses become
+    /// /32 or /128 networks)
+    pub trusted_proxies: Vec<IpNet>,
+    /// `rate_limit_headers`: which rate-limit headers responses carry
+    pub rate_limit_headers: HeaderStyle,
+    /// `timeouts`
+    pub timeouts: Timeouts,
+    /// `max_body_size` in bytes: larger request bodies get 413; `None`: no bound
+    pub max_body_size: Option<u64>,
+    /// `upstreams`, in file order
+    pub upstreams: Vec<UpstreamConfig>,
+    /// `routes`, in file order (the first that matches wins)
+    pub routes: Vec<RouteConfig>,
+}
+
+impl Config {
+    /// The upstream called `name`. Every route's `upstream` names one (validation checks it).
+    pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
+        self.upstreams.iter().find(|u| u.name == name)
+    }
+}
+
+/// `tls`: a certificate chain and its private key, PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// `tls.cert`: the certificate chain
+    pub cert: PathBuf,
+    /// `tls.key`: the private key
+    pub key: PathBuf,
+}
+
+/// `admin`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminConfig {
+    /// `admin.listen`: keep it on loopback
+    pub listen: SocketAddr,
+}
+
+/// `store`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// `store.backend` with `url` or `cluster`
+    pub backend: Backend,
+    /// `store.key_prefix`: the first part of every key (default `tollgate`)
+    pub key_prefix: String,
+    /// `store.timeout`: per limiter call; past it the call counts as a store error (default 50ms)
+    pub timeout: Duration,
+    /// `store.on_error`: what a failed store call means (default `local`)
+    pub on_error: OnError,
+    /// `store.instances`: with `on_error: local`, each instance enforces 1/instances of every
+    /// limit (default 1)
+    pub instances: NonZeroU32,
+    /// `store.max_keys`: bound of the memory store and of the local fallback (default 1000000)
+    pub max_keys: NonZeroUsize,
+}
+
+impl Default for StoreConfig {
+    /// The store used when the file has no `store`: in memory, with every default.
+    fn default() -> StoreConfig {
+        StoreConfig {
+            backend: Backend::Memory,
+            key_prefix: "tollgate".to_owned(),
+            timeout: Duration::from_millis(50),
+            on_error: OnError::Local,
+            instances: NonZeroU32::MIN,
+            max_keys: NonZeroUsize::new(1_000_000).expect("a non-zero literal"),
+        }
+    }
+}
+
+/// Where limiter state lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// in this process only
+    Memory,
+    /// one Redis server
+    Redis {
+        /// `redis://`, `rediss://` (TLS) or `redis+unix://` / `unix://`
+        url: String,
+    },
+    /// a Redis Cluster
+    Cluster {
+        /// the seed nodes
+        urls: Vec<String>,
+    },
+}
+
+/// `store.on_error`: what a store call that fails or times out means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// admit the request (fail open)
+    Allow,
+    /// refuse it with 503 (fail closed)
+    Deny,
+    /// decide with the same algorithm in process
+    Local,
+}
+
+/// `rate_limit_headers`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers)
+    #[default]
+    Ietf,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`
+    Legacy,
+    /// both sets
+    Both,
+    /// none (`Retry-After` is still sent on 429 and 503)
+    None,
+}
+
+/// `timeouts`
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// `client_header`: a client must send its request head within this (default 10s)
+    pub client_header: Duration,
+    /// `upstream_connect` (default 2s)
+    pub upstream_connect: Duration,
+    /// `upstream_response`: until the response head arrives (default 30s)
+    pub upstream_response: Duration,
+    /// `idle`: an idle client connection is closed after this (default 60s)
+    pub idle: Duration,
+    /// `shutdown`: drain time after SIGTERM (default 30s)
+    pub shutdown: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Timeouts {
+        Timeouts {
+            client_header: Duration::from_secs(10),
+            upstream_connect: Duration::from_secs(2),
+            upstream_response: Duration::from_secs(30),
+            idle: Duration::from_secs(60),
+            shutdown: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `upstreams.NAME`
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamConfig {
+    /// the key under `upstreams`
+    pub name: String,
+    /// `targets`: `http://` or `https://` with a host, no path; used round robin (at least one)
+    pub targets: Vec<http::Uri>,
+    /// `preserve_host`: forward the client's `Host` (default true)
+    pub preserve_host: bool,
+    /// `pace.rate` and `pace.max_delay`: outbound leaky bucket shared by every instance
+    pub pace: Option<Pace>,
+    /// `pace.max_waiting`: bound on requests sleeping for a slot in this process
+    pub max_waiting: Option<NonZeroUsize>,
+}
+
+/// `routes[N]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteConfig {
+    /// `name`, unique among routes
+    pub name: String,
+    /// `match`; no `match`: every request
+    pub matcher: RouteMatch,
+    /// `strip_prefix`: forward `/v1/x` as `/x` (only with `match.path_prefix`)
+    pub strip_prefix: bool,
+    /// `upstream`: the name of an entry of [`Config::upstreams`]
+    pub upstream: String,
+    /// `limits`, checked in order; the first that denies answers the request
+    pub limits: Vec<LimitConfig>,
+}
+
+/// `routes[N].limits[M]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitConfig {
+    /// `name`, unique within its route
+    pub name: String,
+    /// `algorithm` with its parameters
+    pub algorithm: Algorithm,
+    /// `key`: what identifies a client to this limit (default: `ip`)
+    pub key: Vec<KeyPart>,
+    /// `mode` (default enforce)
+    pub mode: Mode,
+    /// `exempt`: client networks this limit never applies to
+    pub exempt: Vec<IpNet>,
+    /// `overrides`: other parameters for particular key values, in file order; each is the
+    /// limit's own parameters with the override's merged over them
+    pub overrides: Vec<(String, Algorithm)>,
+}
+
+/// `routes[N].limits[M].mode`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// deny requests over the limit
+    #[default]
+    Enforce,
+    /// count and log requests over the limit, never deny
+    Shadow,
+}

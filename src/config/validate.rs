@@ -1,0 +1,515 @@
+//! From the raw mirror to the typed [`Config`]: parses every formatted value, fills in defaults,
+//! checks cross references, and collects every problem with its key path.
+//!
+//! This file holds the checker, the top-level keys, `store` and `upstreams`; routes, matches and
+//! limits are in [`super::routes`] and [`super::limits`].
+
+use std::net::{IpAddr, SocketAddr};
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use super::de::Field;
+use super::locate::Locator;
+use super::problem::{At, Path, Pending};
+use super::raw::{
+    RawBackend, RawConfig, RawHeaderStyle, RawOnError, RawPace, RawStore, RawTimeouts, RawUpstream,
+    StrList,
+};
+use super::routes;
+use super::types::{
+    AdminConfig, Backend, Config, HeaderStyle, OnError, StoreConfig, Timeouts, TlsConfig,
+    UpstreamConfig,
+};
+use super::units;
+use crate::limit::Pace;
+
+/// Collects errors and warnings while the typed config is built.
+pub(crate) struct Checker<'l> {
+    /// problems that make the file invalid
+    pub errors: Vec<Pending>,
+    /// problems that do not (an unreachable route, no routes at all)
+    pub warnings: Vec<Pending>,
+    locator: &'l Locator<'l>,
+}
+
+impl<'l> Checker<'l> {
+    /// An empty checker for one file.
+    pub fn new(locator: &'l Locator<'l>) -> Checker<'l> {
+        Checker {
+            errors: Vec::new(),
+            warnings: Vec::new(),
+            locator,
+        }
+    }
+
+    /// An error about the value at `path`.
+    pub fn error(&mut self, path: Path, message: impl Into<String>) {
+        self.errors.push(Pending::value(path, message));
+    }
+
+    /// An error about the key at `path` itself (a name chosen by the user).
+    pub fn key_error(&mut self, path: Path, message: impl Into<String>) {
+        self.errors.push(Pending::key(path, 0, message));
+    }
+
+    /// A warning about the value at `path`.
+    pub fn warn(&mut self, path: Path, message: impl Into<String>) {
+        self.warnings.push(Pending::value(path, message));
+    }
+
+    /// The line of the value at `path`, to point from one problem to another place.
+    pub fn line_of(&self, path: &Path) -> usize {
+        self.locator.locate(path, At::Value).0
+    }
+
+    /// The value of a required key; reports it at the mapping when it is missing.
+    pub fn required<'f, T>(&mut self, field: &'f Field<T>, map: &Path, key: &str) -> Option<&'f T> {
+        if let Field::Absent = field {
+            self.error(map.clone(), format!("missing required key {key:?}"));
+        }
+        field.get()
+    }
+
+    /// A list item or a mapping value that must not be empty (`- ` with nothing after it).
+    pub fn item<'f, T>(&mut self, field: &'f Field<T>, path: &Path, what: &str) -> Option<&'f T> {
+        if let Field::Absent = field {
+            self.error(
+                path.clone(),
+                format!("expected {what}, found nothing (null)"),
+            );
+        }
+        field.get()
+    }
+
+    /// Parses a present text value; its error is reported at `path`.
+    pub fn parse<T>(
+        &mut self,
+        field: &Field<String>,
+        path: &Path,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        let text = field.get()?;
+        parse(text)
+            .map_err(|message| self.error(path.clone(), message))
+            .ok()
+    }
+
+    /// The items of a one-or-many value with their paths; null items are reported.
+    pub fn strings<'f>(&mut self, list: &'f StrList, path: &Path) -> Vec<(Path, &'f str)> {
+        if let StrList::Many(items) = list {
+            for (i, item) in items.iter().enumerate() {
+                self.item(item, &path.index(i), "a string");
+            }
+        }
+        list.items(path)
+    }
+
+    /// Parses each item of a one-or-many value, reporting each failure at its own path.
+    pub fn parse_list<T>(
+        &mut self,
+        field: &Field<StrList>,
+        path: &Path,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Vec<T> {
+        let Some(list) = field.get() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (item_path, text) in self.strings(list, path) {
+            match parse(text) {
+                Ok(v) => out.push(v),
+                Err(message) => self.error(item_path, message),
+            }
+        }
+        out
+    }
+
+    /// A whole-number key that must be at least 1.
+    pub fn positive(&mut self, field: &Field<u64>, path: &Path, key: &str) -> Option<u64> {
+        match field.get() {
+            Some(0) => {
+                self.error(path.clone(), format!("{key} must be at least 1, found 0"));
+                None
+            }
+            other => other.copied(),
+        }
+    }
+
+    /// A duration key with a default; zero is refused.
+    pub fn duration(&mut self, field: &Field<String>, path: &Path, default: Duration) -> Duration {
+        self.parse(field, path, units::parse_duration)
+            .map(|d| {
+                if d.is_zero() {
+                    self.error(path.clone(), "must be greater than zero");
+                }
+                d
+            })
+            .unwrap_or(default)
+    }
+}
+
+/// Builds the typed config. The config is meaningful only when `chk.errors` stays empty.
+pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
+    let root = Path::root();
+    let listen = listen(chk, raw);
+    let workers = chk
+        .positive(&raw.workers, &root.key("workers"), "workers")
+        .and_then(|n| NonZeroUsize::new(usize::try_from(n).unwrap_or(usize::MAX)));
+    let tls = raw
+        .tls
+        .get()
+        .and_then(|t| tls(chk, t.cert.clone(), t.key.clone()));
+    let admin = raw.admin.get().and_then(|a| {
+        let path = root.key("admin");
+        chk.required(&a.listen, &path, "listen")?;
+        let addr = chk.parse(&a.listen, &path.key("listen"), parse_addr)?;
+        Some(AdminConfig { listen: addr })
+    });
+    let upstreams = upstreams(chk, raw);
+    let names: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+    let routes = routes::routes(chk, &raw.routes, &names);
+    for upstream in &upstreams {
+        if !routes.iter().any(|r| r.upstream == upstream.name) {
+            let path = root.key("upstreams").key(&upstream.name);
+            let message = format!("upstream {:?} is not used by any route", upstream.name);
+            chk.warn(path, message);
+        }
+    }
+    Config {
+        listen,
+        workers,
+        tls,
+        admin,
+        store: store(chk, raw.store.get()),
+        trusted_proxies: chk.parse_list(
+            &raw.trusted_proxies,
+            &root.key("trusted_proxies"),
+            parse_net,
+        ),
+        rate_limit_headers: match raw.rate_limit_headers.get() {
+            Some(RawHeaderStyle::Ietf) | None => HeaderStyle::Ietf,
+            Some(RawHeaderStyle::Legacy) => HeaderStyle::Legacy,
+            Some(RawHeaderStyle::Both) => HeaderStyle::Both,
+            Some(RawHeaderStyle::None) => HeaderStyle::None,
+        },
+        timeouts: raw
+            .timeouts
+            .get()
+            .map_or_else(Timeouts::default, |t| timeouts(chk, t)),
+        max_body_size: chk.parse(
+            &raw.max_body_size,
+            &root.key("max_body_size"),
+            units::parse_size,
+        ),
+        upstreams,
+        routes,
+    }
+}
+
+fn listen(chk: &mut Checker<'_>, raw: &RawConfig) -> Vec<SocketAddr> {
+    let path = Path::root().key("listen");
+    chk.required(&raw.listen, &Path::root(), "listen");
+    if raw.listen.get().is_some_and(StrList::is_empty) {
+        chk.error(
+            path.clone(),
+            "needs at least one address, such as 0.0.0.0:8080",
+        );
+    }
+    let addrs = chk.parse_list(&raw.listen, &path, parse_addr);
+    for (i, addr) in addrs.iter().enumerate() {
+        if addrs[..i].contains(addr) {
+            chk.error(path.clone(), format!("{addr} is listed twice"));
+        }
+    }
+    addrs
+}
+
+fn tls(chk: &mut Checker<'_>, cert: Field<String>, key: Field<String>) -> Option<TlsConfig> {
+    let path = Path::root().key("tls");
+    let mut file = |field: &Field<String>, name: &str| -> Option<PathBuf> {
+        let text = chk.required(field, &path, name)?;
+        if text.is_empty() {
+            chk.error(path.key(name), "expected a file path, found \"\"");
+            return None;
+        }
+        Some(PathBuf::from(text))
+    };
+    let (cert, key) = (file(&cert, "cert"), file(&key, "key"));
+    Some(TlsConfig {
+        cert: cert?,
+        key: key?,
+    })
+}
+
+fn timeouts(chk: &mut Checker<'_>, raw: &RawTimeouts) -> Timeouts {
+    let path = Path::root().key("timeouts");
+    let default = Timeouts::default();
+    Timeouts {
+        client_header: chk.duration(
+            &raw.client_header,
+            &path.key("client_header"),
+            default.client_header,
+        ),
+        upstream_connect: chk.duration(
+            &raw.upstream_connect,
+            &path.key("upstream_connect"),
+            default.upstream_connect,
+        ),
+        upstream_response: chk.duration(
+            &raw.upstream_response,
+            &path.key("upstream_response"),
+            default.upstream_response,
+        ),
+        idle: chk.duration(&raw.idle, &path.key("idle"), default.idle),
+        // Zero is a valid drain time: stop at once.
+        shutdown: chk
+            .parse(&raw.shutdown, &path.key("shutdown"), units::parse_duration)
+            .unwrap_or(default.shutdown),
+    }
+}
+
+fn store(chk: &mut Checker<'_>, raw: Option<&RawStore>) -> StoreConfig {
+    let default = StoreConfig::default();
+    let Some(raw) = raw else {
+        return default;
+    };
+    let path = Path::root().key("store");
+    let timeout = chk.duration(&raw.timeout, &path.key("timeout"), default.timeout);
+    let key_prefix = match raw.key_prefix.get() {
+        Some(p) if p.is_empty() => {
+            chk.error(path.key("key_prefix"), "must not be empty");
+            default.key_prefix.clone()
+        }
+        Some(p) => p.clone(),
+        None => default.key_prefix.clone(),
+    };
+    let instances = chk
+        .positive(&raw.instances, &path.key("instances"), "instances")
+        .map(|n| u32::try_from(n).map_err(|_| chk.error(path.key("instances"), "is too large")))
+        .and_then(Result::ok)
+        .and_then(NonZeroU32::new)
+        .unwrap_or(default.instances);
+    let max_keys = chk
+        .positive(&raw.max_keys, &path.key("max_keys"), "max_keys")
+        .and_then(|n| NonZeroUsize::new(usize::try_from(n).unwrap_or(usize::MAX)))
+        .unwrap_or(default.max_keys);
+    StoreConfig {
+        backend: backend(chk, raw, &path),
+        key_prefix,
+        timeout,
+        on_error: match raw.on_error.get() {
+            Some(RawOnError::Allow) => OnError::Allow,
+            Some(RawOnError::Deny) => OnError::Deny,
+            Some(RawOnError::Local) | None => OnError::Local,
+        },
+        instances,
+        max_keys,
+    }
+}
+
+fn backend(chk: &mut Checker<'_>, raw: &RawStore, path: &Path) -> Backend {
+    let (has_url, has_cluster) = (raw.url.is_given(), raw.cluster.is_given());
+    // Without `backend`, a `url` or `cluster` says which one is meant; silently running on
+    // memory next to a configured Redis URL would be the worse reading.
+    let redis = match raw.backend.get() {
+        Some(RawBackend::Redis) => true,
+        Some(RawBackend::Memory) => false,
+        None => has_url || has_cluster,
+    };
+    if !redis {
+        for (given, key) in [(has_url, "url"), (has_cluster, "cluster")] {
+            if given {
+                chk.key_error(
+                    path.key(key),
+                    format!("{key} is only used with backend: redis"),
+                );
+            }
+        }
+        return Backend::Memory;
+    }
+    match (has_url, has_cluster) {
+        (true, true) => {
+            chk.key_error(
+                path.key("cluster"),
+                "give either url (one server) or cluster, not both",
+            );
+            Backend::Memory
+        }
+        (false, false) => {
+            let message = "backend redis needs url (one server) or cluster (a list of nodes)";
+            chk.error(path.clone(), message);
+            Backend::Memory
+        }
+        (true, false) => chk
+            .parse(&raw.url, &path.key("url"), parse_redis_url)
+            .map_or(Backend::Memory, |url| Backend::Redis { url }),
+        (false, true) => {
+            if raw.cluster.get().is_some_and(StrList::is_empty) {
+                chk.error(path.key("cluster"), "needs at least one node URL");
+            }
+            let urls = chk.parse_list(&raw.cluster, &path.key("cluster"), parse_redis_url);
+            Backend::Cluster { urls }
+        }
+    }
+}
+
+fn upstreams(chk: &mut Checker<'_>, raw: &RawConfig) -> Vec<UpstreamConfig> {
+    let path = Path::root().key("upstreams");
+    let Some(entries) = raw.upstreams.get() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (name, field) in &entries.0 {
+        let upath = path.key(name);
+        if let Err(message) = check_name(name) {
+            chk.key_error(upath.clone(), message);
+        }
+        if let Some(raw) = chk.item(field, &upath, "a mapping with targets") {
+            out.extend(upstream(chk, name, raw, &upath));
+        }
+    }
+    out
+}
+
+fn upstream(
+    chk: &mut Checker<'_>,
+    name: &str,
+    raw: &RawUpstream,
+    path: &Path,
+) -> Option<UpstreamConfig> {
+    chk.required(&raw.targets, path, "targets");
+    if raw.targets.get().is_some_and(StrList::is_empty) {
+        chk.error(
+            path.key("targets"),
+            "needs at least one target, such as http://127.0.0.1:8000",
+        );
+    }
+    let targets = chk.parse_list(&raw.targets, &path.key("targets"), parse_target);
+    let (pace, max_waiting) = match raw.pace.get() {
+        Some(p) => pace(chk, p, &path.key("pace"))?,
+        None => (None, None),
+    };
+    Some(UpstreamConfig {
+        name: name.to_owned(),
+        targets,
+        preserve_host: raw.preserve_host.get().copied().unwrap_or(true),
+        pace,
+        max_waiting,
+    })
+}
+
+type PaceParts = (Option<Pace>, Option<NonZeroUsize>);
+
+fn pace(chk: &mut Checker<'_>, raw: &RawPace, path: &Path) -> Option<PaceParts> {
+    chk.required(&raw.rate, path, "rate");
+    let rate = chk.parse(&raw.rate, &path.key("rate"), units::parse_rate);
+    let max_delay = chk.parse(
+        &raw.max_delay,
+        &path.key("max_delay"),
+        units::parse_duration,
+    );
+    let max_waiting = chk
+        .positive(&raw.max_waiting, &path.key("max_waiting"), "max_waiting")
+        .and_then(|n| NonZeroUsize::new(usize::try_from(n).unwrap_or(usize::MAX)));
+    let pace = Pace::new(rate?.rate, max_delay)
+        .map_err(|e| chk.error(path.key("max_delay"), e.to_string()))
+        .ok()?;
+    Some((Some(pace), max_waiting))
+}
+
+/// Names of upstreams, routes and limits: they become parts of store keys
+/// (`prefix:route:limit:client`) and metric labels, so `:` and spaces are kept out.
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "a name may hold only letters, digits, \"-\", \"_\" and \".\", found {name:?}"
+        ))
+    }
+}
+
+/// `0.0.0.0:8080`, `[::1]:9901`.
+pub(crate) fn parse_addr(text: &str) -> Result<SocketAddr, String> {
+    text.trim().parse().map_err(|_| {
+        format!("expected an address such as 0.0.0.0:8080 or [::]:8080, found {text:?}")
+    })
+}
+
+/// `10.0.0.0/8`, `fd00::/8`, or a bare address (a /32 or /128 network).
+pub(crate) fn parse_net(text: &str) -> Result<IpNet, String> {
+    let t = text.trim();
+    t.parse::<IpNet>()
+        .map(|net| net.trunc())
+        .or_else(|_| t.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| {
+            format!(
+                "expected an address or network such as 10.0.0.0/8 or 192.0.2.1, found {text:?}"
+            )
+        })
+}
+
+/// `redis://`, `rediss://`, `redis+unix://` or `unix://` followed by something.
+fn parse_redis_url(text: &str) -> Result<String, String> {
+    let t = text.trim();
+    let schemes = ["redis://", "rediss://", "redis+unix://", "unix://"];
+    match schemes.iter().find_map(|s| t.strip_prefix(s)) {
+        Some(rest) if !rest.is_empty() => Ok(t.to_owned()),
+        _ => Err(format!(
+            "expected a URL starting with redis://, rediss://, redis+unix:// or unix://, found {:?}",
+            redact_url(t)
+        )),
+    }
+}
+
+/// A URL with its password replaced by `***`, for messages and summaries.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let user_info = &rest[..at];
+            let user = user_info.split_once(':').map_or("", |(user, _)| user);
+            let hidden = if user_info.contains(':') {
+                format!("{user}:***")
+            } else {
+                "***".to_owned()
+            };
+            format!("{scheme}://{hidden}{}", &rest[at..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// `http://host[:port]` or `https://host[:port]`, nothing after the authority.
+fn parse_target(text: &str) -> Result<http::Uri, String> {
+    let bad = || format!("expected a URL such as http://127.0.0.1:8000, found {text:?}");
+    let uri: http::Uri = text.trim().parse().map_err(|_| bad())?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => {
+            return Err(format!(
+                "a target must start with http:// or https://, found {text:?}"
+            ))
+        }
+    }
+    if !uri.host().is_some_and(|h| !h.is_empty()) {
+        return Err(bad());
+    }
+    let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    if path != "/" && !path.is_empty() {
+        return Err(format!(
+            "a target is scheme://host[:port] with no path or query, found {text:?}"
+        ));
+    }
+    Ok(uri)
+}

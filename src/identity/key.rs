@@ -1,0 +1,374 @@
+//! Limiter keys: the client key a limit's `key` parts select from a request, and the storage key
+//! `<prefix>:<route>:<limit>:<client key>` that the store sees.
+
+use std::fmt::Write;
+use std::net::IpAddr;
+
+use http::{HeaderMap, HeaderValue};
+use sha1_smol::Sha1;
+
+use super::KeyPart;
+
+/// Client keys longer than this many bytes are stored as their SHA-1 digest (40 hex digits).
+pub const MAX_CLIENT_KEY_LEN: usize = 64;
+
+/// Written before the client address when a `header:` or `query:` value is missing.
+const FALLBACK_MARK: &str = "%ip=";
+
+/// What key parts are read from, borrowed from the request.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyContext<'a> {
+    /// The client address, as found by [`client_ip`](super::client_ip).
+    pub ip: IpAddr,
+    /// The request headers.
+    pub headers: &'a HeaderMap,
+    /// The raw query string, without the `?`.
+    pub query: Option<&'a str>,
+    /// `Host` or `:authority`, possibly with a port and in any case.
+    pub host: Option<&'a str>,
+    /// The normalised path.
+    pub path: &'a str,
+    /// The route's name.
+    pub route: &'a str,
+}
+
+/// Appends the client key that `parts` select from `ctx` to `out` (which it does not clear).
+///
+/// The format is chosen so that distinct identities can never share a bucket:
+/// * parts are joined by `|`;
+/// * `ip` is the address as text (`192.0.2.7`, `2001:db8::1`);
+/// * every other value (header, decoded query parameter, host, path, route) is written as is,
+///   except that bytes outside visible ASCII and the two bytes `%` and `|` are escaped as `%XX`
+///   (uppercase hex), so typical API keys and tenant names appear unchanged and a value cannot
+///   forge a `|`;
+/// * a missing or empty `header:` / `query:` value falls back to the client address, written
+///   `%ip=ADDR`. Its `%` is not followed by two hex digits, which no escaped value can contain, so
+///   a client cannot send `x-api-key: 192.0.2.7` (or `ip=192.0.2.7`) to drain the bucket of the
+///   key-less client at that address.
+///
+/// Per part:
+/// * `header:NAME` takes the header's first line; `query:NAME` the first parameter whose
+///   decoded name is NAME, its value decoded as a form value (`%XX` and `+` for space). Missing
+///   or empty, either falls back to `%ip=ADDR`.
+/// * `host` is lowercase without port, brackets or trailing dot; no host writes nothing, so
+///   host-less requests share one bucket.
+/// * An empty `parts` writes nothing: one bucket for every client.
+pub fn client_key(parts: &[KeyPart], ctx: &KeyContext<'_>, out: &mut String) {
+    for (index, part) in parts.iter().enumerate() {
+        if index > 0 {
+            out.push('|');
+        }
+        match part {
+            KeyPart::Ip => push_ip(out, ctx.ip),
+            KeyPart::Header(name) => match ctx.headers.get(name).map(HeaderValue::as_bytes) {
+                Some(value) if !value.is_empty() => escape_key_value(value, out),
+                _ => push_fallback(out, ctx.ip),
+            },
+            KeyPart::Query(name) => match ctx.query.and_then(|q| query_value(q, name)) {
+                Some(value) if !value.is_empty() => push_escaped(out, form_decoded(value)),
+                _ => push_fallback(out, ctx.ip),
+            },
+            KeyPart::Host => {
+                let host = host_name(ctx.host.unwrap_or(""));
+                push_escaped(out, host.bytes().map(|b| b.to_ascii_lowercase()));
+            }
+            KeyPart::Path => escape_key_value(ctx.path.as_bytes(), out),
+            KeyPart::Route => escape_key_value(ctx.route.as_bytes(), out),
+        }
+    }
+}
+
+/// Appends `value` escaped as [`client_key`] escapes each value, so that, for example, a key
+/// written in the configuration (an override) compares equal to the key built from a request.
+pub fn escape_key_value(value: &[u8], out: &mut String) {
+    match std::str::from_utf8(value) {
+        Ok(text) if value.iter().all(|&b| is_key_safe(b)) => out.push_str(text),
+        _ => push_escaped(out, value.iter().copied()),
+    }
+}
+
+/// The store key `<prefix>:<route>:<limit>:<client>`; a client key longer than
+/// [`MAX_CLIENT_KEY_LEN`] bytes is replaced by its SHA-1 digest in lowercase hex, so keys stay
+/// short whatever clients send. An empty `prefix` is left out with its `:`.
+pub fn storage_key(prefix: &str, route: &str, limit: &str, client: &str) -> String {
+    let hashed = client.len() > MAX_CLIENT_KEY_LEN;
+    let client_len = if hashed { 40 } else { client.len() };
+    let mut key = String::with_capacity(prefix.len() + route.len() + limit.len() + client_len + 3);
+    if !prefix.is_empty() {
+        key.push_str(prefix);
+        key.push(':');
+    }
+    key.push_str(route);
+    key.push(':');
+    key.push_str(limit);
+    key.push(':');
+    if hashed {
+        write!(key, "{}", Sha1::from(client).digest()).expect("writing to a String cannot fail");
+    } else {
+        key.push_str(client);
+    }
+    key
+}
+
+fn push_ip(out: &mut String, ip: IpAddr) {
+    write!(out, "{ip}").expect("writing to a String cannot fail");
+}
+
+fn push_fallback(out: &mut String, ip: IpAddr) {
+    out.push_str(FALLBACK_MARK);
+    push_ip(out, ip);
+}
+
+/// Visible ASCII except `%` (the escape) and `|` (the part separator).
+fn is_key_safe(byte: u8) -> bool {
+    byte.is_ascii_graphic() && byte != b'%' && byte != b'|'
+}
+
+fn push_escaped(out: &mut String, bytes: impl Iterator<Item = u8>) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for byte in bytes {
+        if is_key_safe(byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        }
+    }
+}
+
+/// The raw value of the first parameter named `name` (compared after decoding), `""` for a bare
+/// `?name`.
+fn query_value<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        form_decoded(key).eq(name.bytes()).then_some(value)
+    })
+}
+
+/// The bytes of a query component decoded as `application/x-www-form-urlencoded`: `+` is a
+/// space, `%XX` a byte; a `%` without two hex digits stands for itself, as browsers read it.
+fn form_decoded(text: &str) -> impl Iterator<Item = u8> + '_ {
+    let mut rest = text.as_bytes();
+    std::iter::from_fn(move || {
+        let (&first, tail) = rest.split_first()?;
+        rest = tail;
+        Some(match first {
+            b'+' => b' ',
+            b'%' => match (
+                tail.first().copied().and_then(hex_value),
+                tail.get(1).copied().and_then(hex_value),
+            ) {
+                (Some(hi), Some(lo)) => {
+                    rest = &tail[2..];
+                    hi << 4 | lo
+                }
+                _ => b'%',
+            },
+            other => other,
+        })
+    })
+}
+
+fn hex_value(digit: u8) -> Option<u8> {
+    char::from(digit)
+        .to_digit(16)
+        .and_then(|d| u8::try_from(d).ok())
+}
+
+/// A `Host` value without port, IPv6 brackets or the trailing dot of an absolute name.
+fn host_name(host: &str) -> &str {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split_once(']').map_or(host, |(inside, _port)| inside)
+    } else {
+        match host.rsplit_once(':') {
+            // More than one `:` without brackets is a bare IPv6 address, not `host:port`.
+            Some((name, port))
+                if !name.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                name
+            }
+            _ => host,
+        }
+    };
+    name.strip_suffix('.').unwrap_or(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderName;
+    use proptest::prelude::*;
+
+    const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
+
+    fn key_with(
+        parts: &[KeyPart],
+        headers: &HeaderMap,
+        query: Option<&str>,
+        host: Option<&str>,
+    ) -> String {
+        let ctx = KeyContext {
+            ip: IP,
+            headers,
+            query,
+            host,
+            path: "/v1/x",
+            route: "api-v1",
+        };
+        let mut out = String::new();
+        client_key(parts, &ctx, &mut out);
+        out
+    }
+
+    fn key(parts: &[KeyPart]) -> String {
+        key_with(parts, &HeaderMap::new(), None, None)
+    }
+
+    fn api_key() -> KeyPart {
+        KeyPart::Header(HeaderName::from_static("x-api-key"))
+    }
+
+    fn headers(name: &'static str, values: &[&[u8]]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for value in values {
+            map.append(
+                name,
+                HeaderValue::from_bytes(value).expect("valid header value"),
+            );
+        }
+        map
+    }
+
+    /// `ip`, `path` and `route` write the address, normalised path and route name.
+    #[test]
+    fn simple_parts_write_their_values() {
+        assert_eq!(key(&[KeyPart::Ip]), "192.0.2.7");
+        assert_eq!(key(&[KeyPart::Path]), "/v1/x");
+        assert_eq!(key(&[KeyPart::Route]), "api-v1");
+        assert_eq!(key(&[]), "");
+    }
+
+    /// A present header is the key as sent; a missing or empty one falls back to `%ip=ADDR`.
+    #[test]
+    fn header_part_falls_back_to_marked_ip() {
+        let present = headers("x-api-key", &[b"k-123", b"second"]);
+        assert_eq!(key_with(&[api_key()], &present, None, None), "k-123");
+        assert_eq!(key(&[api_key()]), "%ip=192.0.2.7");
+        let empty = headers("x-api-key", &[b""]);
+        assert_eq!(key_with(&[api_key()], &empty, None, None), "%ip=192.0.2.7");
+    }
+
+    /// A header value cannot impersonate the fallback key of a client without one.
+    #[test]
+    fn header_value_cannot_forge_the_fallback() {
+        let fallback = key(&[api_key()]);
+        for forged in [&b"192.0.2.7"[..], b"%ip=192.0.2.7", b"ip=192.0.2.7"] {
+            let sent = headers("x-api-key", &[forged]);
+            assert_ne!(key_with(&[api_key()], &sent, None, None), fallback);
+        }
+    }
+
+    /// `|`, `%`, spaces and non-ASCII bytes are escaped, so parts cannot run into each other.
+    #[test]
+    fn separators_and_odd_bytes_are_escaped() {
+        let sent = headers("x-api-key", &[b"a|b %\xff"]);
+        assert_eq!(key_with(&[api_key()], &sent, None, None), "a%7Cb%20%25%FF");
+        let two = [api_key(), KeyPart::Ip];
+        assert_eq!(
+            key_with(&two, &headers("x-api-key", &[b"a"]), None, None),
+            "a|192.0.2.7"
+        );
+    }
+
+    /// Query values are form-decoded (then escaped); names match after decoding; missing falls back.
+    #[test]
+    fn query_part_is_decoded() {
+        let q = KeyPart::Query("api_key".into());
+        let with = |query| {
+            key_with(
+                std::slice::from_ref(&q),
+                &HeaderMap::new(),
+                Some(query),
+                None,
+            )
+        };
+        assert_eq!(with("a=1&api_key=abc%2Dx"), "abc-x");
+        assert_eq!(
+            with("api%5Fkey=hello+world%21&api_key=second"),
+            "hello%20world!"
+        );
+        assert_eq!(with("api_key=100%"), "100%25");
+        assert_eq!(with("api_keyx=1"), "%ip=192.0.2.7");
+        assert_eq!(with("api_key="), "%ip=192.0.2.7");
+        assert_eq!(with("api_key"), "%ip=192.0.2.7");
+        assert_eq!(key(&[q]), "%ip=192.0.2.7");
+    }
+
+    /// The host is lowercase without port; IPv6 hosts lose brackets and port.
+    #[test]
+    fn host_part_is_lowercase_without_port() {
+        let host = |h| key_with(&[KeyPart::Host], &HeaderMap::new(), None, h);
+        assert_eq!(host(Some("API.Example.com:8443")), "api.example.com");
+        assert_eq!(host(Some("api.example.com.")), "api.example.com");
+        assert_eq!(host(Some("[2001:DB8::1]:443")), "2001:db8::1");
+        assert_eq!(host(None), "");
+    }
+
+    /// Appending keeps what `out` already holds.
+    #[test]
+    fn client_key_appends() {
+        let ctx = KeyContext {
+            ip: IP,
+            headers: &HeaderMap::new(),
+            query: None,
+            host: None,
+            path: "/",
+            route: "r",
+        };
+        let mut out = String::from("x:");
+        client_key(&[KeyPart::Ip], &ctx, &mut out);
+        assert_eq!(out, "x:192.0.2.7");
+    }
+
+    /// Storage keys are `<prefix>:<route>:<limit>:<client>`; up to 64 bytes the client is kept.
+    #[test]
+    fn storage_key_layout() {
+        assert_eq!(
+            storage_key("tollgate", "api", "per-client", "192.0.2.7"),
+            "tollgate:api:per-client:192.0.2.7"
+        );
+        assert_eq!(storage_key("", "api", "l", "c"), "api:l:c");
+        let exactly = "b".repeat(MAX_CLIENT_KEY_LEN);
+        assert_eq!(
+            storage_key("p", "r", "l", &exactly),
+            format!("p:r:l:{exactly}")
+        );
+    }
+
+    /// A client key over 64 bytes becomes its lowercase hex SHA-1 (checked against `sha1sum`).
+    #[test]
+    fn long_client_key_is_hashed() {
+        let long = "a".repeat(65);
+        assert_eq!(
+            storage_key("p", "r", "l", &long),
+            "p:r:l:11655326c708d70319be2610e8a57d9a5b959d3b"
+        );
+    }
+
+    proptest! {
+        /// Distinct header values give distinct keys, none equal to the fallback.
+        #[test]
+        fn header_keys_are_distinct_and_never_the_fallback(
+            a in proptest::collection::vec(0x20u8..=0xff, 1..24),
+            b in proptest::collection::vec(0x20u8..=0xff, 1..24),
+        ) {
+            prop_assume!(a != b && a.iter().all(|&c| c != 0x7f) && b.iter().all(|&c| c != 0x7f));
+            prop_assume!(HeaderValue::from_bytes(&a).is_ok() && HeaderValue::from_bytes(&b).is_ok());
+            let ka = key_with(&[api_key()], &headers("x-api-key", &[&a]), None, None);
+            let kb = key_with(&[api_key()], &headers("x-api-key", &[&b]), None, None);
+            prop_assert_ne!(&ka, &kb);
+            prop_assert_ne!(ka, key(&[api_key()]));
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! The limit phase: each of the route's limits in order. The first enforced denial answers 429;
+//! shadow denials are counted and logged only; leaky-bucket limits sleep their delay. The most
+//! restrictive admitted limit's figures go on the response as rate-limit headers.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::{Request, Response};
+use ipnet::IpNet;
+
+use super::respond::{self, Shown};
+use super::{Body, Proxy, ProxyError, Route};
+use crate::identity::{self, KeyContext, KeyPart};
+use crate::limit::{Algorithm, Decision};
+
+/// One limit of a route, ready to check.
+pub struct Limit {
+    /// its name (keys, headers, metrics)
+    pub name: String,
+    /// the algorithm and its parameters
+    pub alg: Algorithm,
+    /// what identifies a client
+    pub key: Vec<KeyPart>,
+    /// count and log denials, never deny
+    pub shadow: bool,
+    /// clients this limit never applies to
+    pub exempt: Vec<IpNet>,
+    /// other parameters for particular client-key values
+    pub overrides: HashMap<String, Algorithm>,
+}
+
+impl Limit {
+    fn shown(&self, alg: &Algorithm, decision: Decision) -> ShownOwned {
+        let (quota, window) = alg.policy();
+        ShownOwned {
+            name: self.name.clone(),
+            quota,
+            window_secs: window.ceil().max(1.0) as u64,
+            decision,
+        }
+    }
+}
+
+/// A [`Shown`] that owns its name, to outlive the route borrow.
+pub(super) struct ShownOwned {
+    name: String,
+    quota: u64,
+    window_secs: u64,
+    decision: Decision,
+}
+
+impl ShownOwned {
+    pub(super) fn as_shown(&self) -> Shown<'_> {
+        Shown {
+            name: &self.name,
+            quota: self.quota,
+            window_secs: self.window_secs,
+            decision: self.decision,
+        }
+    }
+}
+
+/// The limit phase's outcome.
+pub(super) enum Checked {
+    /// a limit denied: send this 429
+    Denied(Response<Body>),
+    /// go on; the most restrictive limit's figures (none when the route has no limits)
+    Admitted(Option<ShownOwned>),
+}
+
+/// Runs the route's limits for a request from `ip`.
+pub(super) async fn check<B>(
+    proxy: &Proxy,
+    route: &Route,
+    req: &Request<B>,
+    ip: IpAddr,
+    path: &str,
+) -> Result<Checked, ProxyError> {
+    let ctx = KeyContext {
+        ip,
+        headers: req.headers(),
+        query: req.uri().query(),
+        host: super::request_host(req),
+        path,
+        route: &route.name,
+    };
+    let mut client = String::with_capacity(48);
+    let mut tightest: Option<ShownOwned> = None;
+    for limit in &route.limits {
+        if identity::is_trusted(ip, &limit.exempt) {
+            continue;
+        }
+        client.clear();
+        identity::client_key(&limit.key, &ctx, &mut client);
+        let alg = limit.overrides.get(client.as_str()).unwrap_or(&limit.alg);
+        let key = identity::storage_key(
+            &proxy.settings.key_prefix,
+            &route.name,
+            &limit.name,
+            &client,
+        );
+        let decision = proxy
+            .store
+            .check(&key, alg, None)
+            .await
+            .map_err(ProxyError::StoreUnavailable)?;
+        if !decision.allowed {
+            if limit.shadow {
+                tracing::info!(route = %route.name, limit = %limit.name, client = %client, "shadow limit would deny");
+                continue;
+            }
+            let shown = limit.shown(alg, decision);
+            return Ok(Checked::Denied(respond::rate_limited(
+                proxy.settings.headers,
+                &shown.as_shown(),
+            )));
+        }
+        if decision.delay_us > 0 {
+            tokio::time::sleep(Duration::from_micros(decision.delay_us)).await;
+        }
+        if tightest
+            .as_ref()
+            .is_none_or(|t| decision.remaining < t.decision.remaining)
+        {
+            tightest = Some(limit.shown(alg, decision));
+        }
+    }
+    Ok(Checked::Admitted(tightest))
+}

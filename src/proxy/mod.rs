@@ -1,0 +1,278 @@
+//! The request path (SPEC §3) as named phases over one per-request context:
+//!
+//! 1. **route**: normalise the path, pick the first matching route (404 when none);
+//! 2. **identify**: the client's address (trusted proxies, X-Forwarded-For);
+//! 3. **limit**: each limit in order; the first denial answers 429 (leaky-bucket limits sleep);
+//! 4. **pace**: the upstream's shared leaky bucket, sleeping the delay (503 past max_delay);
+//! 5. **forward**: to a target, streaming both ways;
+//! 6. **respond**: the rate-limit headers of the most restrictive limit on whatever came back.
+//!
+//! Errors map to status codes in one place ([`ProxyError::status`]). This module knows the
+//! store only through the [`Store`] trait.
+
+pub mod forward;
+mod limits;
+pub mod pacing;
+pub mod respond;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use hyper::body::Incoming;
+use ipnet::IpNet;
+
+use crate::identity;
+use crate::routing::{normalize_path, strip_prefix, PathMatch, RequestParts, RouteTable};
+use crate::store::{Store, StoreError};
+
+pub use forward::{client, Targets, UpstreamClient};
+pub use limits::Limit;
+pub use pacing::Pacer;
+pub use respond::HeaderStyle;
+
+/// Boxed error of a streamed body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body of every response the proxy sends (and of requests it forwards).
+pub type Body = BoxBody<Bytes, BoxError>;
+
+/// A route, ready to serve.
+pub struct Route {
+    /// its name (metrics, keys, logs)
+    pub name: String,
+    /// with `strip_prefix`, the prefix to remove before forwarding
+    pub strip: Option<PathMatch>,
+    /// where matched requests go
+    pub upstream: Arc<Upstream>,
+    /// checked in order
+    pub limits: Vec<Limit>,
+}
+
+/// An upstream, ready to serve.
+pub struct Upstream {
+    /// its name
+    pub name: String,
+    /// round-robin targets
+    pub targets: Targets,
+    /// forward the client's Host
+    pub preserve_host: bool,
+    /// outbound pacing, if any
+    pub pacer: Option<Pacer>,
+}
+
+/// Settings that apply to every request.
+pub struct Settings {
+    /// peers whose X-Forwarded-For is believed
+    pub trusted_proxies: Vec<IpNet>,
+    /// which rate-limit headers to send
+    pub headers: HeaderStyle,
+    /// the first part of every store key
+    pub key_prefix: String,
+    /// no response head within this: 504
+    pub upstream_response: Duration,
+    /// larger request bodies: 413
+    pub max_body_size: Option<u64>,
+}
+
+/// Everything the request path needs; shared by all connections.
+pub struct Proxy {
+    /// the routes, first match wins
+    pub routes: RouteTable<Route>,
+    /// limiter state (Redis behind its failure policy, or memory)
+    pub store: Arc<dyn Store>,
+    /// the pooled upstream client
+    pub client: UpstreamClient,
+    /// request-wide settings
+    pub settings: Settings,
+}
+
+/// Why tollgate answered instead of the upstream (rate limiting is not an error: see
+/// [`limits`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// the path could not be normalised (bad percent-encoding, not origin-form)
+    #[error("malformed request path")]
+    BadPath,
+    /// no route matches
+    #[error("no route matches this request")]
+    NoRoute,
+    /// the request body is larger than `max_body_size`
+    #[error("request body larger than max_body_size")]
+    BodyTooLarge,
+    /// the store failed and `on_error` is `deny`
+    #[error("rate limiter unavailable: {0}")]
+    StoreUnavailable(#[source] StoreError),
+    /// the upstream's schedule is full past `max_delay`
+    #[error("upstream {upstream} is paced: no slot within max_delay")]
+    PacingRefused {
+        /// upstream name
+        upstream: String,
+        /// when a slot would be within max_delay
+        retry_after_ms: u64,
+    },
+    /// `max_waiting` requests are already sleeping for this upstream
+    #[error("upstream {upstream}: too many requests waiting for a slot")]
+    TooManyWaiting {
+        /// upstream name
+        upstream: String,
+    },
+    /// the upstream has no usable target
+    #[error("upstream {0} has no target")]
+    NoTarget(String),
+    /// connecting to the upstream failed
+    #[error("upstream {upstream}: connect failed: {source}")]
+    UpstreamConnect {
+        /// upstream name
+        upstream: String,
+        /// the client's error
+        source: hyper_util::client::legacy::Error,
+    },
+    /// the upstream connection failed after connecting
+    #[error("upstream {upstream}: {source}")]
+    Upstream {
+        /// upstream name
+        upstream: String,
+        /// the client's error
+        source: hyper_util::client::legacy::Error,
+    },
+    /// no response head within `timeouts.upstream_response`
+    #[error("upstream {upstream}: no response within {after:?}")]
+    UpstreamTimeout {
+        /// upstream name
+        upstream: String,
+        /// the timeout
+        after: Duration,
+    },
+}
+
+impl ProxyError {
+    /// The status code for this error: the one place errors become statuses.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::BadPath => StatusCode::BAD_REQUEST,
+            ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::PacingRefused { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::TooManyWaiting { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NoTarget(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamConnect { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The `error` field of the JSON body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProxyError::BadPath => "bad_request",
+            ProxyError::NoRoute => "no_route",
+            ProxyError::BodyTooLarge => "payload_too_large",
+            ProxyError::StoreUnavailable(_) => "limiter_unavailable",
+            ProxyError::PacingRefused { .. } => "upstream_paced",
+            ProxyError::TooManyWaiting { .. } => "upstream_queue_full",
+            ProxyError::NoTarget(_) => "no_target",
+            ProxyError::UpstreamConnect { .. } => "upstream_unreachable",
+            ProxyError::Upstream { .. } => "upstream_error",
+            ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
+        }
+    }
+
+    /// `Retry-After` for the 503s that a limit, the pacing or the store caused.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            ProxyError::PacingRefused { retry_after_ms, .. } => Some(*retry_after_ms),
+            ProxyError::TooManyWaiting { .. } | ProxyError::StoreUnavailable(_) => Some(1000),
+            _ => None,
+        }
+    }
+}
+
+/// How the connection reached tollgate.
+#[derive(Debug, Clone, Copy)]
+pub struct Conn {
+    /// the TCP peer
+    pub peer: SocketAddr,
+    /// came over TLS
+    pub tls: bool,
+}
+
+impl Proxy {
+    /// Serves one request through the phases.
+    pub async fn handle(&self, req: Request<Incoming>, conn: Conn) -> Response<Body> {
+        let started = Instant::now();
+        let resp = match self.phases(req, conn).await {
+            Ok(resp) => resp,
+            Err(err) => {
+                tracing::debug!(error = %err, "answered by the proxy");
+                respond::error(&err)
+            }
+        };
+        tracing::trace!(status = resp.status().as_u16(), elapsed = ?started.elapsed(), "request done");
+        resp
+    }
+
+    async fn phases(
+        &self,
+        req: Request<Incoming>,
+        conn: Conn,
+    ) -> Result<Response<Body>, ProxyError> {
+        // 1. route, on the normalised path (which is also the one forwarded)
+        let path = normalize_path(req.uri().path())
+            .map_err(|_| ProxyError::BadPath)?
+            .into_owned();
+        let host = request_host(&req);
+        let parts = RequestParts {
+            host,
+            path: &path,
+            method: req.method(),
+            headers: req.headers(),
+        };
+        let route = self.routes.find(&parts).ok_or(ProxyError::NoRoute)?;
+        // 2. identify
+        let xff = req.headers().get_all("x-forwarded-for");
+        let ip = identity::client_ip(conn.peer.ip(), xff.iter(), &self.settings.trusted_proxies);
+        // 3. limit
+        let checked = limits::check(self, route, &req, ip, &path).await?;
+        let shown = match checked {
+            limits::Checked::Denied(resp) => return Ok(resp),
+            limits::Checked::Admitted(shown) => shown,
+        };
+        // 4. pace
+        if let Some(pacer) = &route.upstream.pacer {
+            pacer.wait(&*self.store).await?;
+        }
+        // 5. forward
+        let forward_path = match &route.strip {
+            Some(m) => strip_prefix(m, &path),
+            None => path.as_str().into(),
+        };
+        let f = forward::Forward {
+            upstream: &route.upstream.name,
+            targets: &route.upstream.targets,
+            preserve_host: route.upstream.preserve_host,
+            path: &forward_path,
+            client_ip: ip,
+            proto: if conn.tls { "https" } else { "http" },
+            response_timeout: self.settings.upstream_response,
+            max_body_size: self.settings.max_body_size,
+        };
+        let mut resp = forward::forward(&self.client, req, &f).await?;
+        // 6. respond
+        if let Some(shown) = shown {
+            respond::add_rate_headers(resp.headers_mut(), self.settings.headers, &shown.as_shown());
+        }
+        Ok(resp)
+    }
+}
+
+/// The request's host: the `Host` header, else the URI's authority (HTTP/2 `:authority`).
+fn request_host<B>(req: &Request<B>) -> Option<&str> {
+    req.headers()
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+}

@@ -1,0 +1,137 @@
+//! Every response tollgate writes itself: the JSON errors (mapped from [`ProxyError`] in one
+//! place), the 429, and the rate-limit headers added to every response of a limited route.
+
+use std::fmt::Write as _;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+use super::{Body, ProxyError};
+use crate::limit::Decision;
+
+/// Which rate-limit headers to send (`rate_limit_headers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers, rev. 10+)
+    #[default]
+    Ietf,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`
+    Legacy,
+    /// both sets
+    Both,
+    /// none
+    None,
+}
+
+/// The limit whose figures a response shows: the most restrictive one, or the one that denied.
+#[derive(Debug, Clone, Copy)]
+pub struct Shown<'a> {
+    /// the limit's name
+    pub name: &'a str,
+    /// its quota `q` and window `w` in whole seconds, as the policy header states them
+    pub quota: u64,
+    /// window in whole seconds (at least 1)
+    pub window_secs: u64,
+    /// what the limiter answered
+    pub decision: Decision,
+}
+
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Adds the rate-limit headers for `shown` in `style`.
+pub fn add_rate_headers(headers: &mut HeaderMap, style: HeaderStyle, shown: &Shown<'_>) {
+    let d = &shown.decision;
+    let reset = d.reset_secs().max(d.retry_after_secs());
+    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+        // Structured-field strings: the limit name is quoted; names are validated to be tokens.
+        let mut v = String::with_capacity(48);
+        let _ = write!(
+            v,
+            "\"{}\";q={};w={}",
+            shown.name, shown.quota, shown.window_secs
+        );
+        insert(headers, &RATELIMIT_POLICY, v);
+        let mut v = String::with_capacity(48);
+        let _ = write!(v, "\"{}\";r={};t={}", shown.name, d.remaining, reset);
+        insert(headers, &RATELIMIT, v);
+    }
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        insert(headers, &X_LIMIT, shown.quota.to_string());
+        insert(headers, &X_REMAINING, d.remaining.to_string());
+        insert(headers, &X_RESET, reset.to_string());
+    }
+}
+
+fn insert(headers: &mut HeaderMap, name: &HeaderName, value: String) {
+    if let Ok(v) = HeaderValue::try_from(value) {
+        headers.insert(name.clone(), v);
+    }
+}
+
+/// A response with a JSON body.
+pub fn json(status: StatusCode, body: String) -> Response<Body> {
+    let mut resp = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// Sets `Retry-After` in whole seconds, rounded up and at least 1 (RFC 9110 §10.2.3).
+pub fn set_retry_after(headers: &mut HeaderMap, retry_after_ms: u64) {
+    let secs = retry_after_ms.div_ceil(1000).max(1);
+    headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+}
+
+/// 429 for the limit that denied: `Retry-After`, the rate-limit headers, and the JSON body.
+pub fn rate_limited(style: HeaderStyle, shown: &Shown<'_>) -> Response<Body> {
+    let retry = shown.decision.retry_after_ms;
+    let name = json_string(shown.name);
+    let body = format!(r#"{{"error":"rate_limited","limit":{name},"retry_after_ms":{retry}}}"#);
+    let mut resp = json(StatusCode::TOO_MANY_REQUESTS, body);
+    set_retry_after(resp.headers_mut(), retry);
+    add_rate_headers(resp.headers_mut(), style, shown);
+    resp
+}
+
+/// The error response for `err`: its status, a JSON body, and `Retry-After` where a wait helps.
+pub fn error(err: &ProxyError) -> Response<Body> {
+    let body = format!(
+        r#"{{"error":"{}","message":{}}}"#,
+        err.code(),
+        json_string(&err.to_string())
+    );
+    let mut resp = json(err.status(), body);
+    if let Some(ms) = err.retry_after_ms() {
+        set_retry_after(resp.headers_mut(), ms);
+    }
+    resp
+}
+
+/// `s` as a JSON string literal.
+pub fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}

@@ -1,0 +1,291 @@
+//! What happens when the shared store cannot answer (SPEC §4), and the two things that keep
+//! Redis off the hot path: the circuit breaker and the deny cache.
+//!
+//! [`GuardedStore`] wraps the Redis store. A call that fails or passes the timeout applies
+//! `on_error`: `allow` (fail open), `deny` (fail closed: the error goes up and the proxy answers
+//! 503) or `local` (the same algorithm in process, each instance enforcing 1/`instances` of the
+//! limit). After [`TRIP_AFTER`] consecutive failures the breaker opens: Redis is skipped for
+//! [`COOL_DOWN`], then one probe is let through; its success closes the breaker. A key that the
+//! store denied is denied locally until its `retry_after` (the deny cache), without a Redis call.
+
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lru::LruCache;
+
+use super::{MemoryStore, Store, StoreError, StoreFuture};
+use crate::limit::{Algorithm, Bucket, Decision, Millis, Pace, Rate, Window};
+
+/// Consecutive failures that open the breaker.
+pub const TRIP_AFTER: u32 = 5;
+/// How long an open breaker skips the store before probing it again.
+pub const COOL_DOWN: Duration = Duration::from_secs(1);
+/// Deny-cache capacity: enough for a large flood of distinct denied clients; beyond it the
+/// least recently denied are forgotten (they then cost one store call each).
+const DENY_CACHE_KEYS: usize = 100_000;
+
+/// What to do when the store fails (`store.on_error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// fail open: admit the request
+    Allow,
+    /// fail closed: the proxy answers 503
+    Deny,
+    /// decide with the in-process algorithm (1/`instances` of each limit)
+    Local,
+}
+
+/// Counters the policy exposes (read by the metrics module).
+#[derive(Debug, Default)]
+pub struct PolicyStats {
+    /// denials answered from the deny cache
+    pub deny_cache_hits: AtomicU64,
+    /// calls to the wrapped store
+    pub store_calls: AtomicU64,
+    /// calls the open breaker kept from the store
+    pub skipped: AtomicU64,
+}
+
+/// The Redis store behind the failure policy, breaker and deny cache.
+pub struct GuardedStore {
+    primary: Arc<dyn Store>,
+    on_error: OnError,
+    /// with `local`, each instance enforces 1/instances of every limit
+    instances: NonZeroU32,
+    local: MemoryStore,
+    breaker: Breaker,
+    deny_cache: DenyCache,
+    stats: Arc<PolicyStats>,
+}
+
+impl GuardedStore {
+    /// Wraps `primary`; `max_keys` bounds the local fallback's memory.
+    pub fn new(
+        primary: Arc<dyn Store>,
+        on_error: OnError,
+        instances: NonZeroU32,
+        max_keys: NonZeroUsize,
+    ) -> Self {
+        GuardedStore {
+            primary,
+            on_error,
+            instances,
+            local: MemoryStore::new(max_keys),
+            breaker: Breaker::default(),
+            deny_cache: DenyCache::new(),
+            stats: Arc::default(),
+        }
+    }
+
+    /// The counters, shared.
+    pub fn stats(&self) -> Arc<PolicyStats> {
+        self.stats.clone()
+    }
+
+    /// True while the breaker keeps calls from the store.
+    pub fn breaker_open(&self) -> bool {
+        self.breaker.is_open()
+    }
+
+    async fn decide(
+        &self,
+        key: &str,
+        alg: &Algorithm,
+        now: Option<Millis>,
+    ) -> Result<Decision, StoreError> {
+        let started = Instant::now();
+        if let Some(d) = self.deny_cache.get(key, started) {
+            self.stats.deny_cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(d);
+        }
+        let error = if self.breaker.allow_call() {
+            self.stats.store_calls.fetch_add(1, Ordering::Relaxed);
+            match self.primary.check(key, alg, now).await {
+                Ok(d) => {
+                    self.breaker.success();
+                    if !d.allowed && d.retry_after_ms > 0 {
+                        self.deny_cache.insert(key, &d, started);
+                    }
+                    return Ok(d);
+                }
+                Err(e) => {
+                    self.breaker.failure(&e);
+                    e
+                }
+            }
+        } else {
+            self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            StoreError::CircuitOpen
+        };
+        match self.on_error {
+            OnError::Allow => Ok(Decision::counted(true, alg.policy().0, 0, 0)),
+            OnError::Deny => Err(error),
+            OnError::Local => Ok(self.local.decide(key, &share(alg, self.instances), None)),
+        }
+    }
+}
+
+impl Store for GuardedStore {
+    fn check<'a>(
+        &'a self,
+        key: &'a str,
+        alg: &'a Algorithm,
+        now: Option<Millis>,
+    ) -> StoreFuture<'a> {
+        Box::pin(self.decide(key, alg, now))
+    }
+}
+
+/// One instance's share of a limit: rates divided by `n`, sizes divided by `n` rounded up (at
+/// least 1), so that `n` instances deciding alone together stay near the limit.
+pub fn share(alg: &Algorithm, n: NonZeroU32) -> Algorithm {
+    if n.get() == 1 {
+        return *alg;
+    }
+    let nf = f64::from(n.get());
+    let rate = |r: Rate| Rate::per_second(r.per_sec() / nf).unwrap_or(r);
+    let part32 =
+        |v: NonZeroU32| NonZeroU32::new(v.get().div_ceil(n.get())).unwrap_or(NonZeroU32::MIN);
+    let window = |w: &Window| Window {
+        limit: NonZeroU64::new(w.limit.get().div_ceil(u64::from(n.get())))
+            .unwrap_or(NonZeroU64::MIN),
+        window_ms: w.window_ms,
+    };
+    match alg {
+        Algorithm::TokenBucket(b) => {
+            let burst = part32(b.burst).max(b.cost);
+            Algorithm::TokenBucket(Bucket {
+                rate: rate(b.rate),
+                burst,
+                cost: b.cost,
+            })
+        }
+        Algorithm::LeakyBucket(p) => Algorithm::LeakyBucket(Pace {
+            rate: rate(p.rate),
+            max_delay_ms: p.max_delay_ms,
+        }),
+        Algorithm::FixedWindow(w) => Algorithm::FixedWindow(window(w)),
+        Algorithm::SlidingWindow(w) => Algorithm::SlidingWindow(window(w)),
+        Algorithm::SlidingWindowCounter(w) => Algorithm::SlidingWindowCounter(window(w)),
+    }
+}
+
+/// Consecutive-failure circuit breaker, lock-free on the hot path.
+#[derive(Default)]
+struct Breaker {
+    failures: AtomicU32,
+    /// ms since `epoch` until which the breaker is open; 0: closed
+    open_until: AtomicU64,
+    /// a half-open probe is in flight
+    probing: AtomicBool,
+    epoch: OnceInstant,
+}
+
+impl Breaker {
+    fn allow_call(&self) -> bool {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return true;
+        }
+        // cool-down over: let exactly one probe through
+        self.epoch.ms() >= until && !self.probing.swap(true, Ordering::AcqRel)
+    }
+
+    fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+
+    fn success(&self) {
+        self.failures.store(0, Ordering::Release);
+        if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+            tracing::info!("store reachable again: circuit breaker closed");
+        }
+        self.probing.store(false, Ordering::Release);
+    }
+
+    fn failure(&self, error: &StoreError) {
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        let probing = self.probing.swap(false, Ordering::AcqRel);
+        if probing || failures >= TRIP_AFTER {
+            let until = self.epoch.ms() + COOL_DOWN.as_millis() as u64;
+            if self.open_until.swap(until, Ordering::AcqRel) == 0 {
+                tracing::warn!(%error, "store failing: circuit breaker open, applying on_error for {COOL_DOWN:?} at a time");
+            }
+        }
+    }
+}
+
+/// Milliseconds since the breaker was made (never 0 once read, so 0 can mean "closed").
+struct OnceInstant(Instant);
+
+impl Default for OnceInstant {
+    fn default() -> Self {
+        OnceInstant(Instant::now())
+    }
+}
+
+impl OnceInstant {
+    fn ms(&self) -> u64 {
+        self.0.elapsed().as_millis() as u64 + 1
+    }
+}
+
+/// Keys recently denied by the store, with the instant until which they stay denied.
+type DenyShard = Mutex<LruCache<Box<str>, Denied, foldhash::fast::RandomState>>;
+
+struct DenyCache {
+    shards: Box<[DenyShard]>,
+    hasher: foldhash::fast::RandomState,
+}
+
+#[derive(Clone, Copy)]
+struct Denied {
+    until: Instant,
+    reset_at: Instant,
+}
+
+impl DenyCache {
+    const SHARDS: usize = 16;
+
+    fn new() -> DenyCache {
+        let per = NonZeroUsize::new(DENY_CACHE_KEYS / Self::SHARDS).expect("non-zero");
+        let shards = (0..Self::SHARDS)
+            .map(|_| Mutex::new(LruCache::with_hasher(per, Default::default())))
+            .collect();
+        DenyCache {
+            shards,
+            hasher: Default::default(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> &DenyShard {
+        use std::hash::BuildHasher;
+        &self.shards[self.hasher.hash_one(key) as usize % Self::SHARDS]
+    }
+
+    fn get(&self, key: &str, now: Instant) -> Option<Decision> {
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        let denied = *shard.peek(key)?;
+        if denied.until <= now {
+            shard.pop(key);
+            return None;
+        }
+        let ms = |at: Instant| at.saturating_duration_since(now).as_micros().div_ceil(1000) as u64;
+        let retry = ms(denied.until).max(1);
+        Some(Decision::counted(
+            false,
+            0,
+            retry,
+            ms(denied.reset_at).max(retry),
+        ))
+    }
+
+    fn insert(&self, key: &str, d: &Decision, now: Instant) {
+        let until = now + Duration::from_millis(d.retry_after_ms);
+        let reset_at = now + Duration::from_millis(d.reset_ms);
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        shard.put(key.into(), Denied { until, reset_at });
+    }
+}

@@ -1,0 +1,317 @@
+//! The Redis store against a real `redis-server`: concurrency on one key, several instances on
+//! one Redis, expiry of every key, NOSCRIPT recovery, Redis killed and restarted, Redis Cluster.
+
+mod common;
+
+use std::num::{NonZeroU32, NonZeroU64};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tollgate::limit::{Algorithm, Bucket, Pace, Rate, Window};
+use tollgate::store::{RedisStore, RedisTarget, Store, StoreError};
+
+fn bucket(rate: f64, burst: u32) -> Algorithm {
+    let one = NonZeroU32::new(1).unwrap();
+    Algorithm::TokenBucket(
+        Bucket::new(
+            Rate::per_second(rate).unwrap(),
+            NonZeroU32::new(burst).unwrap(),
+            one,
+        )
+        .unwrap(),
+    )
+}
+
+fn win(limit: u64, ms: u64) -> Window {
+    Window::new(NonZeroU64::new(limit).unwrap(), Duration::from_millis(ms))
+}
+
+fn all_five() -> [Algorithm; 5] {
+    [
+        bucket(5.0, 10),
+        Algorithm::LeakyBucket(
+            Pace::new(Rate::per_second(5.0).unwrap(), Some(Duration::from_secs(1))).unwrap(),
+        ),
+        Algorithm::FixedWindow(win(10, 60_000)),
+        Algorithm::SlidingWindow(win(10, 60_000)),
+        Algorithm::SlidingWindowCounter(win(10, 60_000)),
+    ]
+}
+
+fn store(url: String, timeout: Duration) -> Arc<RedisStore> {
+    Arc::new(RedisStore::connect(&RedisTarget::Single(url), timeout).unwrap())
+}
+
+/// Calls `check` from `tasks` concurrent tasks, `per_task` times each; counts admissions.
+async fn hammer(
+    stores: &[Arc<RedisStore>],
+    key: &str,
+    alg: Algorithm,
+    tasks: usize,
+    per_task: usize,
+) -> usize {
+    let mut handles = Vec::new();
+    for i in 0..tasks {
+        let store = stores[i % stores.len()].clone();
+        let key = key.to_string();
+        handles.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            for _ in 0..per_task {
+                admitted += usize::from(store.check(&key, &alg, None).await.unwrap().allowed);
+            }
+            admitted
+        }));
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    total
+}
+
+/// 200 concurrent tasks on one connection and one key never pass its limit, for every
+/// counting algorithm (the scripts are atomic; the connection pipelines).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_concurrent_tasks_never_exceed_the_limit() {
+    let redis = common::Redis::start();
+    let s = store(redis.url(), Duration::from_secs(5));
+    let cases = [
+        ("tb", bucket(0.001, 50), 50),
+        ("fw", Algorithm::FixedWindow(win(50, 3_600_000)), 50),
+        ("sw", Algorithm::SlidingWindow(win(50, 3_600_000)), 50),
+        (
+            "swc",
+            Algorithm::SlidingWindowCounter(win(50, 3_600_000)),
+            50,
+        ),
+    ];
+    for (key, alg, limit) in cases {
+        let admitted = hammer(std::slice::from_ref(&s), key, alg, 200, 3).await;
+        // a fixed window may straddle an hour boundary during the run: then up to 2x
+        let bound = if key == "fw" { 2 * limit } else { limit };
+        assert!(
+            (limit..=bound).contains(&admitted),
+            "{key}: {admitted} admitted, limit {limit}"
+        );
+    }
+}
+
+/// Three instances (stores) on one Redis enforce one token bucket together: over a span T at
+/// most burst + rate*T requests pass, and no fewer when demand exceeds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_share_one_token_bucket() {
+    let redis = common::Redis::start();
+    let stores: Vec<_> = (0..3)
+        .map(|_| store(redis.url(), Duration::from_secs(5)))
+        .collect();
+    let alg = bucket(20.0, 10);
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for s in &stores {
+        let s = s.clone();
+        handles.push(tokio::spawn(async move {
+            let mut admitted = 0u32;
+            while started.elapsed() < Duration::from_millis(1500) {
+                admitted += u32::from(s.check("shared", &alg, None).await.unwrap().allowed);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            admitted
+        }));
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    let span = started.elapsed().as_secs_f64();
+    let most = 10.0 + 20.0 * span;
+    // "no fewer": demand (~1500 requests) far exceeds supply; allow for the time before the
+    // first and after the last call on a noisy machine
+    let least = 10.0 + 20.0 * (span - 0.3);
+    assert!(
+        f64::from(total) <= most + 1.0,
+        "{total} admitted in {span:.2}s, at most {most:.0}"
+    );
+    assert!(
+        f64::from(total) >= least,
+        "{total} admitted in {span:.2}s, at least {least:.0}"
+    );
+}
+
+/// Pacing slots handed to three instances, passing their own (skewed, out-of-order) clocks, are
+/// still at least 1/rate apart; a refused request reserves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pacing_slots_are_spaced_across_instances() {
+    let redis = common::Redis::start();
+    let stores: Vec<_> = (0..3)
+        .map(|_| store(redis.url(), Duration::from_secs(5)))
+        .collect();
+    let alg = Algorithm::LeakyBucket(
+        Pace::new(
+            Rate::per_second(50.0).unwrap(),
+            Some(Duration::from_millis(400)),
+        )
+        .unwrap(),
+    );
+    let t0 = 1_700_000_000_000.0;
+    let mut handles = Vec::new();
+    for (i, s) in stores.iter().enumerate() {
+        let s = s.clone();
+        handles.push(tokio::spawn(async move {
+            let mut slots = Vec::new();
+            let mut refused = 0;
+            for j in 0..40 {
+                // each instance's clock is skewed by up to 3 ms
+                let now = t0 + f64::from(j) * 2.0 + i as f64 * 1.5;
+                let d = s.check("pace", &alg, Some(now)).await.unwrap();
+                if d.allowed {
+                    slots.push(now + d.delay_us as f64 / 1000.0);
+                } else {
+                    refused += 1;
+                }
+            }
+            (slots, refused)
+        }));
+    }
+    let mut slots = Vec::new();
+    let mut refused = 0;
+    for h in handles {
+        let (s, r) = h.await.unwrap();
+        slots.extend(s);
+        refused += r;
+    }
+    slots.sort_by(f64::total_cmp);
+    for pair in slots.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= 20.0 - 0.002,
+            "slots {pair:?} closer than 20 ms"
+        );
+    }
+    assert!(
+        refused > 0,
+        "120 requests in ~80 ms at 50/s with 400 ms max_delay must refuse some"
+    );
+    // the schedule holds only admitted slots: its end is last slot + one interval
+    let stored: f64 = redis.cli(&["get", "pace"]).parse().unwrap();
+    assert!(
+        (stored - (slots.last().unwrap() + 20.0)).abs() < 0.01,
+        "refusals reserved nothing"
+    );
+}
+
+/// Every key any script writes gets an expiry.
+#[tokio::test]
+async fn every_key_expires() {
+    let redis = common::Redis::start();
+    let s = store(redis.url(), Duration::from_secs(5));
+    for (i, alg) in all_five().iter().enumerate() {
+        for _ in 0..12 {
+            s.check(&format!("exp:{i}"), alg, None).await.unwrap();
+        }
+    }
+    let keys = redis.cli(&["--scan", "--pattern", "exp:*"]);
+    assert_eq!(keys.lines().count(), 5, "{keys}");
+    for key in keys.lines() {
+        let ttl: i64 = redis.cli(&["pttl", key]).parse().unwrap();
+        assert!(ttl > 0, "{key} has no expiry ({ttl})");
+    }
+}
+
+/// After `SCRIPT FLUSH` the next call reloads the script and succeeds.
+#[tokio::test]
+async fn script_flush_is_recovered_transparently() {
+    let redis = common::Redis::start();
+    let s = store(redis.url(), Duration::from_secs(5));
+    for alg in all_five() {
+        s.check("flush", &alg, None).await.unwrap();
+        assert_eq!(redis.cli(&["script", "flush"]), "OK");
+        s.check("flush2", &alg, None)
+            .await
+            .expect("reloaded after NOSCRIPT");
+        redis.cli(&["del", "flush", "flush2"]);
+    }
+}
+
+/// With Redis killed, calls fail with a StoreError within the timeout; once Redis is back the
+/// same store object answers again, with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_fails_fast_then_recovers() {
+    let mut redis = common::Redis::start();
+    let timeout = Duration::from_millis(100);
+    let s = store(redis.url(), timeout);
+    let alg = bucket(100.0, 100);
+    s.check("k", &alg, None).await.unwrap();
+    redis.kill();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let err = s.check("k", &alg, None).await.expect_err("redis is down");
+        assert!(
+            matches!(err, StoreError::Timeout(_) | StoreError::Redis(_)),
+            "{err}"
+        );
+        assert!(
+            started.elapsed() < timeout + Duration::from_millis(150),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match s.check("k", &alg, None).await {
+            Ok(d) => {
+                assert!(d.allowed);
+                break;
+            }
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "not recovered after restart: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A three-master Redis Cluster made with `redis-cli --cluster create`: keys over all slots,
+/// every algorithm, limited exactly as on one Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_limits_keys_on_every_node() {
+    let cluster = common::Cluster::start();
+    let s = RedisStore::connect(
+        &RedisTarget::Cluster(cluster.urls()),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let algs = [
+        bucket(0.001, 2),
+        Algorithm::FixedWindow(win(2, 3_600_000)),
+        Algorithm::SlidingWindow(win(2, 3_600_000)),
+        Algorithm::SlidingWindowCounter(win(2, 3_600_000)),
+    ];
+    for i in 0..120 {
+        let alg = &algs[i % algs.len()];
+        let key = format!("tollgate:r:l:client-{i}");
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(s.check(&key, alg, None).await.unwrap().allowed);
+        }
+        assert_eq!(got, [true, true, false], "{key} ({})", alg.name());
+    }
+    let pace = Algorithm::LeakyBucket(Pace::new(Rate::per_second(10.0).unwrap(), None).unwrap());
+    let second = s.check("tollgate:pace:x", &pace, None).await.unwrap();
+    assert!(second.allowed);
+    for node in &cluster.nodes {
+        let keys: u64 = node.cli(&["dbsize"]).parse().unwrap();
+        assert!(
+            keys > 20,
+            "node {} holds {keys} keys: slots not spread",
+            node.port
+        );
+    }
+    // NOSCRIPT on every node is recovered too
+    for node in &cluster.nodes {
+        node.cli(&["script", "flush"]);
+    }
+    s.check("tollgate:r:l:after-flush", &algs[0], None)
+        .await
+        .expect("reloaded on the key's node");
+}
