@@ -2,7 +2,18 @@
 
 mod common;
 
+use std::time::{Duration, Instant};
+
 use common::{get, Proxy, Redis, Upstream};
+
+/// The statuses of `n` sequential GETs of `path` with `headers`.
+async fn statuses(proxy: &Proxy, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(get(&proxy.url(path), headers).await.status);
+    }
+    out
+}
 
 fn config(redis: &Redis, upstream: &Upstream, limits: &str) -> String {
     format!(
@@ -70,4 +81,196 @@ async fn burst_then_429_with_retry_after_and_headers() {
     assert!((900..=1000).contains(&retry), "{retry}");
     assert_eq!(denied.header("ratelimit"), Some(r#""per-client";r=0;t=3"#));
     assert_eq!(upstream.seen().len(), 3);
+}
+
+/// Tokens come back at the configured rate: 250 ms at 10/s refills two tokens.
+#[tokio::test]
+async fn bucket_refills_at_the_rate() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let limits = "      - name: per-client
+        algorithm: token_bucket
+        rate: 10/s
+        burst: 2";
+    let proxy = Proxy::start(&config(&redis, &upstream, limits)).await;
+    assert_eq!(statuses(&proxy, "/v1", &[], 3).await, [200, 200, 429]);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(statuses(&proxy, "/v1", &[], 3).await, [200, 200, 429]);
+}
+
+/// `key: header:x-api-key` gives each API key its own bucket; requests without the header
+/// fall back to the client address; an override gives one key a bigger bucket.
+#[tokio::test]
+async fn separate_buckets_per_api_key_with_override() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let limits = r#"      - name: per-key
+        algorithm: token_bucket
+        key: header:x-api-key
+        rate: 1/m
+        burst: 2
+        overrides:
+          "gold-key": {burst: 5}"#;
+    let proxy = Proxy::start(&config(&redis, &upstream, limits)).await;
+    assert_eq!(
+        statuses(&proxy, "/v1", &[("x-api-key", "alice")], 3).await,
+        [200, 200, 429]
+    );
+    assert_eq!(
+        statuses(&proxy, "/v1", &[("x-api-key", "bob")], 3).await,
+        [200, 200, 429]
+    );
+    assert_eq!(
+        statuses(&proxy, "/v1", &[], 3).await,
+        [200, 200, 429],
+        "no key: the ip's bucket"
+    );
+    assert_eq!(
+        statuses(&proxy, "/v1", &[("x-api-key", "gold-key")], 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    let keys = redis.cli(&["--scan", "--pattern", "tollgate:api:per-key:*"]);
+    assert_eq!(keys.lines().count(), 4, "{keys}");
+}
+
+/// X-Forwarded-For from an untrusted peer is ignored: a client cannot pick its own identity.
+#[tokio::test]
+async fn spoofed_forwarded_for_from_untrusted_peer_is_ignored() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&redis, &upstream, BUCKET)).await;
+    let mut seen = Vec::new();
+    for i in 0..5 {
+        let xff = format!("10.0.0.{i}");
+        seen.push(
+            get(&proxy.url("/v1"), &[("x-forwarded-for", &xff)])
+                .await
+                .status,
+        );
+    }
+    assert_eq!(seen, [200, 200, 200, 429, 429]);
+}
+
+/// From a trusted proxy, the right-most untrusted X-Forwarded-For address is the client.
+#[tokio::test]
+async fn forwarded_for_from_trusted_proxy_is_honoured() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let yaml = config(&redis, &upstream, BUCKET).replace(
+        "upstreams:",
+        "trusted_proxies: [127.0.0.1, 10.9.0.0/16]\nupstreams:",
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let alice = [("x-forwarded-for", "203.0.113.7")];
+    assert_eq!(
+        statuses(&proxy, "/v1", &alice, 4).await,
+        [200, 200, 200, 429]
+    );
+    // another client, behind a second trusted hop, and with a spoofed left-most entry
+    let bob = [("x-forwarded-for", "203.0.113.7, 198.51.100.2, 10.9.1.1")];
+    assert_eq!(statuses(&proxy, "/v1", &bob, 4).await, [200, 200, 200, 429]);
+    let keys = redis.cli(&["--scan", "--pattern", "tollgate:api:per-client:*"]);
+    let mut keys: Vec<&str> = keys.lines().collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "tollgate:api:per-client:198.51.100.2",
+            "tollgate:api:per-client:203.0.113.7"
+        ]
+    );
+}
+
+/// Path tricks cannot dodge a limit: every spelling of /v1 shares the /v1 route and bucket,
+/// and `/v1/../admin` does not borrow /v1's route.
+#[tokio::test]
+async fn path_tricks_cannot_dodge_a_limit() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&redis, &upstream, BUCKET)).await;
+    let mut seen = Vec::new();
+    for path in ["/v1/a", "//v1/a", "/v1/./a", "/x/../v1/a", "/%76%31/a"] {
+        seen.push(get(&proxy.url(path), &[]).await.status);
+    }
+    assert_eq!(seen, [200, 200, 200, 429, 429]);
+    let admin = get(&proxy.url("/v1/../admin"), &[]).await;
+    assert_eq!(admin.status, 404, "normalised to /admin: no route");
+    let forwarded: Vec<String> = upstream.seen().iter().map(|s| s.uri.clone()).collect();
+    assert_eq!(forwarded, ["/v1/a", "/v1/a", "/v1/a"]);
+}
+
+/// `rate_limit_headers: legacy` sends X-RateLimit-* instead of the IETF fields.
+#[tokio::test]
+async fn legacy_headers_when_asked() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let yaml = config(&redis, &upstream, BUCKET)
+        .replace("upstreams:", "rate_limit_headers: legacy\nupstreams:");
+    let proxy = Proxy::start(&yaml).await;
+    let a = get(&proxy.url("/v1"), &[]).await;
+    assert_eq!(a.header("x-ratelimit-limit"), Some("3"));
+    assert_eq!(a.header("x-ratelimit-remaining"), Some("2"));
+    assert_eq!(a.header("x-ratelimit-reset"), Some("1"));
+    assert!(a.header("ratelimit").is_none());
+}
+
+/// A leaky-bucket limit makes the request wait its slot instead of refusing it, and answers
+/// 429 only past max_delay.
+#[tokio::test]
+async fn leaky_bucket_limit_delays_then_refuses() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let limits = "      - name: smooth
+        algorithm: leaky_bucket
+        rate: 10/s
+        max_delay: 250ms";
+    let proxy = Proxy::start(&config(&redis, &upstream, limits)).await;
+    let started = Instant::now();
+    assert_eq!(concurrent(&proxy, 3).await, [200, 200, 200]);
+    assert!(
+        started.elapsed() >= Duration::from_millis(190),
+        "the third waited two slots: {:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut got = concurrent(&proxy, 6).await;
+    got.sort();
+    // slots at 0, 100, 200 ms fit within max_delay 250 ms; the rest would wait longer
+    assert_eq!(got, [200, 200, 200, 429, 429, 429]);
+}
+
+/// `n` concurrent GETs of /v1; their statuses in completion-independent order.
+async fn concurrent(proxy: &Proxy, n: usize) -> Vec<u16> {
+    let url = proxy.url("/v1");
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { get(&url, &[]).await.status })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// Two and three proxy instances on one Redis enforce one limit together.
+#[tokio::test]
+async fn instances_on_one_redis_share_the_limit() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let yaml = config(&redis, &upstream, BUCKET);
+    let proxies = [
+        Proxy::start(&yaml).await,
+        Proxy::start(&yaml).await,
+        Proxy::start(&yaml).await,
+    ];
+    let mut admitted = 0;
+    for _round in 0..3 {
+        for p in &proxies {
+            admitted += usize::from(get(&p.url("/v1"), &[]).await.status == 200);
+        }
+    }
+    assert_eq!(admitted, 3, "burst 3 across three instances, not 3 each");
 }

@@ -1,0 +1,180 @@
+//! Outbound pacing end to end: the upstream sees requests at least 1/rate apart, across several
+//! tollgate instances on one Redis; a burst past max_delay gets fast 503s; max_waiting bounds the
+//! sleepers; a client that hangs up while waiting frees its slot in the queue.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{get, Proxy, Redis, Upstream};
+
+fn config(redis: &Redis, upstream: &Upstream, pace: &str) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:0
+store:
+  backend: redis
+  url: {redis}
+  timeout: 500ms
+upstreams:
+  api:
+    targets: [{upstream}]
+    pace:
+{pace}
+routes:
+  - name: api
+    upstream: api
+"#,
+        redis = redis.url(),
+        upstream = upstream.url(),
+    )
+}
+
+/// `n` concurrent GETs of `path` spread over `proxies`; their statuses and how long each took.
+async fn burst(proxies: &[&Proxy], path: &str, n: usize) -> Vec<(u16, Duration)> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let url = proxies[i % proxies.len()].url(path);
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let status = get(&url, &[]).await.status;
+                (status, started.elapsed())
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// Gaps between the upstream's arrivals, sorted by time.
+fn gaps(upstream: &Upstream) -> Vec<Duration> {
+    let mut at: Vec<Instant> = upstream.seen().iter().map(|s| s.at).collect();
+    at.sort();
+    at.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+/// The upstream sees paced requests at least 1/rate apart (within scheduling jitter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_sees_requests_at_least_one_interval_apart() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(
+        &redis,
+        &upstream,
+        "      rate: 20/s\n      max_delay: 2s",
+    ))
+    .await;
+    let got = burst(&[&proxy], "/", 10).await;
+    assert!(got.iter().all(|(s, _)| *s == 200), "{got:?}");
+    let gaps = gaps(&upstream);
+    assert_eq!(gaps.len(), 9);
+    for gap in &gaps {
+        assert!(
+            *gap >= Duration::from_millis(40),
+            "50 ms interval, gap {gap:?} in {gaps:?}"
+        );
+    }
+}
+
+/// A burst past max_delay is refused at once with 503 and Retry-After; refusals reserve nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burst_past_max_delay_gets_fast_503s() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(
+        &redis,
+        &upstream,
+        "      rate: 5/s\n      max_delay: 300ms",
+    ))
+    .await;
+    let proxies = [&proxy];
+    let (got, one) = tokio::join!(burst(&proxies, "/", 10), async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        get(&proxy.url("/"), &[]).await
+    });
+    let ok = got.iter().filter(|(s, _)| *s == 200).count();
+    let refused: Vec<_> = got.iter().filter(|(s, _)| *s == 503).collect();
+    // slots at 0 and 200 ms fit within 300 ms; 400 ms does not
+    assert_eq!(ok, 2, "{got:?}");
+    assert_eq!(refused.len(), 8);
+    assert!(
+        refused
+            .iter()
+            .all(|(_, took)| *took < Duration::from_millis(150)),
+        "{refused:?}"
+    );
+    assert_eq!(one.status, 503, "while the schedule is full");
+    assert_eq!(one.header("retry-after"), Some("1"));
+    assert!(one.body.contains("upstream_paced"), "{}", one.body);
+    // nothing was reserved by the refusals: after the two slots drain, one goes at once
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let started = Instant::now();
+    assert_eq!(get(&proxy.url("/"), &[]).await.status, 200);
+    assert!(started.elapsed() < Duration::from_millis(150));
+}
+
+/// `max_waiting` bounds requests sleeping for a slot in one process: the rest get 503 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_waiting_bounds_the_sleepers() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let pace = "      rate: 2/s\n      max_delay: 10s\n      max_waiting: 2";
+    let proxy = Proxy::start(&config(&redis, &upstream, pace)).await;
+    assert_eq!(get(&proxy.url("/"), &[]).await.status, 200);
+    let got = burst(&[&proxy], "/", 5).await;
+    let full: Vec<_> = got.iter().filter(|(s, _)| *s == 503).collect();
+    assert_eq!(full.len(), 3, "{got:?}");
+    assert!(
+        full.iter()
+            .all(|(_, took)| *took < Duration::from_millis(300)),
+        "{full:?}"
+    );
+}
+
+/// A client that hangs up while waiting for its slot frees its place among the sleepers (its
+/// task and permit are dropped) and the upstream never sees its request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_hanging_up_while_waiting_frees_its_place() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let pace = "      rate: 5/s\n      max_delay: 10s\n      max_waiting: 1";
+    let proxy = Proxy::start(&config(&redis, &upstream, pace)).await;
+    assert_eq!(get(&proxy.url("/"), &[]).await.status, 200);
+    let url = proxy.url("/gone");
+    let impatient = tokio::spawn(async move {
+        tokio::time::timeout(Duration::from_millis(60), get(&url, &[])).await
+    });
+    assert!(
+        impatient.await.unwrap().is_err(),
+        "the impatient client gave up"
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let next = get(&proxy.url("/next"), &[]).await;
+    assert_eq!(next.status, 200, "the place was freed: {}", next.body);
+    let uris: Vec<String> = upstream.seen().iter().map(|s| s.uri.clone()).collect();
+    assert_eq!(uris, ["/", "/next"]);
+}
+
+/// Three tollgate instances on one Redis follow one pacing schedule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_follow_one_schedule() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let yaml = config(&redis, &upstream, "      rate: 20/s\n      max_delay: 5s");
+    let (a, b, c) = (
+        Proxy::start(&yaml).await,
+        Proxy::start(&yaml).await,
+        Proxy::start(&yaml).await,
+    );
+    let got = burst(&[&a, &b, &c], "/", 12).await;
+    assert!(got.iter().all(|(s, _)| *s == 200), "{got:?}");
+    let gaps = gaps(&upstream);
+    assert_eq!(gaps.len(), 11);
+    assert!(
+        gaps.iter().all(|g| *g >= Duration::from_millis(40)),
+        "{gaps:?}"
+    );
+}
