@@ -55,7 +55,11 @@ fn main() -> ExitCode {
         eprintln!("warning: {warning}");
     }
     if let Some(Command::Check) = cli.command {
-        print!("{}", loaded.config.summary());
+        let summary = loaded.config.summary();
+        print!("{summary}");
+        if !summary.ends_with('\n') {
+            println!();
+        }
         println!("{}: ok", cli.config.display());
         return ExitCode::SUCCESS;
     }
@@ -120,7 +124,8 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -56,10 +56,13 @@ impl RedisStore {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(Some(timeout))
-                    // keep retrying in the background: recovery needs no restart
-                    .set_number_of_retries(usize::MAX)
-                    .set_min_delay(Duration::from_millis(20))
-                    .set_max_delay(Duration::from_millis(500));
+                    // One quick retry, then the call fails: a refused connection fails fast
+                    // instead of waiting out the timeout, and the next call starts a new
+                    // reconnection (so recovery needs no restart); the circuit breaker keeps
+                    // an outage from costing one attempt per request.
+                    .set_number_of_retries(1)
+                    .set_min_delay(Duration::from_millis(10))
+                    .set_max_delay(Duration::from_millis(50));
                 Conn::Single(ConnectionManager::new_lazy_with_config(client, config)?)
             }
             RedisTarget::Cluster(urls) => {
