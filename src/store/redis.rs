@@ -55,7 +55,9 @@ impl RedisStore {
                 let client = ::redis::Client::open(info)?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(Some(timeout))
+                    // `eval` bounds every call itself; a second timer per call inside the
+                    // client would only cost time on the hot path
+                    .set_response_timeout(None)
                     // One quick retry, then the call fails: a refused connection fails fast
                     // instead of waiting out the timeout, and the next call starts a new
                     // reconnection (so recovery needs no restart); the circuit breaker keeps

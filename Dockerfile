@@ -1,0 +1,22 @@
+# Multi-stage build: compile in the Rust image, run in a slim Debian image as a non-root user.
+#   docker build -t tollgate .
+#   docker run -p 8080:8080 -v $PWD/proxy.yaml:/etc/tollgate/proxy.yaml:ro \
+#     -e REDIS_URL=redis://redis:6379/0 tollgate
+FROM rust:1-slim-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src src
+COPY lua lua
+COPY benches benches
+RUN cargo build --release --locked --bin tollgate \
+ && strip target/release/tollgate
+
+FROM debian:bookworm-slim
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin tollgate
+COPY --from=build /src/target/release/tollgate /usr/local/bin/tollgate
+# The shipped example; mount your own over it.
+COPY proxy.yaml /etc/tollgate/proxy.yaml
+ENV TOLLGATE_CONFIG=/etc/tollgate/proxy.yaml
+USER tollgate
+EXPOSE 8080 9901
+ENTRYPOINT ["/usr/local/bin/tollgate"]
