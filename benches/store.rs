@@ -111,7 +111,8 @@ fn memory_bench(keys: usize, calls: usize) -> (f64, f64) {
     }
     let rate = calls as f64 / started.elapsed().as_secs_f64();
     let mb = rss_kib().saturating_sub(before) as f64 / 1024.0;
-    assert_eq!(store.len(), keys);
+    // shards fill unevenly, so a few keys go before the total reaches max_keys
+    assert!(store.len() >= keys * 99 / 100, "{} keys held", store.len());
     (rate, mb)
 }
 

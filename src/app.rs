@@ -25,7 +25,7 @@ use crate::proxy::{
     self, Conn, HeaderStyle, Limit, Pacer, Proxy, Route, Settings, Targets, Upstream,
 };
 use crate::routing::{PathMatch, RouteTable};
-use crate::store::{self, GuardedStore, MemoryStore, RedisStore, RedisTarget, Store};
+use crate::store::{GuardedStore, MemoryStore, RedisStore, RedisTarget, Store};
 
 /// A bound, ready-to-run proxy.
 pub struct Server {
@@ -157,14 +157,9 @@ pub async fn build_store(config: &config::StoreConfig) -> anyhow::Result<Arc<dyn
         tracing::warn!(error = %e, on_error = ?config.on_error,
             "redis is not answering; limiting falls back to on_error until it does");
     }
-    let on_error = match config.on_error {
-        config::OnError::Allow => store::OnError::Allow,
-        config::OnError::Deny => store::OnError::Deny,
-        config::OnError::Local => store::OnError::Local,
-    };
     Ok(Arc::new(GuardedStore::new(
         Arc::new(redis),
-        on_error,
+        config.on_error,
         config.instances,
         config.max_keys,
     )))

@@ -5,12 +5,12 @@
 //!
 //! * [`NodeDe`] records every error, with the key path of the value it concerns, in a shared
 //!   [`Ctx`] the moment it arises, and passes on only a marker that it has done so;
-//! * the raw mirror wraps fields and list items in [`Field`], which turns that marker into
-//!   [`Field::Invalid`] instead of failing its parent, so siblings are still read;
+//! * the raw mirror wraps fields and list items in [`super::raw::Field`], which turns that
+//!   marker into `Field::Invalid` instead of failing its parent, so siblings are still read;
 //! * unknown keys are reported and dropped before a struct's visitor sees them (serde gives the
 //!   list of known fields to `deserialize_struct`), so one misspelt key costs nothing else.
 //!
-//! [`Field`] swallows errors, which is sound only because `NodeDe` has recorded them: raw types
+//! `Field` swallows errors, which is sound only because `NodeDe` has recorded them: raw types
 //! must be read through [`from_node`], never through another deserializer.
 
 use std::cell::RefCell;
@@ -19,7 +19,7 @@ use std::fmt;
 use serde::de::value::StrDeserializer;
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, Unexpected, Visitor};
 
-use super::problem::{closest, Path, Pending};
+use super::problem::{one_of, or_list, unknown_key, Path, Pending};
 use super::tree::Node;
 
 /// Collects the problems found while reading the raw mirror.
@@ -47,45 +47,6 @@ pub(crate) fn from_node<'a, T: Deserialize<'a>>(node: &'a Node, ctx: &'a Ctx) ->
         ctx,
     })
     .ok()
-}
-
-/// A field of the raw mirror: absent (or null), present but invalid (already reported), or
-/// present and well-typed.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) enum Field<T> {
-    /// not in the file, or `~`
-    #[default]
-    Absent,
-    /// in the file but unusable; the problem is already recorded
-    Invalid,
-    /// in the file and of the right type
-    Present(T),
-}
-
-impl<T> Field<T> {
-    /// The value if present and valid.
-    pub fn get(&self) -> Option<&T> {
-        match self {
-            Field::Present(v) => Some(v),
-            Field::Absent | Field::Invalid => None,
-        }
-    }
-
-    /// Whether the key is in the file at all (valid or not).
-    pub fn is_given(&self) -> bool {
-        !matches!(self, Field::Absent)
-    }
-}
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Field<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Field<T>, D::Error> {
-        // The error is dropped here because `NodeDe` recorded it (see the module comment).
-        Ok(match Option::<T>::deserialize(d) {
-            Ok(Some(v)) => Field::Present(v),
-            Ok(None) => Field::Absent,
-            Err(_) => Field::Invalid,
-        })
-    }
 }
 
 /// A deserialisation error: the message, or the marker that it is already recorded.
@@ -156,32 +117,6 @@ fn unexpected(u: &Unexpected<'_>) -> String {
         Unexpected::Seq => "a list".to_owned(),
         Unexpected::Map => "a mapping".to_owned(),
         other => other.to_string(),
-    }
-}
-
-/// `expected one of a, b or c, found "x"`, with a hint when `x` is a likely misspelling.
-pub(crate) fn one_of(found: &str, expected: &[&str]) -> String {
-    let mut message = format!("expected {}, found {found:?}", or_list(expected));
-    if let Some(close) = closest(found, expected.iter().copied()) {
-        message.push_str(&format!(" (did you mean {close:?}?)"));
-    }
-    message
-}
-
-/// `unknown key "x"`, with the likely intended key or else the keys allowed here.
-pub(crate) fn unknown_key(key: &str, expected: &[&str]) -> String {
-    match closest(key, expected.iter().copied()) {
-        Some(close) => format!("unknown key {key:?} (did you mean {close:?}?)"),
-        None => format!("unknown key {key:?}; expected {}", or_list(expected)),
-    }
-}
-
-/// `a`, `a or b`, `a, b or c`.
-pub(crate) fn or_list(items: &[&str]) -> String {
-    match items {
-        [] => "nothing".to_owned(),
-        [one] => (*one).to_owned(),
-        [init @ .., last] => format!("{} or {last}", init.join(", ")),
     }
 }
 
@@ -258,13 +193,15 @@ impl<'a> NodeDe<'a> {
             },
             _ => return self.mismatch("a whole number"),
         };
-        if n < min {
-            return Err(DeError::new(format!("expected at least {min}, found {n}")));
-        }
-        if n > max {
-            return Err(DeError::new(format!("expected at most {max}, found {n}")));
-        }
-        Ok(n)
+        let range = match (n < min, n > max) {
+            (true, _) if min == 0 => "of 0 or more".to_owned(),
+            (false, true) => format!("no larger than {max}"),
+            (true, _) => format!("from {min} to {max}"),
+            (false, false) => return Ok(n),
+        };
+        Err(DeError::new(format!(
+            "expected a whole number {range}, found {n}"
+        )))
     }
 
     fn visit_integer<'de, V: Visitor<'de>>(
@@ -438,13 +375,14 @@ impl<'de> Deserializer<'de> for NodeDe<'_> {
     fn deserialize_enum<V: Visitor<'de>>(
         self,
         _name: &'static str,
-        _variants: &'static [&'static str],
+        variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, DeError> {
-        // Only unit variants appear in the file (`algorithm: token_bucket`).
-        let result = match self.node {
-            Node::Str(s) => visitor.visit_enum(StrDeserializer::<DeError>::new(s)),
-            _ => self.mismatch("a name"),
+        // Only unit variants appear in the file (`algorithm: token_bucket`); any scalar is
+        // taken as a name, so that `mode: 1` gets the list of names, not a type complaint.
+        let result = match self.node.scalar_text() {
+            Some(text) => visitor.visit_enum(StrDeserializer::<DeError>::new(&text)),
+            None => self.mismatch(&or_list(variants)),
         };
         self.guard(result)
     }

@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use http::HeaderName;
 
-use super::de::{one_of, or_list, Field};
-use super::problem::Path;
-use super::raw::{RawAlgorithm, RawLimit, RawMode, RawParams};
+use super::problem::{one_of, or_list, Path};
+use super::raw::{Field, RawAlgorithm, RawLimit, RawMode, RawParams};
 use super::types::{LimitConfig, Mode};
 use super::units::{self, ParsedRate};
 use super::validate::{check_name, parse_net, Checker};

@@ -35,15 +35,20 @@ impl<'t> Locator<'t> {
 
     /// The 1-based (line, column) of the key or value at `path`. A path that is not in the
     /// file (a missing key) falls back to its nearest existing ancestor's value, which is the
-    /// mapping that lacks the key; the top of the file is (1, 1) at worst.
+    /// mapping that lacks the key; the top of the file is (1, 1).
     pub fn locate(&self, path: &Path, at: At) -> (usize, usize) {
         if let Some(&pos) = self.cache.borrow().get(&(path.clone(), at)) {
             return pos;
         }
-        let pos = match self.probe(&path.0, at) {
-            Some(pos) => pos,
-            None if path.0.is_empty() => (1, 1),
-            None => self.locate(&path.parent(), At::Value),
+        // The top of the file is its first line, whatever comments come before the first key
+        // (and for an empty file, the parser's position is past the end).
+        let pos = if path.0.is_empty() {
+            (1, 1)
+        } else {
+            match self.probe(&path.0, at) {
+                Some(pos) => pos,
+                None => self.locate(&path.parent(), At::Value),
+            }
         };
         self.cache.borrow_mut().insert((path.clone(), at), pos);
         pos

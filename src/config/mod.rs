@@ -1,20 +1,23 @@
 //! `proxy.yaml`: reading, environment expansion, validation into the typed [`Config`], and
 //! problems that name the file, line, column and key path.
 //!
-//! The path from text to config, one module per step:
+//! The path from text to config, one private module per step:
 //!
-//! * [`tree`]: the YAML text as a plain tree (syntax errors stop here); repeated keys are
-//!   reported and `${VAR}` is expanded in every string value ([`env`]).
-//! * [`de`] + [`raw`]: the tree read into the serde mirror of the file, which denies unknown
-//!   keys; the deserializer records every problem and keeps going, so one check reports them all.
-//! * [`validate`], [`routes`], [`limits`]: the mirror turned into [`Config`] (formats in
-//!   [`units`], defaults, cross references, warnings).
-//! * [`locate`]: the key path of each problem turned into a line and column.
-//! * [`summary`]: the config told back, for `tollgate check` and the admin `/config`.
+//! * `tree`: the YAML text as a plain tree (syntax errors stop here); repeated keys are
+//!   reported, merge keys (`<<: *anchor`) applied, top-level `x-` fields (anchor holders)
+//!   dropped, and `${VAR}` expanded in every string value (`env`).
+//! * `de` + `raw`: the tree read into the serde mirror of the file, which denies unknown keys;
+//!   the deserializer records every problem and keeps going, so one check reports them all.
+//! * `validate`, `backend`, `routes`, `limits`: the mirror turned into [`Config`] (formats in
+//!   `units`, defaults, cross references, warnings).
+//! * `locate`: the key path of each problem turned into a line and column.
+//! * `summary`: the config told back, for `tollgate check` ([`Config::summary`]) and the admin
+//!   `/config` endpoint ([`Config::to_json`]).
 //!
 //! This module owns no I/O beyond reading the file in [`load`]; reloading (SIGHUP, a changed
 //! file) is the caller's: it calls [`load`] again and keeps the old config on an error.
 
+mod backend;
 mod de;
 mod env;
 mod limits;
@@ -85,6 +88,7 @@ pub fn parse(
     };
     let locator = Locator::new(text);
     let mut errors = Vec::new();
+    tree::drop_extensions(&mut tree);
     tree::prepare(&mut tree, &Path::root(), env, &locator, &mut errors);
     let ctx = de::Ctx::default();
     let raw: Option<raw::RawConfig> = de::from_node(&tree, &ctx);

@@ -178,6 +178,32 @@ impl Pending {
     }
 }
 
+/// `expected one of a, b or c, found "x"`, with a hint when `x` is a likely misspelling.
+pub(crate) fn one_of(found: &str, expected: &[&str]) -> String {
+    let mut message = format!("expected {}, found {found:?}", or_list(expected));
+    if let Some(close) = closest(found, expected.iter().copied()) {
+        message.push_str(&format!(" (did you mean {close:?}?)"));
+    }
+    message
+}
+
+/// `unknown key "x"`, with the likely intended key or else the keys allowed here.
+pub(crate) fn unknown_key(key: &str, expected: &[&str]) -> String {
+    match closest(key, expected.iter().copied()) {
+        Some(close) => format!("unknown key {key:?} (did you mean {close:?}?)"),
+        None => format!("unknown key {key:?}; expected {}", or_list(expected)),
+    }
+}
+
+/// `a`, `a or b`, `a, b or c`.
+pub(crate) fn or_list(items: &[&str]) -> String {
+    match items {
+        [] => "nothing".to_owned(),
+        [one] => (*one).to_owned(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
 /// The closest of `candidates` to `word`, if it is close enough to be a likely misspelling.
 pub(crate) fn closest<'c>(
     word: &str,
@@ -204,8 +230,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
     for (i, row) in d.iter_mut().enumerate() {
         row[0] = i;
     }
-    for j in 0..=b.len() {
-        d[0][j] = j;
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
     }
     for i in 1..=a.len() {
         for j in 1..=b.len() {

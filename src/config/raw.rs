@@ -10,8 +10,47 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::de::Field;
 use super::problem::Path;
+
+/// A field of the raw mirror: absent (or null), present but invalid (already reported), or
+/// present and well-typed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) enum Field<T> {
+    /// not in the file, or `~`
+    #[default]
+    Absent,
+    /// in the file but unusable; the problem is already recorded
+    Invalid,
+    /// in the file and of the right type
+    Present(T),
+}
+
+impl<T> Field<T> {
+    /// The value if present and valid.
+    pub fn get(&self) -> Option<&T> {
+        match self {
+            Field::Present(v) => Some(v),
+            Field::Absent | Field::Invalid => None,
+        }
+    }
+
+    /// Whether the key is in the file at all (valid or not).
+    pub fn is_given(&self) -> bool {
+        !matches!(self, Field::Absent)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Field<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Field<T>, D::Error> {
+        // The error is dropped here because `NodeDe` recorded it (see `super::de`): raw types
+        // are read only through `de::from_node`.
+        Ok(match Option::<T>::deserialize(d) {
+            Ok(Some(v)) => Field::Present(v),
+            Ok(None) => Field::Absent,
+            Err(_) => Field::Invalid,
+        })
+    }
+}
 
 /// The whole file.
 #[derive(Debug, Default, Deserialize)]

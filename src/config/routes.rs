@@ -3,10 +3,9 @@
 
 use http::{HeaderName, HeaderValue, Method};
 
-use super::de::{or_list, Field};
 use super::limits;
-use super::problem::{closest, Path};
-use super::raw::{RawMatch, RawRoute, StrList};
+use super::problem::{closest, or_list, Path};
+use super::raw::{Field, RawMatch, RawRoute, StrList};
 use super::types::{LimitConfig, RouteConfig};
 use super::validate::{check_name, Checker};
 use crate::routing::{HostPattern, PathMatch, RouteMatch};

@@ -3,11 +3,11 @@
 
 use serde_json::{json, Value};
 
+use super::backend::redact_url;
 use super::types::{
     Backend, Config, HeaderStyle, LimitConfig, Mode, OnError, RouteConfig, UpstreamConfig,
 };
 use super::units::{format_duration, format_rate, format_size};
-use super::validate::redact_url;
 use crate::identity::KeyPart;
 use crate::limit::Algorithm;
 use crate::routing::{HostPattern, PathMatch, RouteMatch};
@@ -141,7 +141,7 @@ fn header_style(style: HeaderStyle) -> &'static str {
 }
 
 fn upstream_line(u: &UpstreamConfig) -> String {
-    let targets: Vec<String> = u.targets.iter().map(ToString::to_string).collect();
+    let targets: Vec<String> = u.targets.iter().map(target_text).collect();
     let mut line = format!("{}: {}", u.name, targets.join(", "));
     if !u.preserve_host {
         line.push_str(" (host rewritten)");
@@ -161,7 +161,7 @@ fn upstream_line(u: &UpstreamConfig) -> String {
 fn upstream_json(u: &UpstreamConfig) -> Value {
     json!({
         "name": u.name,
-        "targets": u.targets.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "targets": u.targets.iter().map(target_text).collect::<Vec<_>>(),
         "preserve_host": u.preserve_host,
         "pace": u.pace.map(|p| json!({
             "rate": format_rate(p.rate),
@@ -169,6 +169,14 @@ fn upstream_json(u: &UpstreamConfig) -> Value {
             "max_waiting": u.max_waiting.map(|n| n.get()),
         })),
     })
+}
+
+/// `http://127.0.0.1:8000`, as written (a `Uri` displays a `/` path after it).
+fn target_text(uri: &http::Uri) -> String {
+    match (uri.scheme_str(), uri.authority()) {
+        (Some(scheme), Some(authority)) => format!("{scheme}://{authority}"),
+        _ => uri.to_string(),
+    }
 }
 
 fn format_ms(ms: f64) -> String {

@@ -112,6 +112,7 @@ pub(crate) fn prepare(
             }
         }
         Node::Map(entries) => {
+            merge(entries);
             for i in 0..entries.len() {
                 let key = &entries[i].0;
                 let earlier = entries[..i].iter().filter(|(k, _)| k == key).count();
@@ -130,6 +131,42 @@ pub(crate) fn prepare(
             }
         }
         Node::Null | Node::Bool(_) | Node::Int(_) | Node::Float(_) | Node::Invalid => {}
+    }
+}
+
+/// Applies a YAML merge key (`<<: *defaults` or `<<: [*a, *b]`): the merged mappings' entries
+/// are added unless the mapping writes them itself, as YAML 1.1 defines it. A `<<` whose value
+/// is not a mapping stays, and is reported as an unknown key.
+fn merge(entries: &mut Vec<(String, Node)>) {
+    let Some(at) = entries.iter().position(|(k, _)| k == "<<") else {
+        return;
+    };
+    let sources: Vec<Vec<(String, Node)>> = match &entries[at].1 {
+        Node::Map(map) => vec![map.clone()],
+        Node::Seq(items) if items.iter().all(|n| matches!(n, Node::Map(_))) => items
+            .iter()
+            .filter_map(|n| match n {
+                Node::Map(map) => Some(map.clone()),
+                _ => None,
+            })
+            .collect(),
+        _ => return,
+    };
+    entries.remove(at);
+    // Earlier sources win over later ones, and the mapping's own keys over all of them.
+    for (key, value) in sources.into_iter().flatten() {
+        if !entries.iter().any(|(k, _)| *k == key) {
+            entries.push((key, value));
+        }
+    }
+}
+
+/// Removes top-level keys starting with `x-`: extension fields that hold YAML anchors for
+/// reuse (`x-defaults: &defaults ...`), as in Compose files. No real key starts with `x-`, so
+/// this cannot hide a misspelling.
+pub(crate) fn drop_extensions(root: &mut Node) {
+    if let Node::Map(entries) = root {
+        entries.retain(|(key, _)| !key.starts_with("x-"));
     }
 }
 

@@ -112,16 +112,8 @@ pub enum Backend {
     },
 }
 
-/// `store.on_error`: what a store call that fails or times out means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnError {
-    /// admit the request (fail open)
-    Allow,
-    /// refuse it with 503 (fail closed)
-    Deny,
-    /// decide with the same algorithm in process
-    Local,
-}
+/// `store.on_error`: the store's own policy type, so config and store cannot drift apart.
+pub use crate::store::OnError;
 
 /// `rate_limit_headers`
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -1,28 +1,22 @@
 //! From the raw mirror to the typed [`Config`]: parses every formatted value, fills in defaults,
 //! checks cross references, and collects every problem with its key path.
 //!
-//! This file holds the checker, the top-level keys, `store` and `upstreams`; routes, matches and
-//! limits are in [`super::routes`] and [`super::limits`].
+//! This file holds the checker, the top-level keys and `upstreams`; `store` is in
+//! [`super::backend`], routes and matches in [`super::routes`], limits in [`super::limits`].
 
 use std::net::{IpAddr, SocketAddr};
-use std::num::{NonZeroU32, NonZeroUsize};
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::de::Field;
+use super::backend;
 use super::locate::Locator;
 use super::problem::{At, Path, Pending};
-use super::raw::{
-    RawBackend, RawConfig, RawHeaderStyle, RawOnError, RawPace, RawStore, RawTimeouts, RawUpstream,
-    StrList,
-};
+use super::raw::{Field, RawConfig, RawHeaderStyle, RawPace, RawTimeouts, RawUpstream, StrList};
 use super::routes;
-use super::types::{
-    AdminConfig, Backend, Config, HeaderStyle, OnError, StoreConfig, Timeouts, TlsConfig,
-    UpstreamConfig,
-};
+use super::types::{AdminConfig, Config, HeaderStyle, Timeouts, TlsConfig, UpstreamConfig};
 use super::units;
 use crate::limit::Pace;
 
@@ -140,14 +134,11 @@ impl<'l> Checker<'l> {
 
     /// A duration key with a default; zero is refused.
     pub fn duration(&mut self, field: &Field<String>, path: &Path, default: Duration) -> Duration {
-        self.parse(field, path, units::parse_duration)
-            .map(|d| {
-                if d.is_zero() {
-                    self.error(path.clone(), "must be greater than zero");
-                }
-                d
-            })
-            .unwrap_or(default)
+        let parsed = self.parse(field, path, units::parse_duration);
+        if parsed.is_some_and(|d| d.is_zero()) {
+            self.error(path.clone(), "must be greater than zero");
+        }
+        parsed.unwrap_or(default)
     }
 }
 
@@ -166,6 +157,10 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
         let path = root.key("admin");
         chk.required(&a.listen, &path, "listen")?;
         let addr = chk.parse(&a.listen, &path.key("listen"), parse_addr)?;
+        if listen.contains(&addr) {
+            let message = format!("{addr} is also a proxy listener; give admin its own port");
+            chk.error(path.key("listen"), message);
+        }
         Some(AdminConfig { listen: addr })
     });
     let upstreams = upstreams(chk, raw);
@@ -183,7 +178,7 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
         workers,
         tls,
         admin,
-        store: store(chk, raw.store.get()),
+        store: backend::store(chk, raw.store.get()),
         trusted_proxies: chk.parse_list(
             &raw.trusted_proxies,
             &root.key("trusted_proxies"),
@@ -218,10 +213,17 @@ fn listen(chk: &mut Checker<'_>, raw: &RawConfig) -> Vec<SocketAddr> {
             "needs at least one address, such as 0.0.0.0:8080",
         );
     }
-    let addrs = chk.parse_list(&raw.listen, &path, parse_addr);
-    for (i, addr) in addrs.iter().enumerate() {
-        if addrs[..i].contains(addr) {
-            chk.error(path.clone(), format!("{addr} is listed twice"));
+    let Some(list) = raw.listen.get() else {
+        return Vec::new();
+    };
+    let mut addrs: Vec<SocketAddr> = Vec::new();
+    for (item_path, text) in chk.strings(list, &path) {
+        match parse_addr(text) {
+            Ok(addr) if addrs.contains(&addr) => {
+                chk.error(item_path, format!("{addr} is listed twice"));
+            }
+            Ok(addr) => addrs.push(addr),
+            Err(message) => chk.error(item_path, message),
         }
     }
     addrs
@@ -268,91 +270,6 @@ fn timeouts(chk: &mut Checker<'_>, raw: &RawTimeouts) -> Timeouts {
         shutdown: chk
             .parse(&raw.shutdown, &path.key("shutdown"), units::parse_duration)
             .unwrap_or(default.shutdown),
-    }
-}
-
-fn store(chk: &mut Checker<'_>, raw: Option<&RawStore>) -> StoreConfig {
-    let default = StoreConfig::default();
-    let Some(raw) = raw else {
-        return default;
-    };
-    let path = Path::root().key("store");
-    let timeout = chk.duration(&raw.timeout, &path.key("timeout"), default.timeout);
-    let key_prefix = match raw.key_prefix.get() {
-        Some(p) if p.is_empty() => {
-            chk.error(path.key("key_prefix"), "must not be empty");
-            default.key_prefix.clone()
-        }
-        Some(p) => p.clone(),
-        None => default.key_prefix.clone(),
-    };
-    let instances = chk
-        .positive(&raw.instances, &path.key("instances"), "instances")
-        .map(|n| u32::try_from(n).map_err(|_| chk.error(path.key("instances"), "is too large")))
-        .and_then(Result::ok)
-        .and_then(NonZeroU32::new)
-        .unwrap_or(default.instances);
-    let max_keys = chk
-        .positive(&raw.max_keys, &path.key("max_keys"), "max_keys")
-        .and_then(|n| NonZeroUsize::new(usize::try_from(n).unwrap_or(usize::MAX)))
-        .unwrap_or(default.max_keys);
-    StoreConfig {
-        backend: backend(chk, raw, &path),
-        key_prefix,
-        timeout,
-        on_error: match raw.on_error.get() {
-            Some(RawOnError::Allow) => OnError::Allow,
-            Some(RawOnError::Deny) => OnError::Deny,
-            Some(RawOnError::Local) | None => OnError::Local,
-        },
-        instances,
-        max_keys,
-    }
-}
-
-fn backend(chk: &mut Checker<'_>, raw: &RawStore, path: &Path) -> Backend {
-    let (has_url, has_cluster) = (raw.url.is_given(), raw.cluster.is_given());
-    // Without `backend`, a `url` or `cluster` says which one is meant; silently running on
-    // memory next to a configured Redis URL would be the worse reading.
-    let redis = match raw.backend.get() {
-        Some(RawBackend::Redis) => true,
-        Some(RawBackend::Memory) => false,
-        None => has_url || has_cluster,
-    };
-    if !redis {
-        for (given, key) in [(has_url, "url"), (has_cluster, "cluster")] {
-            if given {
-                chk.key_error(
-                    path.key(key),
-                    format!("{key} is only used with backend: redis"),
-                );
-            }
-        }
-        return Backend::Memory;
-    }
-    match (has_url, has_cluster) {
-        (true, true) => {
-            chk.key_error(
-                path.key("cluster"),
-                "give either url (one server) or cluster, not both",
-            );
-            Backend::Memory
-        }
-        (false, false) => {
-            let message = "backend redis needs url (one server) or cluster (a list of nodes)";
-            chk.error(path.clone(), message);
-            Backend::Memory
-        }
-        (true, false) => chk
-            .parse(&raw.url, &path.key("url"), parse_redis_url)
-            .map_or(Backend::Memory, |url| Backend::Redis { url }),
-        (false, true) => {
-            if raw.cluster.get().is_some_and(StrList::is_empty) {
-                chk.error(path.key("cluster"), "needs at least one node URL");
-            }
-            let urls = chk.parse_list(&raw.cluster, &path.key("cluster"), parse_redis_url);
-            Backend::Cluster { urls }
-        }
     }
 }
 
@@ -456,40 +373,6 @@ pub(crate) fn parse_net(text: &str) -> Result<IpNet, String> {
         })
 }
 
-/// `redis://`, `rediss://`, `redis+unix://` or `unix://` followed by something.
-fn parse_redis_url(text: &str) -> Result<String, String> {
-    let t = text.trim();
-    let schemes = ["redis://", "rediss://", "redis+unix://", "unix://"];
-    match schemes.iter().find_map(|s| t.strip_prefix(s)) {
-        Some(rest) if !rest.is_empty() => Ok(t.to_owned()),
-        _ => Err(format!(
-            "expected a URL starting with redis://, rediss://, redis+unix:// or unix://, found {:?}",
-            redact_url(t)
-        )),
-    }
-}
-
-/// A URL with its password replaced by `***`, for messages and summaries.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => {
-            let user_info = &rest[..at];
-            let user = user_info.split_once(':').map_or("", |(user, _)| user);
-            let hidden = if user_info.contains(':') {
-                format!("{user}:***")
-            } else {
-                "***".to_owned()
-            };
-            format!("{scheme}://{hidden}{}", &rest[at..])
-        }
-        None => url.to_owned(),
-    }
-}
-
 /// `http://host[:port]` or `https://host[:port]`, nothing after the authority.
 fn parse_target(text: &str) -> Result<http::Uri, String> {
     let bad = || format!("expected a URL such as http://127.0.0.1:8000, found {text:?}");
@@ -502,7 +385,7 @@ fn parse_target(text: &str) -> Result<http::Uri, String> {
             ))
         }
     }
-    if !uri.host().is_some_and(|h| !h.is_empty()) {
+    if uri.host().unwrap_or_default().is_empty() {
         return Err(bad());
     }
     let path = uri.path_and_query().map_or("/", |pq| pq.as_str());

@@ -193,10 +193,10 @@ impl Store for MemoryStore {
 
 #[cfg(test)]
 mod tests {
-    use std::num::{NonZeroU32, NonZeroU64};
+    use std::num::NonZeroU64;
 
     use super::*;
-    use crate::limit::{Bucket, Rate, Window};
+    use crate::limit::Window;
 
     fn nz(n: usize) -> NonZeroUsize {
         NonZeroUsize::new(n).unwrap()

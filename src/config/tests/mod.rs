@@ -1,12 +1,34 @@
 //! Tests of the config layer: the shipped example, defaults, formats, and every kind of
 //! problem with its exact `file:line:column: path: message` text.
 
-use super::{parse, ConfigError, Loaded};
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroU64};
+use std::time::Duration;
 
-mod explore;
+use super::{parse, Backend, ConfigError, HeaderStyle, Loaded, Mode, OnError};
+use crate::identity::KeyPart;
+use crate::limit::{Algorithm, Bucket, Pace, Rate, Window};
+use crate::routing::{HostPattern, PathMatch};
+
+mod defaults;
+mod env;
+mod errors;
+mod formats;
+mod warnings;
 
 /// The `proxy.yaml` of SPEC section 2, verbatim: the contract.
 const SPEC_EXAMPLE: &str = include_str!("spec_example.yaml");
+
+/// The smallest useful file: one listener, one upstream, one route; tests add to it.
+const MINIMAL: &str = "\
+listen: 0.0.0.0:8080
+upstreams:
+  api:
+    targets: [http://127.0.0.1:8000]
+routes:
+  - name: all
+    upstream: api
+";
 
 /// An environment with nothing set.
 fn no_env(_: &str) -> Option<String> {
@@ -28,4 +50,198 @@ fn problems(text: &str) -> Vec<String> {
         Err(ConfigError::Invalid(problems)) => problems.iter().map(ToString::to_string).collect(),
         Err(e) => panic!("expected ConfigError::Invalid, got {e:?}"),
     }
+}
+
+/// The warnings of a valid `text`, each as displayed.
+fn warnings(text: &str) -> Vec<String> {
+    ok(text).warnings.iter().map(ToString::to_string).collect()
+}
+
+fn rate(per_sec: f64) -> Rate {
+    Rate::per_second(per_sec).expect("test rates are positive")
+}
+
+fn bucket(per_sec: f64, burst: u32, cost: u32) -> Algorithm {
+    Algorithm::TokenBucket(
+        Bucket::new(
+            rate(per_sec),
+            NonZeroU32::new(burst).expect("non-zero burst"),
+            NonZeroU32::new(cost).expect("non-zero cost"),
+        )
+        .expect("cost within burst"),
+    )
+}
+
+fn addr(text: &str) -> SocketAddr {
+    text.parse().expect("test addresses are valid")
+}
+
+/// Every top-level section of the SPEC example reads as the comments in it say.
+#[test]
+fn spec_example_parses_with_every_documented_value() {
+    let loaded = ok(SPEC_EXAMPLE);
+    let c = &loaded.config;
+    assert_eq!(c.listen, vec![addr("0.0.0.0:8080")]);
+    assert_eq!(c.workers.map(|w| w.get()), Some(2));
+    let tls = c.tls.as_ref().expect("tls is configured");
+    assert_eq!(tls.cert.to_str(), Some("/etc/tollgate/cert.pem"));
+    assert_eq!(tls.key.to_str(), Some("/etc/tollgate/key.pem"));
+    assert_eq!(
+        c.admin.as_ref().map(|a| a.listen),
+        Some(addr("127.0.0.1:9901"))
+    );
+    let url = "redis://127.0.0.1:6379/0".to_owned();
+    assert_eq!(c.store.backend, Backend::Redis { url });
+    assert_eq!(c.store.key_prefix, "tollgate");
+    assert_eq!(c.store.timeout, Duration::from_millis(50));
+    assert_eq!(c.store.on_error, OnError::Local);
+    assert_eq!(c.store.instances.get(), 3);
+    assert_eq!(c.store.max_keys.get(), 1_000_000);
+    assert_eq!(c.trusted_proxies, vec!["10.0.0.0/8".parse().expect("cidr")]);
+    assert_eq!(c.rate_limit_headers, HeaderStyle::Ietf);
+    assert_eq!(c.timeouts.client_header, Duration::from_secs(10));
+    assert_eq!(c.timeouts.upstream_connect, Duration::from_secs(2));
+    assert_eq!(c.timeouts.upstream_response, Duration::from_secs(30));
+    assert_eq!(c.timeouts.idle, Duration::from_secs(60));
+    assert_eq!(c.timeouts.shutdown, Duration::from_secs(30));
+    assert_eq!(c.max_body_size, Some(10 * 1024 * 1024));
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+}
+
+/// The example's upstream: targets in order, preserve_host, and the pace.
+#[test]
+fn spec_example_upstream_has_targets_and_pace() {
+    let c = ok(SPEC_EXAMPLE).config;
+    assert_eq!(c.upstreams.len(), 1);
+    let api = &c.upstreams[0];
+    assert_eq!(api.name, "api");
+    let targets: Vec<String> = api.targets.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        targets,
+        ["http://127.0.0.1:8000/", "http://127.0.0.1:8001/"]
+    );
+    assert!(api.preserve_host);
+    let pace = Pace::new(rate(100.0), Some(Duration::from_secs(2))).expect("valid pace");
+    assert_eq!(api.pace, Some(pace));
+    assert_eq!(api.max_waiting.map(|n| n.get()), Some(10_000));
+}
+
+/// The example's route: match, upstream, and both limits with their parameters.
+#[test]
+fn spec_example_route_has_match_and_limits() {
+    let c = ok(SPEC_EXAMPLE).config;
+    assert_eq!(c.routes.len(), 1);
+    let r = &c.routes[0];
+    assert_eq!(r.name, "api-v1");
+    let host = Some(HostPattern::Exact("api.example.com".into()));
+    assert_eq!(r.matcher.host, host);
+    assert_eq!(r.matcher.path, PathMatch::Prefix("/v1".into()));
+    assert_eq!(r.matcher.methods, [http::Method::GET, http::Method::POST]);
+    let header = (
+        http::HeaderName::from_static("x-tenant"),
+        http::HeaderValue::from_static("gold"),
+    );
+    assert_eq!(r.matcher.headers, [header]);
+    assert!(!r.strip_prefix);
+    assert_eq!(r.upstream, "api");
+
+    let per_client = &r.limits[0];
+    assert_eq!(per_client.name, "per-client");
+    assert_eq!(per_client.algorithm, bucket(10.0, 20, 1));
+    assert_eq!(per_client.key, [KeyPart::Ip]);
+    assert_eq!(per_client.mode, Mode::Enforce);
+    assert_eq!(per_client.exempt, ["10.1.0.0/16".parse().expect("cidr")]);
+    let gold = ("gold-customer-key".to_owned(), bucket(100.0, 200, 1));
+    assert_eq!(per_client.overrides, [gold]);
+
+    let hourly = &r.limits[1];
+    assert_eq!(hourly.name, "per-key-hourly");
+    let window = Window::new(
+        NonZeroU64::new(1000).expect("non-zero"),
+        Duration::from_secs(3600),
+    );
+    assert_eq!(hourly.algorithm, Algorithm::SlidingWindow(window));
+    let header = KeyPart::Header(http::HeaderName::from_static("x-api-key"));
+    assert_eq!(hourly.key, [header]);
+}
+
+/// `${REDIS_URL:-...}` in the example takes the environment's value when it is set.
+#[test]
+fn spec_example_takes_redis_url_from_the_environment() {
+    let env = |name: &str| (name == "REDIS_URL").then(|| "rediss://cache:6380/2".to_owned());
+    let loaded = parse(SPEC_EXAMPLE, "proxy.yaml", &env).expect("valid");
+    let url = "rediss://cache:6380/2".to_owned();
+    assert_eq!(loaded.config.store.backend, Backend::Redis { url });
+}
+
+/// The `tollgate check` summary of the example names listeners, store, upstreams and routes.
+#[test]
+fn spec_example_summary_lists_everything_check_promises() {
+    let summary = ok(SPEC_EXAMPLE).config.summary();
+    let expected = "\
+listen: 0.0.0.0:8080 (tls)
+admin: 127.0.0.1:9901
+store: redis redis://127.0.0.1:6379/0, key_prefix tollgate, timeout 50ms, on_error local, instances 3, max_keys 1000000
+max_body_size: 10MiB
+upstreams (1):
+  api: http://127.0.0.1:8000, http://127.0.0.1:8001; pace 100/s max_delay 2s max_waiting 10000
+routes (1):
+  api-v1: host api.example.com, path_prefix /v1, methods GET POST, header x-tenant=gold -> api
+    per-client: token_bucket 10/s burst 20 cost 1, key ip, exempt 10.1.0.0/16, 1 override
+    per-key-hourly: sliding_window 1000 per 1h, key header:x-api-key";
+    assert_eq!(summary, expected);
+}
+
+/// A Redis password never reaches the summary or the `/config` JSON.
+#[test]
+fn summary_and_json_redact_redis_passwords() {
+    let text = MINIMAL.replace(
+        "listen: 0.0.0.0:8080\n",
+        "listen: 0.0.0.0:8080\nstore: {url: \"redis://app:s3cret@cache:6379\"}\n",
+    );
+    let config = ok(&text).config;
+    let summary = config.summary();
+    assert!(summary.contains("redis://app:***@cache:6379"), "{summary}");
+    let json = config.to_json().to_string();
+    assert!(json.contains("redis://app:***@cache:6379"), "{json}");
+    assert!(!summary.contains("s3cret") && !json.contains("s3cret"));
+}
+
+/// The JSON for `/config` has the effective values, defaults included.
+#[test]
+fn json_shows_effective_values() {
+    let json = ok(SPEC_EXAMPLE).config.to_json();
+    assert_eq!(json["listen"][0], "0.0.0.0:8080");
+    assert_eq!(json["store"]["backend"], "redis");
+    assert_eq!(json["timeouts"]["idle"], "1m");
+    assert_eq!(json["upstreams"][0]["pace"]["rate"], "100/s");
+    let limit = &json["routes"][0]["limits"][1];
+    assert_eq!(limit["algorithm"], "sliding_window 1000 per 1h");
+}
+
+/// `load` reads a file and names it in problems; a missing file is a read error.
+#[test]
+fn load_reads_the_file_and_names_it_in_problems() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("proxy.yaml");
+    std::fs::write(&path, "listen: 0.0.0.0:8080\nworkrs: 2\n").expect("write");
+    let Err(ConfigError::Invalid(problems)) = super::load(&path) else {
+        panic!("expected problems");
+    };
+    let expected = format!(
+        "{}:2:1: workrs: unknown key \"workrs\" (did you mean \"workers\"?)",
+        path.display()
+    );
+    assert_eq!(
+        problems.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [expected]
+    );
+
+    let missing = dir.path().join("nope.yaml");
+    let err = super::load(&missing).expect_err("missing file");
+    assert!(matches!(err, ConfigError::Read { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        format!("cannot read {}", missing.display())
+    );
 }

@@ -1,0 +1,134 @@
+//! `store`: the backend (memory, one Redis server, or a Redis Cluster), its URLs, and the
+//! failure policy; and the redaction of passwords in Redis URLs for messages and summaries.
+
+use std::num::{NonZeroU32, NonZeroUsize};
+
+use super::problem::Path;
+use super::raw::{RawBackend, RawOnError, RawStore, StrList};
+use super::types::{Backend, OnError, StoreConfig};
+use super::validate::Checker;
+
+/// Validates `store`; no `store` is the memory store with every default.
+pub(crate) fn store(chk: &mut Checker<'_>, raw: Option<&RawStore>) -> StoreConfig {
+    let default = StoreConfig::default();
+    let Some(raw) = raw else {
+        return default;
+    };
+    let path = Path::root().key("store");
+    let timeout = chk.duration(&raw.timeout, &path.key("timeout"), default.timeout);
+    let key_prefix = match raw.key_prefix.get() {
+        Some(p) if p.is_empty() => {
+            chk.error(path.key("key_prefix"), "must not be empty");
+            default.key_prefix.clone()
+        }
+        Some(p) => p.clone(),
+        None => default.key_prefix.clone(),
+    };
+    let instances = chk
+        .positive(&raw.instances, &path.key("instances"), "instances")
+        .map(|n| {
+            u32::try_from(n).map_err(|_| {
+                let message = format!("instances must be at most {}, found {n}", u32::MAX);
+                chk.error(path.key("instances"), message);
+            })
+        })
+        .and_then(Result::ok)
+        .and_then(NonZeroU32::new)
+        .unwrap_or(default.instances);
+    let max_keys = chk
+        .positive(&raw.max_keys, &path.key("max_keys"), "max_keys")
+        .and_then(|n| NonZeroUsize::new(usize::try_from(n).unwrap_or(usize::MAX)))
+        .unwrap_or(default.max_keys);
+    StoreConfig {
+        backend: backend(chk, raw, &path),
+        key_prefix,
+        timeout,
+        on_error: match raw.on_error.get() {
+            Some(RawOnError::Allow) => OnError::Allow,
+            Some(RawOnError::Deny) => OnError::Deny,
+            Some(RawOnError::Local) | None => OnError::Local,
+        },
+        instances,
+        max_keys,
+    }
+}
+
+fn backend(chk: &mut Checker<'_>, raw: &RawStore, path: &Path) -> Backend {
+    let (has_url, has_cluster) = (raw.url.is_given(), raw.cluster.is_given());
+    // Without `backend`, a `url` or `cluster` says which one is meant; silently running on
+    // memory next to a configured Redis URL would be the worse reading.
+    let redis = match raw.backend.get() {
+        Some(RawBackend::Redis) => true,
+        Some(RawBackend::Memory) => false,
+        None => has_url || has_cluster,
+    };
+    if !redis {
+        for (given, key) in [(has_url, "url"), (has_cluster, "cluster")] {
+            if given {
+                chk.key_error(
+                    path.key(key),
+                    format!("{key} is only used with backend: redis"),
+                );
+            }
+        }
+        return Backend::Memory;
+    }
+    match (has_url, has_cluster) {
+        (true, true) => {
+            chk.key_error(
+                path.key("cluster"),
+                "give either url (one server) or cluster, not both",
+            );
+            Backend::Memory
+        }
+        (false, false) => {
+            let message = "backend redis needs url (one server) or cluster (a list of nodes)";
+            chk.error(path.clone(), message);
+            Backend::Memory
+        }
+        (true, false) => chk
+            .parse(&raw.url, &path.key("url"), parse_redis_url)
+            .map_or(Backend::Memory, |url| Backend::Redis { url }),
+        (false, true) => {
+            if raw.cluster.get().is_some_and(StrList::is_empty) {
+                chk.error(path.key("cluster"), "needs at least one node URL");
+            }
+            let urls = chk.parse_list(&raw.cluster, &path.key("cluster"), parse_redis_url);
+            Backend::Cluster { urls }
+        }
+    }
+}
+
+/// `redis://`, `rediss://`, `redis+unix://` or `unix://` followed by something.
+fn parse_redis_url(text: &str) -> Result<String, String> {
+    let t = text.trim();
+    let schemes = ["redis://", "rediss://", "redis+unix://", "unix://"];
+    match schemes.iter().find_map(|s| t.strip_prefix(s)) {
+        Some(rest) if !rest.is_empty() => Ok(t.to_owned()),
+        _ => Err(format!(
+            "expected a URL starting with redis://, rediss://, redis+unix:// or unix://, found {:?}",
+            redact_url(t)
+        )),
+    }
+}
+
+/// A URL with its password replaced by `***`, for messages and summaries.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let user_info = &rest[..at];
+            let user = user_info.split_once(':').map_or("", |(user, _)| user);
+            let hidden = if user_info.contains(':') {
+                format!("{user}:***")
+            } else {
+                "***".to_owned()
+            };
+            format!("{scheme}://{hidden}{}", &rest[at..])
+        }
+        None => url.to_owned(),
+    }
+}

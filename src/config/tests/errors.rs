@@ -1,0 +1,376 @@
+//! Each kind of problem, with its exact `file:line:column: path: message` text.
+
+use super::*;
+
+/// MINIMAL with `extra` appended to its only route (indented as the route's keys).
+fn route_with(extra: &str) -> String {
+    format!("{MINIMAL}{extra}")
+}
+
+fn assert_problems(text: &str, expected: &[&str]) {
+    assert_eq!(problems(text), expected, "for:\n{text}");
+}
+
+/// The example of SPEC §2, exactly: a rate that is not N/unit, on line 31, column 15.
+#[test]
+fn bad_rate_names_file_line_column_path_and_value() {
+    let body = "\
+listen: 0.0.0.0:8080
+upstreams:
+  api:
+    targets: [http://127.0.0.1:8000]
+routes:
+  - name: api-v1
+    upstream: api
+    limits:
+      - name: per-client
+        algorithm: token_bucket
+        rate: 10/s
+      - name: per-key
+        algorithm: token_bucket
+        rate: ten
+";
+    let text = format!("{}{body}", "# padding\n".repeat(17));
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:31:15: routes[0].limits[1].rate: expected N/unit such as 10/s, found "ten""#,
+        ],
+    );
+}
+
+/// A misspelt key is an error at the key, with the likely intended key.
+#[test]
+fn misspelt_key_is_an_error_with_a_hint() {
+    let text =
+        route_with("    limts:\n      - {name: l, algorithm: token_bucket, rate: 1/s, burts: 5}\n");
+    assert_problems(
+        &text,
+        &[r#"proxy.yaml:8:5: routes[0].limts: unknown key "limts" (did you mean "limits"?)"#],
+    );
+    let text = route_with(
+        "    limits:\n      - {name: l, algorithm: token_bucket, rate: 1/s, burts: 5}\n",
+    );
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:9:55: routes[0].limits[0].burts: unknown key "burts" (did you mean "burst"?)"#,
+        ],
+    );
+}
+
+/// An unknown key that resembles none lists the keys allowed there.
+#[test]
+fn unknown_key_without_a_close_match_lists_the_allowed_keys() {
+    assert_problems(
+        "listen: 0.0.0.0:8080\ncolour: blue\n",
+        &[
+            "proxy.yaml:2:1: colour: unknown key \"colour\"; expected listen, workers, tls, admin, \
+             store, trusted_proxies, rate_limit_headers, timeouts, max_body_size, upstreams or routes",
+        ],
+    );
+}
+
+/// A route naming an upstream that does not exist, with the likely intended one.
+#[test]
+fn missing_upstream_is_an_error_at_the_reference() {
+    let text = MINIMAL.replace("upstream: api", "upstream: apx");
+    assert_problems(
+        &text,
+        &[r#"proxy.yaml:7:15: routes[0].upstream: no upstream named "apx" (did you mean "api"?)"#],
+    );
+    let text = MINIMAL.replace("upstream: api", "upstream: billing");
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:7:15: routes[0].upstream: no upstream named "billing"; upstreams defines api"#,
+        ],
+    );
+}
+
+/// Two routes with one name: the second is the error, pointing at the first.
+#[test]
+fn duplicate_route_name_points_at_the_first() {
+    let text = format!("{MINIMAL}  - name: all\n    upstream: api\n");
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:8:11: routes[1].name: duplicate route name "all": routes[0] on line 6 has it"#,
+        ],
+    );
+}
+
+/// Two limits with one name in a route.
+#[test]
+fn duplicate_limit_name_in_a_route_is_an_error() {
+    let text = route_with(
+        "    limits:\n      - {name: l, algorithm: token_bucket, rate: 1/s}\n      - {name: l, algorithm: token_bucket, rate: 2/s}\n",
+    );
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:10:16: routes[0].limits[1].name: duplicate limit name "l" in this route: limits[0] on line 9 has it"#,
+        ],
+    );
+}
+
+/// A key written twice in one mapping (here two upstreams of one name) is an error at the
+/// second, even though YAML parsers usually keep the last silently.
+#[test]
+fn duplicate_yaml_key_is_an_error_at_the_second() {
+    let text = MINIMAL.replace(
+        "routes:",
+        "  api:\n    targets: [http://127.0.0.1:9000]\nroutes:",
+    );
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:5:3: upstreams.api: duplicate key "api": it is already defined on line 3, and YAML keys must be unique"#,
+        ],
+    );
+}
+
+/// Zero rates, bursts, costs, limits and windows are refused where they are written.
+#[test]
+fn zero_rate_burst_limit_and_window_are_errors() {
+    let text = route_with(
+        "    limits:\n      - {name: a, algorithm: token_bucket, rate: 0/s}\n      - {name: b, algorithm: token_bucket, rate: 1/s, burst: 0, cost: 0}\n      - {name: c, algorithm: fixed_window, limit: 0, window: 0s}\n",
+    );
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:9:50: routes[0].limits[0].rate: rate must be greater than zero, found "0/s""#,
+            "proxy.yaml:10:62: routes[0].limits[1].burst: burst must be at least 1, found 0",
+            "proxy.yaml:10:71: routes[0].limits[1].cost: cost must be at least 1, found 0",
+            "proxy.yaml:11:51: routes[0].limits[2].limit: limit must be at least 1, found 0",
+            r#"proxy.yaml:11:62: routes[0].limits[2].window: window must be greater than zero, found "0s""#,
+        ],
+    );
+}
+
+/// Problems in different parts of the file are all reported, in file order.
+#[test]
+fn every_problem_is_reported_together_in_file_order() {
+    let text = "\
+listen: 0.0.0.0:8080
+workers: many
+upstreams:
+  api:
+    targets: [http://127.0.0.1:8000]
+routes:
+  - name: all
+    upstream: apx
+    limits:
+      - {name: l, algorithm: token_bucket, rate: ten}
+";
+    assert_problems(
+        text,
+        &[
+            r#"proxy.yaml:2:10: workers: expected a whole number, found "many""#,
+            r#"proxy.yaml:8:15: routes[0].upstream: no upstream named "apx" (did you mean "api"?)"#,
+            r#"proxy.yaml:10:50: routes[0].limits[0].rate: expected N/unit such as 10/s, found "ten""#,
+        ],
+    );
+}
+
+/// A parameter of another algorithm is an error, not silently ignored (in a limit and in an
+/// override).
+#[test]
+fn parameter_of_another_algorithm_is_an_error() {
+    let text = route_with(
+        "    limits:\n      - name: l\n        algorithm: token_bucket\n        rate: 1/s\n        window: 1m\n        overrides:\n          vip: {limit: 5}\n",
+    );
+    assert_problems(
+        &text,
+        &[
+            "proxy.yaml:12:9: routes[0].limits[0].window: window is not a parameter of token_bucket, which takes rate, burst and cost",
+            "proxy.yaml:14:17: routes[0].limits[0].overrides.vip.limit: limit is not a parameter of token_bucket, which takes rate, burst and cost",
+        ],
+    );
+}
+
+/// A cost larger than the burst could never be admitted.
+#[test]
+fn cost_over_burst_is_an_error_at_the_cost() {
+    let text = route_with(
+        "    limits:\n      - {name: l, algorithm: token_bucket, rate: 1/s, burst: 2, cost: 5}\n",
+    );
+    assert_problems(
+        &text,
+        &["proxy.yaml:9:71: routes[0].limits[0].cost: cost 5 is larger than burst 2: no request could ever be admitted"],
+    );
+}
+
+/// A missing required key is reported at the mapping that lacks it.
+#[test]
+fn missing_required_keys_point_at_their_mapping() {
+    let text = route_with("    limits:\n      - name: l\n        rate: 1/s\n");
+    assert_problems(
+        &text,
+        &[r#"proxy.yaml:9:9: routes[0].limits[0]: missing required key "algorithm""#],
+    );
+    let text = route_with("    limits:\n      - {name: w, algorithm: sliding_window, limit: 5}\n");
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:9:9: routes[0].limits[0]: missing required key "window" (sliding_window needs it)"#,
+        ],
+    );
+    assert_problems(
+        "workers: 2\n",
+        &[r#"proxy.yaml:1:1: missing required key "listen""#],
+    );
+}
+
+/// Unknown names of algorithms, modes and key parts get the list and a hint.
+#[test]
+fn unknown_names_list_the_choices_with_a_hint() {
+    let text = route_with(
+        "    limits:\n      - {name: l, algorithm: tokn_bucket, rate: 1/s, key: [ip, hedaer]}\n",
+    );
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:9:30: routes[0].limits[0].algorithm: expected token_bucket, leaky_bucket, fixed_window, sliding_window or sliding_window_counter, found "tokn_bucket" (did you mean "token_bucket"?)"#,
+            r#"proxy.yaml:9:64: routes[0].limits[0].key[1]: expected ip, header:NAME, query:NAME, host, path or route, found "hedaer""#,
+        ],
+    );
+}
+
+/// Addresses, networks, URLs, methods, header names, hosts and paths are checked.
+#[test]
+fn malformed_values_are_errors_at_each_value() {
+    let text = "\
+listen: [0.0.0.0:8080, localhost:80]
+trusted_proxies: [10.0.0.0/33]
+upstreams:
+  api:
+    targets: [ftp://files, http://h:1/base]
+routes:
+  - name: r
+    upstream: api
+    match:
+      host: api.example.com:443
+      path_prefix: v1
+      methods: [GET, \"BAD METHOD\"]
+      headers: {\"bad header\": x}
+";
+    assert_problems(
+        text,
+        &[
+            r#"proxy.yaml:1:24: listen[1]: expected an address such as 0.0.0.0:8080 or [::]:8080, found "localhost:80""#,
+            r#"proxy.yaml:2:19: trusted_proxies[0]: expected an address or network such as 10.0.0.0/8 or 192.0.2.1, found "10.0.0.0/33""#,
+            r#"proxy.yaml:5:15: upstreams.api.targets[0]: a target must start with http:// or https://, found "ftp://files""#,
+            r#"proxy.yaml:5:28: upstreams.api.targets[1]: a target is scheme://host[:port] with no path or query, found "http://h:1/base""#,
+            r#"proxy.yaml:10:13: routes[0].match.host: a host is matched without its port; leave the port out of "api.example.com:443""#,
+            r#"proxy.yaml:11:20: routes[0].match.path_prefix: a path must start with "/", found "v1""#,
+            r#"proxy.yaml:12:22: routes[0].match.methods[1]: expected an HTTP method such as GET or POST, found "BAD METHOD""#,
+            r#"proxy.yaml:13:17: routes[0].match.headers["bad header"]: not a valid header name: "bad header""#,
+        ],
+    );
+}
+
+/// `store` problems: scheme, url with cluster, redis with neither.
+#[test]
+fn store_backend_problems() {
+    assert_problems(
+        "listen: 0.0.0.0:1\nstore: {backend: redis, url: \"http://u:pw@h\"}\n",
+        &[
+            r#"proxy.yaml:2:30: store.url: expected a URL starting with redis://, rediss://, redis+unix:// or unix://, found "http://u:***@h""#,
+        ],
+    );
+    assert_problems(
+        "listen: 0.0.0.0:1\nstore:\n  url: redis://a\n  cluster: [redis://b]\n",
+        &["proxy.yaml:4:3: store.cluster: give either url (one server) or cluster, not both"],
+    );
+    assert_problems(
+        "listen: 0.0.0.0:1\nstore:\n  backend: redis\n  timeout: 0s\n",
+        &[
+            "proxy.yaml:3:3: store: backend redis needs url (one server) or cluster (a list of nodes)",
+            "proxy.yaml:4:12: store.timeout: must be greater than zero",
+        ],
+    );
+    assert_problems(
+        "listen: 0.0.0.0:1\nstore: {backend: memory, url: redis://a}\n",
+        &["proxy.yaml:2:26: store.url: url is only used with backend: redis"],
+    );
+}
+
+/// Path and path_prefix together, and strip_prefix without a prefix.
+#[test]
+fn conflicting_match_keys_are_errors() {
+    let text = route_with("    strip_prefix: true\n    match: {path: /a, path_prefix: /b}\n");
+    assert_problems(
+        &text,
+        &[
+            "proxy.yaml:8:19: routes[0].strip_prefix: strip_prefix needs match.path_prefix (there is no prefix to strip)",
+            "proxy.yaml:9:13: routes[0].match.path: give either path_prefix or path, not both",
+        ],
+    );
+}
+
+/// Wrong YAML types: a list where a mapping belongs, a mapping where a string belongs.
+#[test]
+fn wrong_types_are_errors_at_the_value() {
+    assert_problems(
+        "listen: 0.0.0.0:1\nupstreams: [api]\ntimeouts:\n  idle: {s: 1}\n",
+        &[
+            "proxy.yaml:2:12: upstreams: expected a mapping, found a list",
+            "proxy.yaml:4:9: timeouts.idle: expected a string, found a mapping",
+        ],
+    );
+    assert_problems(
+        "- listen\n",
+        &["proxy.yaml:1:1: expected a mapping, found a list"],
+    );
+}
+
+/// YAML syntax errors carry the parser's position and message, and stop there.
+#[test]
+fn yaml_syntax_error_has_a_position() {
+    assert_problems(
+        "listen: [0.0.0.0:8080\nworkers: 2\n",
+        &["proxy.yaml:2:8: did not find expected ',' or ']', while parsing a flow sequence at line 1 column 9"],
+    );
+}
+
+/// An empty file (or one of comments only) lacks `listen`.
+#[test]
+fn empty_file_lacks_listen() {
+    assert_problems("", &[r#"proxy.yaml:1:1: missing required key "listen""#]);
+    assert_problems(
+        "# nothing yet\n",
+        &[r#"proxy.yaml:1:1: missing required key "listen""#],
+    );
+}
+
+/// A listener given twice, and an admin listener on a proxy port, are errors.
+#[test]
+fn listeners_must_be_distinct() {
+    assert_problems(
+        "listen: [0.0.0.0:80, 0.0.0.0:80]\nadmin: {listen: 0.0.0.0:80}\n",
+        &[
+            "proxy.yaml:1:22: listen[1]: 0.0.0.0:80 is listed twice",
+            "proxy.yaml:2:17: admin.listen: 0.0.0.0:80 is also a proxy listener; give admin its own port",
+        ],
+    );
+}
+
+/// A bad name of a mode, and a `tls` without its key, are errors where they belong.
+#[test]
+fn bad_mode_and_incomplete_tls_are_errors() {
+    let text = route_with(
+        "    limits:\n      - {name: l, algorithm: token_bucket, rate: 1/s, mode: Shadow}\n",
+    )
+    .replace(
+        "listen: 0.0.0.0:8080\n",
+        "listen: 0.0.0.0:8080\ntls: {cert: /c.pem}\n",
+    );
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:2:6: tls: missing required key "key""#,
+            r#"proxy.yaml:10:61: routes[0].limits[0].mode: expected enforce or shadow, found "Shadow" (did you mean "shadow"?)"#,
+        ],
+    );
+}
