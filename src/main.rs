@@ -63,7 +63,7 @@ fn main() -> ExitCode {
         println!("{}: ok", cli.config.display());
         return ExitCode::SUCCESS;
     }
-    match serve(loaded.config) {
+    match serve(loaded.config, cli.config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("tollgate: {err:#}");
@@ -91,7 +91,7 @@ fn config_failure(err: &ConfigError) -> ExitCode {
     }
 }
 
-fn serve(config: tollgate::config::Config) -> anyhow::Result<()> {
+fn serve(config: tollgate::config::Config, path: PathBuf) -> anyhow::Result<()> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = config.workers {
         runtime.worker_threads(n.get());
@@ -99,7 +99,10 @@ fn serve(config: tollgate::config::Config) -> anyhow::Result<()> {
     let runtime = runtime.enable_all().build()?;
     runtime.block_on(async move {
         let server = Server::bind(config).await?;
-        server.run(shutdown_signal()).await
+        let watching = server.reloader().watch(path);
+        let result = server.run(shutdown_signal()).await;
+        watching.abort();
+        result
     })
 }
 

@@ -381,6 +381,32 @@ impl Proxy {
         }
     }
 
+    /// Starts tollgate from the file at `path`, reloading it when it changes (as the binary does).
+    pub async fn start_watching(path: &Path) -> Proxy {
+        let loaded =
+            tollgate::config::load(path).unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
+        let server = tollgate::app::Server::bind(loaded.config)
+            .await
+            .expect("bind");
+        let addr = server.local_addrs()[0];
+        let watcher = server.reloader().watch(path.to_path_buf());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let done = tokio::spawn(async move {
+            let result = server
+                .run(async move {
+                    let _ = stopped.await;
+                })
+                .await;
+            watcher.abort();
+            result
+        });
+        Proxy {
+            addr,
+            stop: Some(stop),
+            done: Some(done),
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }

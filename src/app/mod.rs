@@ -4,41 +4,57 @@
 //! Entry points follow mini-redis: [`Server::bind`] binds (so tests can bind `127.0.0.1:0` and
 //! read the port), then [`Server::run`] serves until the `shutdown` future completes.
 
-use std::collections::HashMap;
+mod build;
+mod reload;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use arc_swap::ArcSwap;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
-use crate::config::{self, Backend, Config};
-use crate::limit::Algorithm;
-use crate::proxy::{
-    self, Conn, HeaderStyle, Limit, Pacer, Proxy, Route, Settings, Targets, Upstream,
-};
-use crate::routing::{PathMatch, RouteTable};
-use crate::store::{GuardedStore, MemoryStore, RedisStore, RedisTarget, Store};
+use crate::config::{Config, StoreConfig};
+use crate::proxy::{self, Conn, Proxy, UpstreamClient};
+use crate::store::Store;
+
+pub use build::{build_proxy, build_store};
+pub use reload::Reloader;
 
 /// A bound, ready-to-run proxy.
 pub struct Server {
-    proxy: Arc<Proxy>,
+    shared: Arc<Shared>,
     listeners: Vec<TcpListener>,
-    config: Config,
+}
+
+/// What the listeners, the reloader and the admin endpoints share.
+struct Shared {
+    /// The routes, limits and upstreams in force. Swapped whole on reload; each request loads
+    /// it once, so a request in flight finishes under the config it started with.
+    proxy: ArcSwap<Proxy>,
+    /// The config in force and the store built from its `store` section: a reload whose
+    /// `store` is unchanged keeps the store (and its connections and in-process state).
+    /// A std mutex: held only to read or replace, never across an `.await`.
+    current: Mutex<(Config, Arc<dyn Store>)>,
+    /// The pooled upstream client, kept across reloads so pooled connections survive.
+    client: UpstreamClient,
 }
 
 impl Server {
     /// Builds everything from `config` and binds its listeners. Fails when an address cannot
     /// be bound (in use, not local) or the Redis URL is malformed.
     pub async fn bind(config: Config) -> anyhow::Result<Server> {
-        let proxy = Arc::new(build_proxy(&config).await?);
+        let store = build_store(&config.store).await?;
+        let client = proxy::client(config.timeouts.upstream_connect, config.timeouts.idle);
+        let proxy = build_proxy(&config, store.clone(), client.clone())?;
         let mut listeners = Vec::with_capacity(config.listen.len());
         for addr in &config.listen {
             let l = TcpListener::bind(addr)
@@ -46,11 +62,12 @@ impl Server {
                 .with_context(|| format!("cannot listen on {addr}"))?;
             listeners.push(l);
         }
-        Ok(Server {
-            proxy,
-            listeners,
-            config,
-        })
+        let shared = Arc::new(Shared {
+            proxy: ArcSwap::from_pointee(proxy),
+            current: Mutex::new((config, store)),
+            client,
+        });
+        Ok(Server { shared, listeners })
     }
 
     /// The addresses actually bound (a port 0 in the config is resolved here).
@@ -61,17 +78,23 @@ impl Server {
             .collect()
     }
 
+    /// A handle that applies new configurations to this server while it runs.
+    pub fn reloader(&self) -> Reloader {
+        Reloader::new(self.shared.clone())
+    }
+
     /// Serves until `shutdown` completes, then stops accepting and lets in-flight requests
     /// finish for up to `timeouts.shutdown`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let graceful = Arc::new(GracefulShutdown::new());
-        let builder = Arc::new(http_builder(&self.config));
+        let config = self.shared.config();
+        let builder = Arc::new(http_builder(&config));
         let mut accepting = Vec::new();
         for listener in self.listeners {
             tracing::info!(addr = %listener.local_addr()?, "listening");
             let ctx = AcceptCtx {
-                proxy: self.proxy.clone(),
+                shared: self.shared.clone(),
                 builder: builder.clone(),
                 graceful: graceful.clone(),
             };
@@ -85,18 +108,36 @@ impl Server {
         }
         let graceful =
             Arc::try_unwrap(graceful).map_err(|_| anyhow::anyhow!("accept loops still running"))?;
+        let drain = self.shared.config().timeouts.shutdown;
         tokio::select! {
             _ = graceful.shutdown() => tracing::info!("drained"),
-            _ = tokio::time::sleep(self.config.timeouts.shutdown) => {
-                tracing::warn!(after = ?self.config.timeouts.shutdown, "drain timed out; closing remaining connections");
+            _ = tokio::time::sleep(drain) => {
+                tracing::warn!(after = ?drain, "drain timed out; closing remaining connections");
             }
         }
         Ok(())
     }
 }
 
+impl Shared {
+    /// The config in force (a clone: configs are small and this is not on the request path).
+    fn config(&self) -> Config {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone()
+    }
+
+    /// The store in force, and the `store` section it was built from.
+    fn store(&self) -> (StoreConfig, Arc<dyn Store>) {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        (current.0.store.clone(), current.1.clone())
+    }
+}
+
 struct AcceptCtx {
-    proxy: Arc<Proxy>,
+    shared: Arc<Shared>,
     builder: Arc<auto::Builder<TokioExecutor>>,
     graceful: Arc<GracefulShutdown>,
 }
@@ -116,10 +157,10 @@ async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, mut stop: watch::Rec
             _ = stop.changed() => return,
         };
         let _ = stream.set_nodelay(true);
-        let proxy = ctx.proxy.clone();
+        let shared = ctx.shared.clone();
         let conn_info = Conn { peer, tls: false };
         let service = service_fn(move |req| {
-            let proxy = proxy.clone();
+            let proxy: Arc<Proxy> = shared.proxy.load_full();
             async move { Ok::<_, Infallible>(proxy.handle(req, conn_info).await) }
         });
         let conn = ctx
@@ -143,89 +184,4 @@ fn http_builder(config: &Config) -> auto::Builder<TokioExecutor> {
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
     builder
-}
-
-/// The store the config asks for: memory, or Redis behind the failure policy.
-pub async fn build_store(config: &config::StoreConfig) -> anyhow::Result<Arc<dyn Store>> {
-    let target = match &config.backend {
-        Backend::Memory => return Ok(Arc::new(MemoryStore::new(config.max_keys))),
-        Backend::Redis { url } => RedisTarget::Single(url.clone()),
-        Backend::Cluster { urls } => RedisTarget::Cluster(urls.clone()),
-    };
-    let redis = RedisStore::connect(&target, config.timeout).context("redis store")?;
-    if let Err(e) = redis.ping().await {
-        tracing::warn!(error = %e, on_error = ?config.on_error,
-            "redis is not answering; limiting falls back to on_error until it does");
-    }
-    Ok(Arc::new(GuardedStore::new(
-        Arc::new(redis),
-        config.on_error,
-        config.instances,
-        config.max_keys,
-    )))
-}
-
-async fn build_proxy(config: &Config) -> anyhow::Result<Proxy> {
-    let store = build_store(&config.store).await?;
-    let prefix = &config.store.key_prefix;
-    let mut upstreams = HashMap::new();
-    for u in &config.upstreams {
-        let pacer = u.pace.map(|pace| Pacer {
-            upstream: u.name.clone(),
-            alg: Algorithm::LeakyBucket(pace),
-            key: format!("{prefix}:upstream:{}:pace", u.name),
-            waiting: u.max_waiting.map(|n| Arc::new(Semaphore::new(n.get()))),
-        });
-        let upstream = Upstream {
-            name: u.name.clone(),
-            targets: Targets::new(&u.targets),
-            preserve_host: u.preserve_host,
-            pacer,
-        };
-        upstreams.insert(u.name.clone(), Arc::new(upstream));
-    }
-    let mut routes = Vec::with_capacity(config.routes.len());
-    for r in &config.routes {
-        let upstream = upstreams
-            .get(&r.upstream)
-            .with_context(|| format!("route {} names a missing upstream {}", r.name, r.upstream))?
-            .clone();
-        let limits = r.limits.iter().map(|l| Limit {
-            name: l.name.clone(),
-            alg: l.algorithm,
-            key: l.key.clone(),
-            shadow: l.mode == config::Mode::Shadow,
-            exempt: l.exempt.clone(),
-            overrides: l.overrides.iter().cloned().collect(),
-        });
-        let strip = match (&r.matcher.path, r.strip_prefix) {
-            (m @ PathMatch::Prefix(_), true) => Some(m.clone()),
-            _ => None,
-        };
-        let route = Route {
-            name: r.name.clone(),
-            strip,
-            upstream,
-            limits: limits.collect(),
-        };
-        routes.push((r.matcher.clone(), route));
-    }
-    let headers = match config.rate_limit_headers {
-        config::HeaderStyle::Ietf => HeaderStyle::Ietf,
-        config::HeaderStyle::Legacy => HeaderStyle::Legacy,
-        config::HeaderStyle::Both => HeaderStyle::Both,
-        config::HeaderStyle::None => HeaderStyle::None,
-    };
-    Ok(Proxy {
-        routes: RouteTable::new(routes),
-        store,
-        client: proxy::client(config.timeouts.upstream_connect, config.timeouts.idle),
-        settings: Settings {
-            trusted_proxies: config.trusted_proxies.clone(),
-            headers,
-            key_prefix: prefix.clone(),
-            upstream_response: config.timeouts.upstream_response,
-            max_body_size: config.max_body_size,
-        },
-    })
 }

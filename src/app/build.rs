@@ -1,0 +1,105 @@
+//! Building the runtime pieces from a validated [`Config`]: the store (memory, or Redis behind
+//! its failure policy) and the [`Proxy`] (routes, limits, upstreams, pacers).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::sync::Semaphore;
+
+use crate::config::{self, Backend, Config};
+use crate::limit::Algorithm;
+use crate::proxy::{
+    HeaderStyle, Limit, Pacer, Proxy, Route, Settings, Targets, Upstream, UpstreamClient,
+};
+use crate::routing::{PathMatch, RouteTable};
+use crate::store::{GuardedStore, MemoryStore, RedisStore, RedisTarget, Store};
+
+/// The store the config asks for: memory, or Redis behind the failure policy.
+pub async fn build_store(config: &config::StoreConfig) -> anyhow::Result<Arc<dyn Store>> {
+    let target = match &config.backend {
+        Backend::Memory => return Ok(Arc::new(MemoryStore::new(config.max_keys))),
+        Backend::Redis { url } => RedisTarget::Single(url.clone()),
+        Backend::Cluster { urls } => RedisTarget::Cluster(urls.clone()),
+    };
+    let redis = RedisStore::connect(&target, config.timeout).context("redis store")?;
+    if let Err(e) = redis.ping().await {
+        tracing::warn!(error = %e, on_error = ?config.on_error,
+            "redis is not answering; limiting falls back to on_error until it does");
+    }
+    Ok(Arc::new(GuardedStore::new(
+        Arc::new(redis),
+        config.on_error,
+        config.instances,
+        config.max_keys,
+    )))
+}
+
+/// The proxy for `config`, over an existing store and upstream client (both survive reloads).
+pub fn build_proxy(
+    config: &Config,
+    store: Arc<dyn Store>,
+    client: UpstreamClient,
+) -> anyhow::Result<Proxy> {
+    let prefix = &config.store.key_prefix;
+    let mut upstreams = HashMap::new();
+    for u in &config.upstreams {
+        let pacer = u.pace.map(|pace| Pacer {
+            upstream: u.name.clone(),
+            alg: Algorithm::LeakyBucket(pace),
+            key: format!("{prefix}:upstream:{}:pace", u.name),
+            waiting: u.max_waiting.map(|n| Arc::new(Semaphore::new(n.get()))),
+        });
+        let upstream = Upstream {
+            name: u.name.clone(),
+            targets: Targets::new(&u.targets),
+            preserve_host: u.preserve_host,
+            pacer,
+        };
+        upstreams.insert(u.name.clone(), Arc::new(upstream));
+    }
+    let mut routes = Vec::with_capacity(config.routes.len());
+    for r in &config.routes {
+        let upstream = upstreams
+            .get(&r.upstream)
+            .with_context(|| format!("route {} names a missing upstream {}", r.name, r.upstream))?
+            .clone();
+        let limits = r.limits.iter().map(|l| Limit {
+            name: l.name.clone(),
+            alg: l.algorithm,
+            key: l.key.clone(),
+            shadow: l.mode == config::Mode::Shadow,
+            exempt: l.exempt.clone(),
+            overrides: l.overrides.iter().cloned().collect(),
+        });
+        let strip = match (&r.matcher.path, r.strip_prefix) {
+            (m @ PathMatch::Prefix(_), true) => Some(m.clone()),
+            _ => None,
+        };
+        let route = Route {
+            name: r.name.clone(),
+            strip,
+            upstream,
+            limits: limits.collect(),
+        };
+        routes.push((r.matcher.clone(), route));
+    }
+    let headers = match config.rate_limit_headers {
+        config::HeaderStyle::Ietf => HeaderStyle::Ietf,
+        config::HeaderStyle::Legacy => HeaderStyle::Legacy,
+        config::HeaderStyle::Both => HeaderStyle::Both,
+        config::HeaderStyle::None => HeaderStyle::None,
+    };
+    Ok(Proxy {
+        routes: RouteTable::new(routes),
+        store,
+        client,
+        settings: Settings {
+            trusted_proxies: config.trusted_proxies.clone(),
+            headers,
+            key_prefix: prefix.clone(),
+            upstream_response: config.timeouts.upstream_response,
+            max_body_size: config.max_body_size,
+        },
+    })
+}

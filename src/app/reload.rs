@@ -1,0 +1,157 @@
+//! Reload (SPEC §6): SIGHUP, or a change of the config file, swaps in new routes, limits and
+//! upstreams without dropping a connection; requests in flight finish under the config they
+//! started with. An invalid file is rejected with the same messages as `tollgate check`, and the
+//! old config stays in force. The store is rebuilt only when the `store` section changed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{build_proxy, build_store, Shared};
+use crate::config::{self, Config, ConfigError};
+
+/// Applies new configurations to a running [`super::Server`]. Cheap to clone.
+#[derive(Clone)]
+pub struct Reloader {
+    shared: Arc<Shared>,
+}
+
+/// Why a reload did not take effect.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// the file is unreadable or invalid
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// the new store could not be built (e.g. a malformed Redis URL)
+    #[error("cannot apply the new configuration: {0:#}")]
+    Apply(anyhow::Error),
+}
+
+/// Events closer together than this are one change (editors write a file in several steps).
+const SETTLE: Duration = Duration::from_millis(150);
+
+impl Reloader {
+    pub(super) fn new(shared: Arc<Shared>) -> Reloader {
+        Reloader { shared }
+    }
+
+    /// Puts a validated `config` in force.
+    pub async fn apply(&self, config: Config) -> anyhow::Result<()> {
+        let (old_store_config, old_store) = self.shared.store();
+        let store = if old_store_config == config.store {
+            old_store
+        } else {
+            tracing::info!("store settings changed: building a new store");
+            build_store(&config.store).await?
+        };
+        let proxy = build_proxy(&config, store.clone(), self.shared.client.clone())?;
+        let mut current = self
+            .shared
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if current.0.listen != config.listen || current.0.tls != config.tls {
+            tracing::warn!("listen and tls changes take effect at the next restart");
+        }
+        self.shared.proxy.store(Arc::new(proxy));
+        *current = (config, store);
+        Ok(())
+    }
+
+    /// Loads `path` and puts it in force. On error the old config stays and every problem is
+    /// logged, as `tollgate check` prints them.
+    pub async fn reload_file(&self, path: &Path) -> Result<(), ReloadError> {
+        let result = match config::load(path) {
+            Ok(loaded) => {
+                for warning in &loaded.warnings {
+                    tracing::warn!("{warning}");
+                }
+                self.apply(loaded.config).await.map_err(ReloadError::Apply)
+            }
+            Err(e) => Err(ReloadError::Config(e)),
+        };
+        match &result {
+            Ok(()) => tracing::info!(path = %path.display(), "configuration reloaded"),
+            Err(ReloadError::Config(ConfigError::Invalid(problems))) => {
+                for p in problems {
+                    tracing::error!("{p}");
+                }
+                tracing::error!(path = %path.display(), "reload rejected; the previous configuration stays in force");
+            }
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "reload rejected; the previous configuration stays in force");
+            }
+        }
+        result
+    }
+
+    /// Reloads `path` on SIGHUP and whenever the file changes, until the task is aborted.
+    pub fn watch(self, path: PathBuf) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
+            let _watcher = watch_file(&path, tx.clone());
+            spawn_sighup(tx);
+            while rx.recv().await.is_some() {
+                tokio::time::sleep(SETTLE).await;
+                while rx.try_recv().is_ok() {}
+                let _ = self.reload_file(&path).await;
+            }
+        })
+    }
+}
+
+/// Watches the file's directory (editors and config managers replace files, which a watch on
+/// the file itself would miss) and signals changes that touch the file.
+fn watch_file(
+    path: &Path,
+    tx: tokio::sync::mpsc::Sender<()>,
+) -> Option<notify::RecommendedWatcher> {
+    use notify::{RecursiveMode, Watcher};
+    let name = path.file_name()?.to_owned();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let handler = move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        if event.kind.is_access() {
+            return;
+        }
+        if event
+            .paths
+            .iter()
+            .any(|p| p.file_name() == Some(name.as_os_str()))
+        {
+            let _ = tx.try_send(());
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the config file; reload with SIGHUP");
+            return None;
+        }
+    };
+    if let Err(e) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
+        tracing::warn!(error = %e, dir = %dir.display(), "cannot watch the config directory; reload with SIGHUP");
+        return None;
+    }
+    Some(watcher)
+}
+
+fn spawn_sighup(tx: tokio::sync::mpsc::Sender<()>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP received: reloading");
+                    if tx.send(()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP"),
+    }
+}

@@ -1,0 +1,137 @@
+//! Hot reload: a change of the config file swaps routes, limits and upstreams while a client
+//! keeps sending requests; an invalid file is rejected and the old config stays in force.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{get, Proxy, Upstream};
+
+fn yaml(upstream: &Upstream, burst: u32, extra_route: &str) -> String {
+    format!(
+        r#"listen: 127.0.0.1:0
+upstreams:
+  api:
+    targets: [{}]
+routes:
+{extra_route}  - name: api
+    match: {{path_prefix: /}}
+    upstream: api
+    limits:
+      - name: per-client
+        algorithm: token_bucket
+        key: header:x-client
+        rate: 1/h
+        burst: {burst}
+"#,
+        upstream.url()
+    )
+}
+
+/// Writes `text` to `path` the way editors do: a new file renamed over the old one.
+fn replace_file(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Waits until `probe` holds, polling; panics after `limit`.
+async fn eventually<F, Fut>(limit: Duration, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !probe().await {
+        assert!(
+            Instant::now() < deadline,
+            "condition not reached within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A client looping requests sees no error across several reloads (one of them invalid);
+/// each valid reload takes effect, the invalid one leaves the old config in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_under_load_drop_nothing() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proxy.yaml");
+    std::fs::write(&path, yaml(&upstream, 2, "")).unwrap();
+    let proxy = Proxy::start_watching(&path).await;
+
+    // the background client: a fresh identity per request so limits never deny it
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let loop_url = proxy.url("/load");
+    let looping = {
+        let (stop, sent, failed) = (stop.clone(), sent.clone(), failed.clone());
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let a = get(&loop_url, &[("x-client", &format!("loop-{i}"))]).await;
+                sent.fetch_add(1, Ordering::Relaxed);
+                if a.status != 200 {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+
+    // burst 2 in force
+    let statuses = |client: &'static str, n: usize| {
+        let url = proxy.url("/x");
+        async move {
+            let mut s = Vec::new();
+            for _ in 0..n {
+                s.push(get(&url, &[("x-client", client)]).await.status);
+            }
+            s
+        }
+    };
+    assert_eq!(statuses("a", 3).await, [200, 200, 429]);
+
+    // reload 1: burst 5 (the key is the same, so the bucket keeps what was taken)
+    replace_file(&path, &yaml(&upstream, 5, ""));
+    eventually(Duration::from_secs(5), || async {
+        get(&proxy.url("/x"), &[("x-client", "a")]).await.status == 200
+    })
+    .await;
+
+    // reload 2: invalid; the old config (burst 5, no /new route) stays
+    replace_file(
+        &path,
+        "listen: 127.0.0.1:0\nroutes: [{name: broken, upstream: nowhere}]\n",
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        statuses("b", 6).await,
+        [200, 200, 200, 200, 200, 429],
+        "burst 5 still in force"
+    );
+
+    // reload 3: a new route in front
+    let route = "  - name: new\n    match: {path: /new}\n    upstream: api\n";
+    replace_file(&path, &yaml(&upstream, 5, route));
+    eventually(Duration::from_secs(5), || async {
+        get(&proxy.url("/new"), &[("x-client", "c")])
+            .await
+            .header("ratelimit")
+            .is_none()
+    })
+    .await;
+
+    stop.store(true, Ordering::Relaxed);
+    looping.await.unwrap();
+    assert!(sent.load(Ordering::Relaxed) > 20, "the client kept sending");
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "no request failed across reloads"
+    );
+    proxy.shutdown().await;
+}
