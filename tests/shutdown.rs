@@ -1,0 +1,61 @@
+//! Graceful shutdown: requests in flight when shutdown starts (one waiting on a slow upstream,
+//! one sleeping for its pacing slot) complete; new connections are refused.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{get, Proxy, Upstream};
+
+/// In-flight requests, including one sleeping in pacing, finish after shutdown begins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_requests_complete_during_drain() {
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+timeouts: {{shutdown: 5s}}
+upstreams:
+  slow:
+    targets: [{u}]
+  paced:
+    targets: [{u}]
+    pace: {{rate: 2/s, max_delay: 5s}}
+routes:
+  - name: slow
+    match: {{path_prefix: /slow}}
+    upstream: slow
+  - name: paced
+    upstream: paced
+"#,
+        u = upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    assert_eq!(
+        get(&proxy.url("/p0"), &[]).await.status,
+        200,
+        "takes the first pacing slot"
+    );
+    let in_flight = |path: &str| {
+        let url = proxy.url(path);
+        tokio::spawn(async move { get(&url, &[]).await })
+    };
+    let (slow, paced) = (in_flight("/slow/600"), in_flight("/p1"));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let addr = proxy.addr;
+    let started = Instant::now();
+    let stopping = tokio::spawn(proxy.shutdown());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "no longer accepting"
+    );
+    assert_eq!(slow.await.unwrap().status, 200);
+    assert_eq!(paced.await.unwrap().status, 200);
+    stopping.await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "drain ended when the requests did"
+    );
+    let uris: Vec<String> = upstream.seen().iter().map(|s| s.uri.clone()).collect();
+    assert!(uris.contains(&"/p1".to_string()) && uris.contains(&"/slow/600".to_string()));
+}
