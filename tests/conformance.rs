@@ -251,3 +251,44 @@ fn random_sequences_agree() {
         rt.block_on(both(&redis, &alg, &seq));
     });
 }
+
+/// Back-pressure holds mixed with pacing agree between Rust and Lua.
+#[tokio::test]
+async fn back_pressure_holds_agree() {
+    let server = common::Redis::start();
+    let redis = redis_store(&server);
+    let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
+    let p = Pace::new(
+        Rate::per_second(4.0).unwrap(),
+        Some(Duration::from_millis(900)),
+    )
+    .unwrap();
+    let alg = Algorithm::LeakyBucket(p);
+    let steps: [(f64, Option<u64>); 8] = [
+        (T0, None),
+        (T0 + 10.0, Some(600)),
+        (T0 + 20.0, None),
+        (T0 + 30.0, Some(100)),
+        (T0 + 40.0, None),
+        (T0 + 50.0, None),
+        (T0 + 3000.0, Some(0)),
+        (T0 + 3000.5, None),
+    ];
+    let mut answers: Vec<Vec<String>> = Vec::new();
+    for store in [&memory as &dyn Store, &redis] {
+        let mut seen = Vec::new();
+        for (t, hold) in steps {
+            seen.push(match hold {
+                Some(ms) => format!("hold {}", store.defer("bp", &p, ms, Some(t)).await.unwrap()),
+                None => format!("{:?}", store.check("bp", &alg, Some(t)).await.unwrap()),
+            });
+        }
+        answers.push(seen);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert!(
+        answers[0][2].contains("delay_us: 590000"),
+        "{:?}",
+        answers[0]
+    );
+}

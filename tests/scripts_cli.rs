@@ -246,3 +246,28 @@ fn scripts_refuse_bad_arguments() {
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("usage: token_bucket.lua"), "{text}");
 }
+
+/// The back-pressure script run by hand holds the schedule, and only ever later.
+#[test]
+fn pace_defer_by_hand() {
+    let redis = Redis::start();
+    let now = "1700000000000";
+    assert_eq!(
+        eval(&redis, "pace_defer.lua", "p", &["4", "2000", now]),
+        ["2000"]
+    );
+    assert_eq!(
+        eval(&redis, "pace_defer.lua", "p", &["4", "500", now]),
+        ["2000"],
+        "never earlier"
+    );
+    // the next leaky-bucket slot starts after the hold
+    assert_eq!(
+        eval(&redis, "leaky_bucket.lua", "p", &["4", "", now]),
+        ["1", "2000.000"]
+    );
+    assert_eq!(
+        eval(&redis, "pace_defer.lua", "q", &["4", "1000"])[0],
+        "1000"
+    );
+}

@@ -47,6 +47,7 @@ pub fn build_proxy(
         let pacer = u.pace.map(|pace| Pacer {
             upstream: u.name.clone(),
             alg: Algorithm::LeakyBucket(pace),
+            pace,
             key: format!("{prefix}:upstream:{}:pace", u.name),
             waiting: u.max_waiting.map(|n| Arc::new(Semaphore::new(n.get()))),
         });

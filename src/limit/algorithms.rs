@@ -90,6 +90,23 @@ fn leaky_bucket(p: &Pace, state: &mut Option<State>, now: Millis) -> (Decision, 
     (decision, Some(ceil_ms(ahead)))
 }
 
+/// Upstream back-pressure (`lua/pace_defer.lua`): no slot of the schedule before `now + hold_ms`.
+/// Returns the next free slot in ms from now (rounded up) and, when the state was written, its
+/// time to live. The schedule only ever moves later.
+pub fn defer(p: &Pace, state: &mut Option<State>, now: Millis, hold_ms: f64) -> (u64, Option<u64>) {
+    let held = now + hold_ms;
+    match stored_at(state) {
+        Some(slot) if slot >= held => (ceil0(slot - now), None),
+        _ => {
+            *state = Some(State::At(held));
+            (
+                ceil0(held - now),
+                Some(ceil_ms(hold_ms + p.rate.interval_ms())),
+            )
+        }
+    }
+}
+
 /// The script's `math.floor(ms * 1000 + 0.5)`: a delay to the nearest microsecond.
 fn round_micros(ms: f64) -> u64 {
     (ms * 1000.0 + 0.5).floor().max(0.0) as u64

@@ -1,6 +1,11 @@
 //! Forwarding to the upstream: the pooled hyper-util client, the request rewritten for the
 //! upstream (target, path, hop-by-hop headers removed, `X-Forwarded-*` added), the response
-//! streamed back. Bodies stream both ways and are never buffered whole.
+//! streamed back. Bodies stream both ways and are never buffered whole. `Upgrade` requests
+//! (WebSocket) that the upstream accepts with 101 become a byte tunnel between the two
+//! connections.
+//!
+//! Does not own routing, limits or the error responses: it reports a [`ProxyError`] and
+//! `respond` turns it into a status.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,12 +13,13 @@ use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Request, Response, Uri, Version};
+use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use super::{Body, BoxError, ProxyError};
 
@@ -73,7 +79,9 @@ pub struct Forward<'a> {
     pub preserve_host: bool,
     /// the path to send (normalised, prefix stripped)
     pub path: &'a str,
-    /// the client's address, appended to X-Forwarded-For
+    /// the address appended to X-Forwarded-For: the TCP peer tollgate heard the request from
+    /// (RFC 7239 §5.2 semantics, as nginx's `$proxy_add_x_forwarded_for`), not the client
+    /// identity derived from X-Forwarded-For, which is already in the list
     pub client_ip: IpAddr,
     /// `https` when the client came over TLS
     pub proto: &'static str,
@@ -91,12 +99,15 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 /// Sends `req` to a target of the upstream and returns its response, body streaming.
 pub async fn forward(
     client: &UpstreamClient,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     f: &Forward<'_>,
 ) -> Result<Response<Body>, ProxyError> {
-    let upstream_req = rewrite(req, f)?;
+    // Taken before the request is rewritten: the client side of a possible tunnel.
+    let upgrade = upgrade_protocol(&req);
+    let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
+    let upstream_req = rewrite(req, f, upgrade)?;
     let sent = client.request(upstream_req);
-    let resp = match tokio::time::timeout(f.response_timeout, sent).await {
+    let mut resp = match tokio::time::timeout(f.response_timeout, sent).await {
         Err(_) => {
             return Err(ProxyError::UpstreamTimeout {
                 upstream: f.upstream.to_string(),
@@ -106,12 +117,63 @@ pub async fn forward(
         Ok(Err(e)) => return Err(upstream_error(f.upstream, e)),
         Ok(Ok(resp)) => resp,
     };
+    let switched = match client_upgrade {
+        Some(client_side) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            let upstream_side = hyper::upgrade::on(&mut resp);
+            tokio::spawn(tunnel(client_side, upstream_side, f.upstream.to_string()));
+            resp.headers().get(header::UPGRADE).cloned()
+        }
+        _ => None,
+    };
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    if let Some(proto) = switched {
+        set_upgrade(&mut parts.headers, proto);
+    }
     Ok(Response::from_parts(
         parts,
         body.map_err(BoxError::from).boxed(),
     ))
+}
+
+/// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` header, when its
+/// `Connection` header names `upgrade` (RFC 9110 §7.8). HTTP/2 has no such mechanism.
+fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
+    if req.version() != Version::HTTP_11 {
+        return None;
+    }
+    let asks = req
+        .headers()
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| req.headers().get(header::UPGRADE).cloned())
+        .flatten()
+}
+
+/// Puts back the two hop-by-hop headers an upgrade needs on the next hop.
+fn set_upgrade(headers: &mut HeaderMap, proto: HeaderValue) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, proto);
+}
+
+/// Copies bytes both ways between the upgraded client and upstream connections until either
+/// side closes. Runs as its own task: the request handler has already returned the 101.
+async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, name: String) {
+    let (client, upstream) = match tokio::try_join!(client, upstream) {
+        Ok(both) => both,
+        Err(e) => {
+            tracing::debug!(upstream = %name, error = %e, "upgrade failed");
+            return;
+        }
+    };
+    let mut client = TokioIo::new(client);
+    let mut upstream = TokioIo::new(upstream);
+    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        tracing::debug!(upstream = %name, error = %e, "upgraded connection ended with an error");
+    }
 }
 
 fn upstream_error(upstream: &str, e: hyper_util::client::legacy::Error) -> ProxyError {
@@ -137,8 +199,13 @@ fn upstream_error(upstream: &str, e: hyper_util::client::legacy::Error) -> Proxy
     }
 }
 
-/// The upstream request: target URI, HTTP/1.1, headers cleaned and `X-Forwarded-*` added.
-fn rewrite(req: Request<Incoming>, f: &Forward<'_>) -> Result<Request<Body>, ProxyError> {
+/// The upstream request: target URI, HTTP/1.1, headers cleaned and `X-Forwarded-*` added;
+/// with `upgrade`, the `Upgrade` handshake headers kept.
+fn rewrite(
+    req: Request<Incoming>,
+    f: &Forward<'_>,
+    upgrade: Option<HeaderValue>,
+) -> Result<Request<Body>, ProxyError> {
     let (mut parts, body) = req.into_parts();
     if let (Some(max), Some(len)) = (f.max_body_size, content_length(&parts.headers)) {
         if len > max {
@@ -166,10 +233,16 @@ fn rewrite(req: Request<Incoming>, f: &Forward<'_>) -> Result<Request<Body>, Pro
         .path_and_query(path_and_query)
         .build()
         .map_err(|_| ProxyError::BadPath)?;
+    if parts.version == Version::HTTP_2 {
+        join_cookies(&mut parts.headers);
+    }
     // an HTTP/2 request goes to the HTTP/1.1 upstream as HTTP/1.1
     parts.version = Version::HTTP_11;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
+    if let Some(proto) = upgrade {
+        set_upgrade(headers, proto);
+    }
     append_forwarded_for(headers, f.client_ip);
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(f.proto));
     if let Some(host) = &client_host {
@@ -194,6 +267,24 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .ok()?
         .parse()
         .ok()
+}
+
+/// HTTP/2 lets a client split `Cookie` into several fields; before the request goes on as
+/// HTTP/1.1 they are joined with `"; "` into one (RFC 9113 §8.2.3), since HTTP/1.1 servers
+/// read a single Cookie header (RFC 6265 §5.4).
+fn join_cookies(headers: &mut HeaderMap) {
+    let mut values = headers.get_all(header::COOKIE).iter();
+    let (Some(first), Some(_)) = (values.next(), values.next()) else {
+        return;
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for v in headers.get_all(header::COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(v.as_bytes());
+    }
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, v);
+    }
 }
 
 /// `X-Forwarded-For: <existing>, <client>` (RFC 7239 §5.2 style list; existing lines joined).
@@ -248,5 +339,102 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .collect();
     for name in proxy {
         headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).expect("test header name"),
+                HeaderValue::from_str(v).expect("test header value"),
+            );
+        }
+        h
+    }
+
+    /// Every hop-by-hop header goes, including those `Connection` names (any case, any line);
+    /// end-to-end headers stay.
+    #[test]
+    fn strips_every_hop_by_hop_header() {
+        let mut h = headers(&[
+            ("connection", "close, X-A"),
+            ("connection", " x-b ,keep-alive"),
+            ("x-a", "1"),
+            ("x-b", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authorization", "Basic x"),
+            ("proxy-authenticate", "Basic"),
+            ("proxy-connection", "keep-alive"),
+            ("te", "trailers"),
+            ("trailer", "x-sum"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("x-kept", "1"),
+            ("content-length", "3"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept", "content-length"]);
+    }
+
+    /// Only an HTTP/1.1 request whose Connection names `upgrade` asks for an upgrade.
+    #[test]
+    fn recognises_upgrade_requests() {
+        let req = |version, connection: &str| {
+            let mut b = Request::builder()
+                .version(version)
+                .header(header::UPGRADE, "websocket");
+            if !connection.is_empty() {
+                b = b.header(header::CONNECTION, connection);
+            }
+            b.body(()).expect("test request")
+        };
+        let ws = Some(HeaderValue::from_static("websocket"));
+        assert_eq!(upgrade_protocol(&req(Version::HTTP_11, "Upgrade")), ws);
+        assert_eq!(
+            upgrade_protocol(&req(Version::HTTP_11, "keep-alive, upgrade")),
+            ws
+        );
+        assert_eq!(upgrade_protocol(&req(Version::HTTP_11, "")), None);
+        assert_eq!(upgrade_protocol(&req(Version::HTTP_11, "upgrades")), None);
+        assert_eq!(upgrade_protocol(&req(Version::HTTP_2, "upgrade")), None);
+    }
+
+    /// Several Cookie fields become one, joined by `"; "` in order; one field is left alone.
+    #[test]
+    fn joins_split_cookies() {
+        let mut h = headers(&[("cookie", "a=1"), ("cookie", "b=2; c=3"), ("cookie", "d=4")]);
+        join_cookies(&mut h);
+        let all: Vec<_> = h.get_all(header::COOKIE).iter().collect();
+        assert_eq!(all, ["a=1; b=2; c=3; d=4"]);
+        let mut h = headers(&[("cookie", "a=1")]);
+        join_cookies(&mut h);
+        assert_eq!(
+            h.get(header::COOKIE).map(|v| v.as_bytes()),
+            Some(&b"a=1"[..])
+        );
+    }
+
+    /// X-Forwarded-For lines are joined in order and the address goes last.
+    #[test]
+    fn appends_to_x_forwarded_for() {
+        let mut h = headers(&[
+            ("x-forwarded-for", "1.1.1.1"),
+            ("x-forwarded-for", "2.2.2.2"),
+        ]);
+        append_forwarded_for(&mut h, IpAddr::from([10, 0, 0, 1]));
+        let all: Vec<_> = h.get_all(&X_FORWARDED_FOR).iter().collect();
+        assert_eq!(all, ["1.1.1.1, 2.2.2.2, 10.0.0.1"]);
+        let mut h = HeaderMap::new();
+        append_forwarded_for(&mut h, "::1".parse().expect("test address"));
+        assert_eq!(
+            h.get(&X_FORWARDED_FOR).map(|v| v.as_bytes()),
+            Some(&b"::1"[..])
+        );
     }
 }

@@ -261,6 +261,11 @@ impl Proxy {
             max_body_size: self.settings.max_body_size,
         };
         let mut resp = forward::forward(&self.client, req, &f).await?;
+        if let Some(pacer) = &route.upstream.pacer {
+            pacer
+                .back_pressure(&*self.store, resp.status(), resp.headers())
+                .await;
+        }
         // 6. respond
         if let Some(shown) = shown {
             respond::add_rate_headers(resp.headers_mut(), self.settings.headers, &shown.as_shown());

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lru::LruCache;
 
-use super::{Store, StoreFuture};
-use crate::limit::{apply, Algorithm, Decision, Millis, State};
+use super::{HoldFuture, Store, StoreFuture};
+use crate::limit::{apply, defer, Algorithm, Decision, Millis, Pace, State};
 
 type Hasher = foldhash::fast::RandomState;
 /// One shard: an LRU map under its own lock.
@@ -97,6 +97,25 @@ impl MemoryStore {
 
     /// Decides one request at once (the memory store never waits).
     pub fn decide(&self, key: &str, alg: &Algorithm, now: Option<Millis>) -> Decision {
+        self.with_state(key, now, |state, now| apply(alg, state, now))
+    }
+
+    /// Holds the pacing schedule at `key` until `hold_ms` from now (upstream back-pressure);
+    /// returns the ms until its next free slot.
+    pub fn hold(&self, key: &str, pace: &Pace, hold_ms: u64, now: Option<Millis>) -> u64 {
+        self.with_state(key, now, |state, now| {
+            defer(pace, state, now, hold_ms as f64)
+        })
+    }
+
+    /// Runs `step` on the key's live state (`None` when new or expired) under its shard's lock;
+    /// `step` returns its answer and, when it wrote the state, the state's time to live.
+    fn with_state<R>(
+        &self,
+        key: &str,
+        now: Option<Millis>,
+        step: impl FnOnce(&mut Option<State>, Millis) -> (R, Option<u64>),
+    ) -> R {
         let shards = &*self.shards;
         let now = now.unwrap_or_else(|| shards.clock.now());
         let mut map = shards.shard(key).lock().unwrap_or_else(|e| e.into_inner());
@@ -104,19 +123,19 @@ impl MemoryStore {
             if entry.expires_at <= now {
                 entry.state = None;
             }
-            let (decision, ttl) = apply(alg, &mut entry.state, now);
+            let (answer, ttl) = step(&mut entry.state, now);
             if let Some(ttl) = ttl {
                 entry.expires_at = now + ttl as f64;
             }
-            return decision;
+            return answer;
         }
         let mut state = None;
-        let (decision, ttl) = apply(alg, &mut state, now);
+        let (answer, ttl) = step(&mut state, now);
         if let Some(ttl) = ttl {
             let expires_at = now + ttl as f64;
             map.push(key.into(), Entry { state, expires_at });
         }
-        decision
+        answer
     }
 
     /// How many keys the store holds (expired ones not yet purged included).
@@ -180,6 +199,16 @@ async fn purge_task(shards: Weak<Shards>, mut stop: tokio::sync::watch::Receiver
 }
 
 impl Store for MemoryStore {
+    fn defer<'a>(
+        &'a self,
+        key: &'a str,
+        pace: &'a Pace,
+        hold_ms: u64,
+        now: Option<Millis>,
+    ) -> HoldFuture<'a> {
+        Box::pin(std::future::ready(Ok(self.hold(key, pace, hold_ms, now))))
+    }
+
     fn check<'a>(
         &'a self,
         key: &'a str,

@@ -18,7 +18,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::limit::{Algorithm, Decision, Millis};
+use crate::limit::{Algorithm, Decision, Millis, Pace};
 
 pub use memory::MemoryStore;
 pub use policy::{GuardedStore, OnError};
@@ -27,6 +27,9 @@ pub use reply::decode;
 
 /// The future a store call returns.
 pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'a>>;
+
+/// The future of a [`Store::defer`]: ms until the schedule's next free slot.
+pub type HoldFuture<'a> = Pin<Box<dyn Future<Output = Result<u64, StoreError>> + Send + 'a>>;
 
 /// Keeps limiter state and decides requests.
 pub trait Store: Send + Sync + 'static {
@@ -39,6 +42,17 @@ pub trait Store: Send + Sync + 'static {
         alg: &'a Algorithm,
         now: Option<Millis>,
     ) -> StoreFuture<'a>;
+
+    /// Upstream back-pressure: holds the pacing schedule at `key` (kept by the leaky bucket
+    /// with `pace`) so that no slot is handed out before `hold_ms` from now, for every instance
+    /// sharing the store. Returns the ms until the next free slot.
+    fn defer<'a>(
+        &'a self,
+        key: &'a str,
+        pace: &'a Pace,
+        hold_ms: u64,
+        now: Option<Millis>,
+    ) -> HoldFuture<'a>;
 }
 
 /// A store that could not answer.

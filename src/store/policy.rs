@@ -6,7 +6,10 @@
 //! 503) or `local` (the same algorithm in process, each instance enforcing 1/`instances` of the
 //! limit). After [`TRIP_AFTER`] consecutive failures the breaker opens: Redis is skipped for
 //! [`COOL_DOWN`], then one probe is let through; its success closes the breaker. A key that the
-//! store denied is denied locally until its `retry_after` (the deny cache), without a Redis call.
+//! store denied is denied locally until its `retry_after` (the deny cache), without a Redis call;
+//! the entry counts from when the answer arrived (so it is never early) and holds only for the
+//! limit that denied (a reload that changes the limit asks the store again). Callers that pass
+//! their own `now` (replays) bypass the deny cache, which runs on the real clock.
 
 use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -15,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use lru::LruCache;
 
-use super::{MemoryStore, Store, StoreError, StoreFuture};
+use super::{HoldFuture, MemoryStore, Store, StoreError, StoreFuture};
 use crate::limit::{Algorithm, Bucket, Decision, Millis, Pace, Rate, Window};
 
 /// Consecutive failures that open the breaker.
@@ -95,35 +98,58 @@ impl GuardedStore {
         alg: &Algorithm,
         now: Option<Millis>,
     ) -> Result<Decision, StoreError> {
-        let started = Instant::now();
-        if let Some(d) = self.deny_cache.get(key, started) {
-            self.stats.deny_cache_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(d);
-        }
-        let error = if self.breaker.allow_call() {
-            self.stats.store_calls.fetch_add(1, Ordering::Relaxed);
-            match self.primary.check(key, alg, now).await {
-                Ok(d) => {
-                    self.breaker.success();
-                    if !d.allowed && d.retry_after_ms > 0 {
-                        self.deny_cache.insert(key, &d, started);
-                    }
-                    return Ok(d);
-                }
-                Err(e) => {
-                    self.breaker.failure(&e);
-                    e
-                }
+        // The deny cache runs on the real clock: a caller replaying its own times bypasses it.
+        if now.is_none() {
+            if let Some(d) = self.deny_cache.get(key, alg, Instant::now()) {
+                self.stats.deny_cache_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(d);
             }
-        } else {
-            self.stats.skipped.fetch_add(1, Ordering::Relaxed);
-            StoreError::CircuitOpen
+        }
+        let error = match self.breaker.allow_call(self.breaker.now()) {
+            Some(permit) => match self.call(key, alg, now, permit).await {
+                Ok(d) => return Ok(d),
+                Err(e) => e,
+            },
+            None => {
+                self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+                StoreError::CircuitOpen
+            }
         };
         match self.on_error {
             OnError::Allow => Ok(Decision::counted(true, alg.policy().0, 0, 0)),
             OnError::Deny => Err(error),
-            OnError::Local => Ok(self.local.decide(key, &share(alg, self.instances), None)),
+            OnError::Local => Ok(self.local.decide(key, &share(alg, self.instances), now)),
         }
+    }
+
+    /// One call to the store, reported to the breaker (also when the caller gives up on it).
+    async fn call(
+        &self,
+        key: &str,
+        alg: &Algorithm,
+        now: Option<Millis>,
+        permit: Permit,
+    ) -> Result<Decision, StoreError> {
+        let _in_flight = InFlight {
+            breaker: &self.breaker,
+            permit,
+        };
+        self.stats.store_calls.fetch_add(1, Ordering::Relaxed);
+        let result = self.primary.check(key, alg, now).await;
+        match &result {
+            Ok(d) => {
+                self.breaker.success();
+                if now.is_none() && !d.allowed && d.retry_after_ms > 0 {
+                    // The store counted `retry_after` from the moment it decided, which is no
+                    // later than now: counting it from now keeps the cached Retry-After from
+                    // ever being early (counting from before the call would make it early by
+                    // the round trip, up to the whole timeout).
+                    self.deny_cache.insert(key, alg, d, Instant::now());
+                }
+            }
+            Err(e) => self.breaker.failure(permit, self.breaker.now(), e),
+        }
+        result
     }
 }
 
@@ -135,6 +161,36 @@ impl Store for GuardedStore {
         now: Option<Millis>,
     ) -> StoreFuture<'a> {
         Box::pin(self.decide(key, alg, now))
+    }
+
+    fn defer<'a>(
+        &'a self,
+        key: &'a str,
+        pace: &'a Pace,
+        hold_ms: u64,
+        now: Option<Millis>,
+    ) -> HoldFuture<'a> {
+        Box::pin(async move {
+            // The local schedule holds too, so the fallback obeys the upstream during an outage.
+            let local = self.local.hold(key, pace, hold_ms, now);
+            let Some(permit) = self.breaker.allow_call(self.breaker.now()) else {
+                return Ok(local);
+            };
+            let _in_flight = InFlight {
+                breaker: &self.breaker,
+                permit,
+            };
+            match self.primary.defer(key, pace, hold_ms, now).await {
+                Ok(ms) => {
+                    self.breaker.success();
+                    Ok(ms)
+                }
+                Err(e) => {
+                    self.breaker.failure(permit, self.breaker.now(), &e);
+                    Ok(local)
+                }
+            }
+        })
     }
 }
 
@@ -173,24 +229,44 @@ pub fn share(alg: &Algorithm, n: NonZeroU32) -> Algorithm {
 }
 
 /// Consecutive-failure circuit breaker, lock-free on the hot path.
+///
+/// Closed: every call goes to the store; [`TRIP_AFTER`] failures in a row open it. Open: no call
+/// goes until the cool-down is over; then exactly one call, the probe, goes (half-open). The
+/// probe's success closes the breaker, its failure opens it for another cool-down. Times are
+/// milliseconds on the breaker's own clock ([`Breaker::now`]), passed in so tests can drive it.
 #[derive(Default)]
 struct Breaker {
     failures: AtomicU32,
-    /// ms since `epoch` until which the breaker is open; 0: closed
+    /// ms on [`Breaker::now`] until which the breaker is open; 0: closed
     open_until: AtomicU64,
-    /// a half-open probe is in flight
+    /// the half-open probe is in flight; only the probe's [`InFlight`] clears it
     probing: AtomicBool,
     epoch: OnceInstant,
 }
 
+/// Why a call may go to the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Permit {
+    /// the breaker is closed
+    Closed,
+    /// the breaker is open and this call is its one half-open probe
+    Probe,
+}
+
 impl Breaker {
-    fn allow_call(&self) -> bool {
+    /// The breaker's clock: ms since it was made, never 0.
+    fn now(&self) -> u64 {
+        self.epoch.ms()
+    }
+
+    /// Whether a call made at `now` may go to the store, and in which role.
+    fn allow_call(&self, now: u64) -> Option<Permit> {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
-            return true;
+            return Some(Permit::Closed);
         }
         // cool-down over: let exactly one probe through
-        self.epoch.ms() >= until && !self.probing.swap(true, Ordering::AcqRel)
+        (now >= until && !self.probing.swap(true, Ordering::AcqRel)).then_some(Permit::Probe)
     }
 
     fn is_open(&self) -> bool {
@@ -202,17 +278,32 @@ impl Breaker {
         if self.open_until.swap(0, Ordering::AcqRel) != 0 {
             tracing::info!("store reachable again: circuit breaker closed");
         }
-        self.probing.store(false, Ordering::Release);
     }
 
-    fn failure(&self, error: &StoreError) {
+    fn failure(&self, permit: Permit, now: u64, error: &StoreError) {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        let probing = self.probing.swap(false, Ordering::AcqRel);
-        if probing || failures >= TRIP_AFTER {
-            let until = self.epoch.ms() + COOL_DOWN.as_millis() as u64;
+        if permit == Permit::Probe || failures >= TRIP_AFTER {
+            let until = now + COOL_DOWN.as_millis() as u64;
             if self.open_until.swap(until, Ordering::AcqRel) == 0 {
                 tracing::warn!(%error, "store failing: circuit breaker open, applying on_error for {COOL_DOWN:?} at a time");
             }
+        }
+    }
+}
+
+/// A call in flight. Dropping it frees the probe slot: after the outcome is recorded (so that
+/// a failed probe has pushed `open_until` forward before another probe may start), or when the
+/// caller gives up on the call (a client that hangs up drops its request future). Without this
+/// a dropped probe would leave `probing` set and the breaker open for good.
+struct InFlight<'a> {
+    breaker: &'a Breaker,
+    permit: Permit,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.permit == Permit::Probe {
+            self.breaker.probing.store(false, Ordering::Release);
         }
     }
 }
@@ -244,6 +335,8 @@ struct DenyCache {
 struct Denied {
     until: Instant,
     reset_at: Instant,
+    /// the limit that denied: after a reload changes it, the entry no longer applies
+    alg: Algorithm,
 }
 
 impl DenyCache {
@@ -265,10 +358,10 @@ impl DenyCache {
         &self.shards[self.hasher.hash_one(key) as usize % Self::SHARDS]
     }
 
-    fn get(&self, key: &str, now: Instant) -> Option<Decision> {
+    fn get(&self, key: &str, alg: &Algorithm, now: Instant) -> Option<Decision> {
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         let denied = *shard.peek(key)?;
-        if denied.until <= now {
+        if denied.until <= now || denied.alg != *alg {
             shard.pop(key);
             return None;
         }
@@ -282,10 +375,22 @@ impl DenyCache {
         ))
     }
 
-    fn insert(&self, key: &str, d: &Decision, now: Instant) {
-        let until = now + Duration::from_millis(d.retry_after_ms);
-        let reset_at = now + Duration::from_millis(d.reset_ms);
+    fn insert(&self, key: &str, alg: &Algorithm, d: &Decision, now: Instant) {
+        // `Instant + Duration` panics on overflow (platform dependent): a wait too long to
+        // represent is not cached.
+        let at = |ms: u64| now.checked_add(Duration::from_millis(ms));
+        let (Some(until), Some(reset_at)) = (at(d.retry_after_ms), at(d.reset_ms)) else {
+            return;
+        };
+        let denied = Denied {
+            until,
+            reset_at,
+            alg: *alg,
+        };
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
-        shard.put(key.into(), Denied { until, reset_at });
+        shard.put(key.into(), denied);
     }
 }
+
+#[cfg(test)]
+mod tests;

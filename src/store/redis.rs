@@ -15,8 +15,8 @@ use ::redis::io::tcp::TcpSettings;
 use ::redis::{IntoConnectionInfo, Value};
 
 use super::scripts::Scripts;
-use super::{reply, Store, StoreError, StoreFuture};
-use crate::limit::{Algorithm, Millis};
+use super::{reply, HoldFuture, Store, StoreError, StoreFuture};
+use crate::limit::{Algorithm, Millis, Pace};
 
 /// Where the Redis store connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,7 +103,11 @@ impl RedisStore {
         alg: &Algorithm,
         now: Option<Millis>,
     ) -> Result<Value, StoreError> {
-        let invocation = self.scripts.invocation(key, alg, now);
+        self.invoke(self.scripts.invocation(key, alg, now)).await
+    }
+
+    /// Runs one script invocation on the key's connection, bounded by the timeout.
+    async fn invoke(&self, invocation: ::redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
         let mut conn = self.conn.clone();
         let call = async move { invocation.invoke_async::<Value>(&mut conn).await };
         match tokio::time::timeout(self.timeout, call).await {
@@ -114,6 +118,27 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    fn defer<'a>(
+        &'a self,
+        key: &'a str,
+        pace: &'a Pace,
+        hold_ms: u64,
+        now: Option<Millis>,
+    ) -> HoldFuture<'a> {
+        Box::pin(async move {
+            match self
+                .invoke(self.scripts.defer(key, pace, hold_ms, now))
+                .await?
+            {
+                Value::Int(ms) => Ok(u64::try_from(ms).unwrap_or(0)),
+                other => Err(StoreError::Reply {
+                    script: "pace_defer",
+                    detail: format!("expected an integer, got {other:?}"),
+                }),
+            }
+        })
+    }
+
     fn check<'a>(
         &'a self,
         key: &'a str,

@@ -2,7 +2,7 @@
 
 use ::redis::{Script, ScriptInvocation};
 
-use crate::limit::{Algorithm, Millis};
+use crate::limit::{Algorithm, Millis, Pace};
 
 /// The five scripts, hashed once at start-up.
 pub(crate) struct Scripts {
@@ -11,6 +11,7 @@ pub(crate) struct Scripts {
     fixed_window: Script,
     sliding_window: Script,
     sliding_window_counter: Script,
+    pace_defer: Script,
 }
 
 impl Scripts {
@@ -23,6 +24,7 @@ impl Scripts {
             sliding_window_counter: Script::new(include_str!(
                 "../../lua/sliding_window_counter.lua"
             )),
+            pace_defer: Script::new(include_str!("../../lua/pace_defer.lua")),
         }
     }
 
@@ -53,6 +55,22 @@ impl Scripts {
             Algorithm::SlidingWindow(w) => self.window(&self.sliding_window, key, w),
             Algorithm::SlidingWindowCounter(w) => self.window(&self.sliding_window_counter, key, w),
         };
+        if let Some(now) = now {
+            inv.arg(now.to_string());
+        }
+        inv
+    }
+
+    /// The invocation of `lua/pace_defer.lua` for upstream back-pressure.
+    pub(crate) fn defer<'a>(
+        &'a self,
+        key: &str,
+        pace: &Pace,
+        hold_ms: u64,
+        now: Option<Millis>,
+    ) -> ScriptInvocation<'a> {
+        let mut inv = self.pace_defer.key(key);
+        inv.arg(pace.rate.per_sec().to_string()).arg(hold_ms);
         if let Some(now) = now {
             inv.arg(now.to_string());
         }

@@ -1,0 +1,38 @@
+--[[ pace_defer.lua: upstream back-pressure. Pushes a pacing schedule (the key that
+leaky_bucket.lua keeps) so that no slot is handed out before `hold_ms` from now: used when an
+upstream answers 429 or 503 with Retry-After, so that every tollgate instance holds off.
+
+KEYS[1]  the schedule's key (the same key leaky_bucket.lua uses)
+ARGV[1]  rate: requests per second of the schedule (> 0), as given to leaky_bucket.lua
+ARGV[2]  hold_ms: no slot before now + hold_ms (>= 0)
+ARGV[3]  now in milliseconds (optional, decimals allowed; absent or empty: the Redis server clock)
+
+Returns the next free slot, in ms from now, as an integer rounded up. The schedule only moves
+later, never earlier; the key expires once the schedule is idle again.
+
+Try it: redis-cli --eval lua/pace_defer.lua tollgate:upstream:api:pace , 4 2000
+]]
+
+local function now_ms(arg)
+  if arg ~= nil and arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
+
+local key = KEYS[1]
+local rate = tonumber(ARGV[1])
+local hold = tonumber(ARGV[2])
+local now = now_ms(ARGV[3])
+if key == nil or rate == nil or rate <= 0 or hold == nil or hold < 0 or now == nil then
+  return redis.error_reply('usage: pace_defer.lua KEY , RATE>0 HOLD_MS>=0 [NOW_MS]')
+end
+
+local slot = tonumber(redis.call('GET', key))
+if slot == nil or slot < now + hold then
+  slot = now + hold
+  -- idle once the held slot and one interval after it have passed, as leaky_bucket.lua keeps it
+  redis.call('SET', key, string.format('%.17g', slot), 'PX', math.max(1, math.ceil(hold + 1000 / rate)))
+end
+return math.ceil(slot - now)

@@ -1,0 +1,347 @@
+//! The admin HTTP server (SPEC §6): `/metrics`, `/healthz`, `/readyz` and `/config`, on a
+//! listener of its own, apart from the proxied traffic.
+//!
+//! | route | answer |
+//! | --- | --- |
+//! | `GET /metrics` | 200, the registry in OpenMetrics text ([`metrics::CONTENT_TYPE`]) |
+//! | `GET /healthz` | 200 `ok`: the process is alive and serving |
+//! | `GET /readyz` | 200 `ready`, or 503 `not ready` while [`AdminState::ready`] says no |
+//! | `GET /config` | 200, [`AdminState::config_json`] as pretty-printed JSON |
+//! | any other path | 404 |
+//! | another method on one of the paths above | 405 with `Allow: GET` |
+//!
+//! This module owns only the HTTP side. It uses nothing of the crate but [`Metrics`]: what
+//! "ready" means and what the effective configuration is (with its secrets redacted) are the
+//! caller's, handed in as closures, so a reload is seen on the next request without telling
+//! this module anything.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{ALLOW, CONTENT_TYPE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::metrics::{self, Metrics};
+
+/// How long a connection may take to send a request head: admin clients are scrapers and
+/// probes, so a slow one is stuck, not busy.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long shutdown waits for in-flight admin requests. Every answer is built in memory
+/// without waiting on anything, so this only bounds a client that stops reading.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+const TEXT: &str = "text/plain; charset=utf-8";
+const JSON: &str = "application/json";
+
+/// What the admin endpoints report, supplied by the application.
+#[derive(Clone)]
+pub struct AdminState {
+    /// the registry `/metrics` encodes
+    pub metrics: Metrics,
+    /// the effective configuration for `/config`, secrets (Redis passwords) already
+    /// redacted; called on every request so it can read the config currently in force
+    pub config_json: Arc<dyn Fn() -> serde_json::Value + Send + Sync>,
+    /// whether `/readyz` answers 200: config loaded and the store reachable (or its fallback
+    /// active); called on every probe, so it must be cheap and must not block
+    pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for AdminState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminState")
+            .field("metrics", &self.metrics)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serves the admin endpoints on `listener` until `shutdown` completes, then stops accepting
+/// and lets in-flight requests finish (for up to a few seconds) before returning.
+///
+/// Accept errors (such as running out of file descriptors) are logged and retried, never
+/// fatal, so this only returns on shutdown.
+pub async fn serve(
+    listener: TcpListener,
+    state: AdminState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let state = Arc::new(state);
+    let builder = http_builder();
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning
+                    tracing::warn!(error = %e, "admin: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let state = state.clone();
+        let service =
+            service_fn(move |req| std::future::ready(Ok::<_, Infallible>(respond(&state, &req))));
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "admin: connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(DRAIN_TIMEOUT) => {
+            tracing::warn!(after = ?DRAIN_TIMEOUT, "admin: drain timed out; closing connections");
+        }
+    }
+}
+
+fn http_builder() -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder.http2().timer(TokioTimer::new());
+    builder
+}
+
+/// The answer to one admin request. The body is never read: no endpoint takes one.
+fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
+    let path = req.uri().path();
+    if !matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config") {
+        return text(StatusCode::NOT_FOUND, "not found");
+    }
+    // 405 only for a path that exists (RFC 9110 §15.5.6), with the methods it does allow
+    if req.method() != Method::GET {
+        let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET"));
+        return response;
+    }
+    match path {
+        "/metrics" => with_type(
+            StatusCode::OK,
+            metrics::CONTENT_TYPE,
+            state.metrics.encode().into(),
+        ),
+        "/healthz" => text(StatusCode::OK, "ok"),
+        "/readyz" if (state.ready)() => text(StatusCode::OK, "ready"),
+        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready"),
+        _ => config(state),
+    }
+}
+
+fn config(state: &AdminState) -> Response<Full<Bytes>> {
+    match serde_json::to_vec_pretty(&(state.config_json)()) {
+        Ok(json) => with_type(StatusCode::OK, JSON, json.into()),
+        // a Value always serialises; this arm exists so a bug answers 500, not a panic
+        Err(e) => {
+            tracing::error!(error = %e, "admin: cannot serialise the config");
+            text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "cannot serialise the config",
+            )
+        }
+    }
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    with_type(status, TEXT, Bytes::from_static(body.as_bytes()))
+}
+
+fn with_type(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::client::legacy::Client;
+    use tokio::sync::oneshot;
+    use tokio::task::JoinHandle;
+
+    /// A running admin server on 127.0.0.1:0 and what controls it.
+    struct Running {
+        addr: SocketAddr,
+        ready: Arc<AtomicBool>,
+        metrics: Metrics,
+        stop: oneshot::Sender<()>,
+        task: JoinHandle<()>,
+    }
+
+    async fn start() -> Running {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let ready = Arc::new(AtomicBool::new(false));
+        let metrics = Metrics::new();
+        let is_ready = ready.clone();
+        let state = AdminState {
+            metrics: metrics.clone(),
+            config_json: Arc::new(
+                || serde_json::json!({"store": {"url": "redis://:***@redis:6379"}, "routes": []}),
+            ),
+            ready: Arc::new(move || is_ready.load(Ordering::SeqCst)),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, state, async move {
+            let _ = stopped.await;
+        }));
+        Running {
+            addr,
+            ready,
+            metrics,
+            stop,
+            task,
+        }
+    }
+
+    /// Sends `method path` and returns the status, the content type and the body.
+    async fn call(addr: SocketAddr, method: Method, path: &str) -> (StatusCode, String, String) {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}{path}"))
+            .body(Empty::new())
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        let status = resp.status();
+        let content_type = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            content_type,
+            String::from_utf8(body.to_vec()).unwrap(),
+        )
+    }
+
+    /// `/metrics` answers the registry's current text with the OpenMetrics content type.
+    #[tokio::test]
+    async fn metrics_endpoint_serves_the_registry() {
+        let s = start().await;
+        s.metrics
+            .request(&"api".into(), 429, Duration::from_millis(1));
+        let (status, content_type, body) = call(s.addr, Method::GET, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            content_type,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+        assert!(
+            body.contains("tollgate_requests_total{route=\"api\",status=\"429\"} 1\n"),
+            "{body}"
+        );
+        assert!(body.ends_with("# EOF\n"), "{body}");
+    }
+
+    /// `/healthz` is 200 `ok` whether or not the app is ready.
+    #[tokio::test]
+    async fn healthz_is_ok_even_when_not_ready() {
+        let s = start().await;
+        let (status, content_type, body) = call(s.addr, Method::GET, "/healthz").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type, "text/plain; charset=utf-8");
+        assert_eq!(body, "ok");
+    }
+
+    /// `/readyz` follows the `ready` closure on every request: 503 then 200.
+    #[tokio::test]
+    async fn readyz_follows_the_ready_closure() {
+        let s = start().await;
+        let (status, content_type, body) = call(s.addr, Method::GET, "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(content_type, "text/plain; charset=utf-8");
+        assert_eq!(body, "not ready");
+        s.ready.store(true, Ordering::SeqCst);
+        let (status, _, body) = call(s.addr, Method::GET, "/readyz").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, "ready");
+    }
+
+    /// `/config` answers the closure's JSON.
+    #[tokio::test]
+    async fn config_serves_the_json_it_is_given() {
+        let s = start().await;
+        let (status, content_type, body) = call(s.addr, Method::GET, "/config").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type, "application/json");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["store"]["url"], "redis://:***@redis:6379");
+        assert_eq!(json["routes"], serde_json::json!([]));
+    }
+
+    /// Unknown paths are 404 for any method; known paths refuse other methods with 405.
+    #[tokio::test]
+    async fn unknown_paths_are_404_and_other_methods_405() {
+        let s = start().await;
+        let (status, _, _) = call(s.addr, Method::GET, "/nope").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let (status, _, _) = call(s.addr, Method::GET, "/metrics/extra").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let (status, _, _) = call(s.addr, Method::POST, "/nope").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        for path in ["/metrics", "/healthz", "/readyz", "/config"] {
+            let (status, _, body) = call(s.addr, Method::POST, path).await;
+            assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{path}");
+            assert_eq!(body, "method not allowed");
+        }
+    }
+
+    /// 405 names the allowed method.
+    #[test]
+    fn method_not_allowed_says_get() {
+        let s = AdminState {
+            metrics: Metrics::new(),
+            config_json: Arc::new(|| serde_json::Value::Null),
+            ready: Arc::new(|| true),
+        };
+        let req = Request::delete("/config").body(()).unwrap();
+        let resp = respond(&s, &req);
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(resp.headers()[ALLOW], "GET");
+    }
+
+    /// Completing the shutdown future makes `serve` return and the port stop accepting.
+    #[tokio::test]
+    async fn shutdown_stops_serving() {
+        let s = start().await;
+        let (status, _, _) = call(s.addr, Method::GET, "/healthz").await;
+        assert_eq!(status, StatusCode::OK);
+        s.stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), s.task)
+            .await
+            .expect("serve returns after shutdown")
+            .unwrap();
+        assert!(tokio::net::TcpStream::connect(s.addr).await.is_err());
+    }
+}

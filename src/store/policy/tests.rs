@@ -1,0 +1,303 @@
+//! The breaker's state machine on an injected clock, and the policy around a fake store.
+
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::limit::{Bucket, Rate};
+
+const COOL_MS: u64 = COOL_DOWN.as_millis() as u64;
+
+fn timeout() -> StoreError {
+    StoreError::Timeout(Duration::from_millis(50))
+}
+
+/// A breaker opened by [`TRIP_AFTER`] failures at `at`.
+fn tripped(at: u64) -> Breaker {
+    let b = Breaker::default();
+    for _ in 0..TRIP_AFTER {
+        assert_eq!(b.allow_call(at), Some(Permit::Closed));
+        b.failure(Permit::Closed, at, &timeout());
+    }
+    b
+}
+
+/// [`TRIP_AFTER`] - 1 failures leave it closed, a success resets the count, and
+/// [`TRIP_AFTER`] failures in a row open it.
+#[test]
+fn breaker_opens_after_trip_after_consecutive_failures() {
+    let b = Breaker::default();
+    for _ in 0..2 {
+        for _ in 1..TRIP_AFTER {
+            b.failure(Permit::Closed, 10, &timeout());
+        }
+        assert_eq!(b.allow_call(10), Some(Permit::Closed));
+        assert!(!b.is_open());
+        b.success();
+    }
+    let b = tripped(10);
+    assert!(b.is_open());
+    assert_eq!(b.allow_call(10), None);
+}
+
+/// While open nothing goes through until the cool-down is over; then exactly one probe.
+#[test]
+fn open_breaker_lets_one_probe_through_after_cool_down() {
+    let b = tripped(10);
+    assert_eq!(b.allow_call(10 + COOL_MS - 1), None);
+    assert_eq!(b.allow_call(10 + COOL_MS), Some(Permit::Probe));
+    assert_eq!(b.allow_call(10 + COOL_MS), None, "a second probe");
+    assert_eq!(b.allow_call(10 + 5 * COOL_MS), None, "a second probe");
+}
+
+/// A failed probe opens the breaker for another whole cool-down, then probes again.
+#[test]
+fn failed_probe_reopens_for_another_cool_down() {
+    let b = tripped(10);
+    let t = 10 + COOL_MS + 7;
+    let permit = b.allow_call(t).expect("probe");
+    {
+        let _in_flight = InFlight {
+            breaker: &b,
+            permit,
+        };
+        b.failure(permit, t + 50, &timeout());
+    }
+    assert!(b.is_open());
+    assert_eq!(b.allow_call(t + 50 + COOL_MS - 1), None);
+    assert_eq!(b.allow_call(t + 50 + COOL_MS), Some(Permit::Probe));
+}
+
+/// A successful probe closes the breaker: every call goes through again.
+#[test]
+fn successful_probe_closes_the_breaker() {
+    let b = tripped(10);
+    let permit = b.allow_call(10 + COOL_MS).expect("probe");
+    {
+        let _in_flight = InFlight {
+            breaker: &b,
+            permit,
+        };
+        b.success();
+    }
+    assert!(!b.is_open());
+    assert_eq!(b.allow_call(10 + COOL_MS), Some(Permit::Closed));
+    assert_eq!(b.allow_call(10 + COOL_MS), Some(Permit::Closed));
+}
+
+/// A probe whose caller gave up (its future dropped) frees the slot, so the breaker can still
+/// close; before, `probing` stayed set and Redis was never asked again.
+#[test]
+fn abandoned_probe_frees_the_probe_slot() {
+    let b = tripped(10);
+    let permit = b.allow_call(10 + COOL_MS).expect("probe");
+    drop(InFlight {
+        breaker: &b,
+        permit,
+    });
+    assert_eq!(b.allow_call(10 + COOL_MS), Some(Permit::Probe));
+}
+
+/// A call that started while the breaker was closed and fails during a probe does not let a
+/// second probe start.
+#[test]
+fn late_failure_of_an_older_call_starts_no_second_probe() {
+    let b = tripped(10);
+    let probe = b.allow_call(10 + COOL_MS).expect("probe");
+    let _in_flight = InFlight {
+        breaker: &b,
+        permit: probe,
+    };
+    b.failure(Permit::Closed, 10 + COOL_MS, &timeout());
+    assert_eq!(b.allow_call(10 + 3 * COOL_MS), None);
+}
+
+/// What the fake store does on every call.
+#[derive(Clone, Copy)]
+enum Behaviour {
+    Fails,
+    /// denies with this `retry_after_ms`, after the delay
+    Denies(u64),
+}
+
+/// A store that answers after `delay` and counts its calls.
+struct Fake {
+    behaviour: Behaviour,
+    delay: Duration,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Store for Fake {
+    fn check<'a>(
+        &'a self,
+        _key: &'a str,
+        _alg: &'a Algorithm,
+        _now: Option<Millis>,
+    ) -> StoreFuture<'a> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            tokio::time::sleep(self.delay).await;
+            match self.behaviour {
+                Behaviour::Fails => Err(timeout()),
+                Behaviour::Denies(retry) => Ok(Decision::counted(false, 0, retry, retry)),
+            }
+        })
+    }
+
+    fn defer<'a>(
+        &'a self,
+        _key: &'a str,
+        _pace: &'a Pace,
+        _hold_ms: u64,
+        _now: Option<Millis>,
+    ) -> HoldFuture<'a> {
+        Box::pin(async { Err(timeout()) })
+    }
+}
+
+fn guarded(
+    behaviour: Behaviour,
+    delay: Duration,
+    on_error: OnError,
+    instances: u32,
+) -> (GuardedStore, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let fake = Fake {
+        behaviour,
+        delay,
+        calls: calls.clone(),
+    };
+    let store = GuardedStore::new(
+        Arc::new(fake),
+        on_error,
+        NonZeroU32::new(instances).unwrap(),
+        NonZeroUsize::new(1000).unwrap(),
+    );
+    (store, calls)
+}
+
+fn bucket(burst: u32) -> Algorithm {
+    let rate = Rate::per_second(1.0 / 60.0).unwrap();
+    Algorithm::TokenBucket(
+        Bucket::new(rate, NonZeroU32::new(burst).unwrap(), NonZeroU32::MIN).unwrap(),
+    )
+}
+
+/// The deny cache counts `retry_after` from when the answer arrived, not from when the call
+/// started: a slow answer must not make the cached Retry-After early by the round trip.
+#[tokio::test]
+async fn deny_cache_counts_retry_after_from_the_answer() {
+    let delay = Duration::from_millis(200);
+    let (store, calls) = guarded(Behaviour::Denies(1000), delay, OnError::Deny, 1);
+    let alg = bucket(1);
+    let first = store.check("k", &alg, None).await.unwrap();
+    assert_eq!(first.retry_after_ms, 1000);
+    let cached = store.check("k", &alg, None).await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "second check not cached");
+    assert!(!cached.allowed);
+    // a few ms may pass between the answer and this check; the round trip was 200 ms
+    assert!(
+        cached.retry_after_ms > 1000 - 50,
+        "cached retry_after {} ms, early by the round trip",
+        cached.retry_after_ms
+    );
+    assert_eq!(store.stats().deny_cache_hits.load(Ordering::Relaxed), 1);
+}
+
+/// A caller that passes its own `now` (a replay) is never answered from the real-time cache.
+#[tokio::test]
+async fn given_now_bypasses_the_deny_cache() {
+    let (store, calls) = guarded(Behaviour::Denies(60_000), Duration::ZERO, OnError::Deny, 1);
+    let alg = bucket(1);
+    for now in [1.0e12, 1.0e12 + 120_000.0] {
+        assert!(!store.check("k", &alg, Some(now)).await.unwrap().allowed);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// With a failing store the breaker lets [`TRIP_AFTER`] calls through, then none; `allow`
+/// admits every request meanwhile.
+#[tokio::test]
+async fn breaker_keeps_calls_from_a_failing_store() {
+    let (store, calls) = guarded(Behaviour::Fails, Duration::ZERO, OnError::Allow, 1);
+    let alg = bucket(2);
+    for _ in 0..20 {
+        assert!(store.check("k", &alg, None).await.unwrap().allowed);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), TRIP_AFTER as usize);
+    assert!(store.breaker_open());
+    let skipped = store.stats().skipped.load(Ordering::Relaxed);
+    assert_eq!(skipped, 20 - u64::from(TRIP_AFTER));
+}
+
+/// `deny` passes the store's error up (the proxy answers 503), then `CircuitOpen` once open.
+#[tokio::test]
+async fn deny_fails_closed() {
+    let (store, _) = guarded(Behaviour::Fails, Duration::ZERO, OnError::Deny, 1);
+    let alg = bucket(2);
+    for _ in 0..TRIP_AFTER {
+        let e = store.check("k", &alg, None).await.unwrap_err();
+        assert!(matches!(e, StoreError::Timeout(_)), "{e}");
+    }
+    let e = store.check("k", &alg, None).await.unwrap_err();
+    assert!(matches!(e, StoreError::CircuitOpen), "{e}");
+}
+
+/// `local` with `instances: 2` decides in process with half of the burst.
+#[tokio::test]
+async fn local_enforces_this_instances_share() {
+    let (store, _) = guarded(Behaviour::Fails, Duration::ZERO, OnError::Local, 2);
+    let alg = bucket(10);
+    let mut admitted = 0;
+    for _ in 0..20 {
+        admitted += usize::from(store.check("k", &alg, None).await.unwrap().allowed);
+    }
+    assert_eq!(admitted, 5);
+    let denied = store.check("k", &alg, None).await.unwrap();
+    assert!(denied.retry_after_ms > 0, "{denied:?}");
+}
+
+/// A slow failing store costs at most one timeout per call, and none once the breaker is open.
+#[tokio::test]
+async fn open_breaker_adds_no_latency() {
+    let delay = Duration::from_millis(100);
+    let (store, _) = guarded(Behaviour::Fails, delay, OnError::Allow, 1);
+    let alg = bucket(2);
+    for _ in 0..TRIP_AFTER {
+        store.check("k", &alg, None).await.unwrap();
+    }
+    let started = Instant::now();
+    for _ in 0..10 {
+        store.check("k", &alg, None).await.unwrap();
+    }
+    assert!(started.elapsed() < delay / 2, "{:?}", started.elapsed());
+}
+
+/// A deny-cache entry applies only to the limit that denied: once a reload changes the
+/// limit's parameters, the store decides again.
+#[tokio::test]
+async fn deny_cache_entry_does_not_outlive_a_changed_limit() {
+    let (store, calls) = guarded(Behaviour::Denies(60_000), Duration::ZERO, OnError::Deny, 1);
+    for alg in [bucket(1), bucket(1), bucket(100)] {
+        assert!(!store.check("k", &alg, None).await.unwrap().allowed);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A denial with an absurd wait (a garbled reply) neither panics nor admits.
+#[tokio::test]
+async fn huge_retry_after_does_not_panic() {
+    let (store, _) = guarded(
+        Behaviour::Denies(u64::MAX),
+        Duration::ZERO,
+        OnError::Deny,
+        1,
+    );
+    let alg = bucket(1);
+    for _ in 0..2 {
+        let d = store.check("k", &alg, None).await.unwrap();
+        assert!(!d.allowed && d.retry_after_ms > 0, "{d:?}");
+    }
+}
