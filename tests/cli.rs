@@ -11,7 +11,10 @@ fn tollgate() -> Command {
 
 fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> std::path::PathBuf {
     let path = dir.path().join(name);
-    std::fs::File::create(&path).unwrap().write_all(text.as_bytes()).unwrap();
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
     path
 }
 
@@ -19,11 +22,19 @@ fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> std::path::PathBuf 
 #[test]
 fn check_accepts_the_shipped_config() {
     let out = tollgate()
-        .args(["check", "--config", concat!(env!("CARGO_MANIFEST_DIR"), "/proxy.yaml")])
+        .args([
+            "check",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/proxy.yaml"),
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("per-client"), "{stdout}");
     assert!(stdout.trim_end().ends_with("proxy.yaml: ok"), "{stdout}");
 }
@@ -49,18 +60,32 @@ routes:
         rate: ten
 ",
     );
-    let out = tollgate().arg("check").arg("--config").arg(&path).output().unwrap();
+    let out = tollgate()
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     let file = path.display().to_string();
-    assert!(stderr.contains(&format!("{file}:7:15: routes[0].upstream:")), "{stderr}");
-    assert!(stderr.contains(&format!("{file}:11:15: routes[0].limits[0].rate:")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{file}:7:15: routes[0].upstream:")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{file}:11:15: routes[0].limits[0].rate:")),
+        "{stderr}"
+    );
 }
 
 /// A missing file is a start-up failure (exit 1) naming the file.
 #[test]
 fn missing_config_file_exits_1() {
-    let out = tollgate().args(["check", "--config", "/nonexistent/proxy.yaml"]).output().unwrap();
+    let out = tollgate()
+        .args(["check", "--config", "/nonexistent/proxy.yaml"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/proxy.yaml"));
 }
@@ -94,27 +119,45 @@ fn port_in_use_exits_1() {
 /// SIGTERM stops the proxy and it exits 0; the config path can come from $TOLLGATE_CONFIG.
 #[test]
 fn sigterm_drains_and_exits_0() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let dir = tempfile::tempdir().unwrap();
     let yaml = format!(
         "listen: 127.0.0.1:{port}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    upstream: api\n"
     );
     let path = write(&dir, "p.yaml", &yaml);
-    let mut child = tollgate().env("TOLLGATE_CONFIG", &path).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = tollgate()
+        .env("TOLLGATE_CONFIG", &path)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "tollgate did not start listening");
+        assert!(
+            Instant::now() < deadline,
+            "tollgate did not start listening"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let pid = child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(status) = child.try_wait().unwrap() {
             assert_eq!(status.code(), Some(0));
             break;
         }
-        assert!(Instant::now() < deadline, "tollgate did not exit after SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "tollgate did not exit after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
