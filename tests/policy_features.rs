@@ -1,0 +1,73 @@
+//! Per-limit policy features: shadow mode, exempt networks.
+
+mod common;
+
+use common::{get, Proxy, Redis, Upstream};
+
+fn config(redis: &Redis, upstream: &Upstream, limit_extra: &str) -> String {
+    format!(
+        r#"listen: 127.0.0.1:0
+store: {{backend: redis, url: "{}", timeout: 500ms}}
+upstreams:
+  api:
+    targets: [{}]
+routes:
+  - name: api
+    upstream: api
+    limits:
+      - name: tight
+        algorithm: fixed_window
+        limit: 2
+        window: 1h
+{limit_extra}"#,
+        redis.url(),
+        upstream.url()
+    )
+}
+
+/// A shadow limit counts (its key fills up in Redis) but never denies.
+#[tokio::test]
+async fn shadow_limit_counts_but_never_denies() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&redis, &upstream, "        mode: shadow\n")).await;
+    for _ in 0..5 {
+        assert_eq!(get(&proxy.url("/"), &[]).await.status, 200);
+    }
+    assert_eq!(upstream.seen().len(), 5);
+    let key = redis.cli(&["--scan", "--pattern", "tollgate:api:tight:*"]);
+    assert_eq!(
+        redis.cli(&["hget", key.trim(), "c"]),
+        "2",
+        "counted up to the limit"
+    );
+}
+
+/// Clients in an exempt network are never limited and cost no store call; others are.
+#[tokio::test]
+async fn exempt_networks_skip_the_limit() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let exempt = config(&redis, &upstream, "        exempt: [127.0.0.0/8]\n");
+    let proxy = Proxy::start(&exempt).await;
+    for _ in 0..4 {
+        let a = get(&proxy.url("/"), &[]).await;
+        assert_eq!(a.status, 200);
+        assert!(
+            a.header("ratelimit").is_none(),
+            "no limit applied, no headers"
+        );
+    }
+    assert_eq!(
+        redis.cli(&["dbsize"]),
+        "0",
+        "no key written for an exempt client"
+    );
+    let other = config(&redis, &upstream, "        exempt: [10.0.0.0/8]\n");
+    let proxy = Proxy::start(&other).await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(get(&proxy.url("/"), &[]).await.status);
+    }
+    assert_eq!(got, [200, 200, 429]);
+}
