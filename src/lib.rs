@@ -8,12 +8,16 @@
 //! * [`routing`]: the route table: normalised path, host, method, headers to a route.
 //! * [`identity`]: client identity (peer, trusted proxies, X-Forwarded-For) and limiter keys.
 //! * [`proxy`]: the request path as phases: route, identify, limit, pace, forward, respond.
+//! * [`metrics`]: one Prometheus registry, a cloneable handle passed down.
+//! * [`admin`]: the admin listener: `/metrics`, `/healthz`, `/readyz`, `/config`.
 //! * [`app`]: the only wiring module: builds stores, routes and listeners from the config; runs.
 
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod identity;
 pub mod limit;
+pub mod metrics;
 pub mod proxy;
 pub mod routing;
 pub mod store;

@@ -3,20 +3,43 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::sync::Semaphore;
 
 use crate::config::{self, Backend, Config};
 use crate::limit::Algorithm;
+use crate::metrics::Metrics;
 use crate::proxy::{
     HeaderStyle, Limit, Pacer, Proxy, Route, Settings, Targets, Upstream, UpstreamClient,
 };
 use crate::routing::{PathMatch, RouteTable};
-use crate::store::{GuardedStore, MemoryStore, RedisStore, RedisTarget, Store};
+use crate::store::{
+    GuardedStore, MemoryStore, RedisStore, RedisTarget, Store, StoreError, StoreObserver,
+};
+
+/// Feeds the guarded store's calls into the metrics.
+struct StoreMetrics(Metrics);
+
+impl StoreObserver for StoreMetrics {
+    fn call(&self, elapsed: Duration, error: Option<&StoreError>) {
+        self.0.store_call(elapsed);
+        if let Some(e) = error {
+            self.0.store_error(e.kind());
+        }
+    }
+
+    fn deny_cache_hit(&self) {
+        self.0.deny_cache_hit();
+    }
+}
 
 /// The store the config asks for: memory, or Redis behind the failure policy.
-pub async fn build_store(config: &config::StoreConfig) -> anyhow::Result<Arc<dyn Store>> {
+pub async fn build_store(
+    config: &config::StoreConfig,
+    metrics: &Metrics,
+) -> anyhow::Result<Arc<dyn Store>> {
     let target = match &config.backend {
         Backend::Memory => return Ok(Arc::new(MemoryStore::new(config.max_keys))),
         Backend::Redis { url } => RedisTarget::Single(url.clone()),
@@ -27,12 +50,14 @@ pub async fn build_store(config: &config::StoreConfig) -> anyhow::Result<Arc<dyn
         tracing::warn!(error = %e, on_error = ?config.on_error,
             "redis is not answering; limiting falls back to on_error until it does");
     }
-    Ok(Arc::new(GuardedStore::new(
+    let guarded = GuardedStore::new(
         Arc::new(redis),
         config.on_error,
         config.instances,
         config.max_keys,
-    )))
+    )
+    .with_observer(Arc::new(StoreMetrics(metrics.clone())));
+    Ok(Arc::new(guarded))
 }
 
 /// The proxy for `config`, over an existing store and upstream client (both survive reloads).
@@ -40,19 +65,20 @@ pub fn build_proxy(
     config: &Config,
     store: Arc<dyn Store>,
     client: UpstreamClient,
+    metrics: Metrics,
 ) -> anyhow::Result<Proxy> {
     let prefix = &config.store.key_prefix;
     let mut upstreams = HashMap::new();
     for u in &config.upstreams {
         let pacer = u.pace.map(|pace| Pacer {
-            upstream: u.name.clone(),
+            upstream: u.name.as_str().into(),
             alg: Algorithm::LeakyBucket(pace),
             pace,
             key: format!("{prefix}:upstream:{}:pace", u.name),
             waiting: u.max_waiting.map(|n| Arc::new(Semaphore::new(n.get()))),
         });
         let upstream = Upstream {
-            name: u.name.clone(),
+            name: u.name.as_str().into(),
             targets: Targets::new(&u.targets),
             preserve_host: u.preserve_host,
             pacer,
@@ -66,7 +92,7 @@ pub fn build_proxy(
             .with_context(|| format!("route {} names a missing upstream {}", r.name, r.upstream))?
             .clone();
         let limits = r.limits.iter().map(|l| Limit {
-            name: l.name.clone(),
+            name: l.name.as_str().into(),
             alg: l.algorithm,
             key: l.key.clone(),
             shadow: l.mode == config::Mode::Shadow,
@@ -78,7 +104,7 @@ pub fn build_proxy(
             _ => None,
         };
         let route = Route {
-            name: r.name.clone(),
+            name: r.name.as_str().into(),
             strip,
             upstream,
             limits: limits.collect(),
@@ -92,6 +118,7 @@ pub fn build_proxy(
         config::HeaderStyle::None => HeaderStyle::None,
     };
     Ok(Proxy {
+        metrics,
         routes: RouteTable::new(routes),
         store,
         client,

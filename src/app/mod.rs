@@ -10,6 +10,7 @@ mod reload;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +23,9 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
+use crate::metrics::Metrics;
 use crate::proxy::{self, Conn, Proxy, UpstreamClient};
 use crate::store::Store;
 
@@ -33,6 +36,8 @@ pub use reload::Reloader;
 pub struct Server {
     shared: Arc<Shared>,
     listeners: Vec<TcpListener>,
+    /// the admin listener, when `admin.listen` is set
+    admin: Option<TcpListener>,
 }
 
 /// What the listeners, the reloader and the admin endpoints share.
@@ -46,15 +51,20 @@ struct Shared {
     current: Mutex<(Config, Arc<dyn Store>)>,
     /// The pooled upstream client, kept across reloads so pooled connections survive.
     client: UpstreamClient,
+    /// One registry for the whole process, across reloads.
+    metrics: Metrics,
+    /// Set when shutdown starts: `/readyz` then answers 503 so balancers stop sending.
+    draining: AtomicBool,
 }
 
 impl Server {
     /// Builds everything from `config` and binds its listeners. Fails when an address cannot
     /// be bound (in use, not local) or the Redis URL is malformed.
     pub async fn bind(config: Config) -> anyhow::Result<Server> {
-        let store = build_store(&config.store).await?;
+        let metrics = Metrics::new();
+        let store = build_store(&config.store, &metrics).await?;
         let client = proxy::client(config.timeouts.upstream_connect, config.timeouts.idle);
-        let proxy = build_proxy(&config, store.clone(), client.clone())?;
+        let proxy = build_proxy(&config, store.clone(), client.clone(), metrics.clone())?;
         let mut listeners = Vec::with_capacity(config.listen.len());
         for addr in &config.listen {
             let l = TcpListener::bind(addr)
@@ -62,12 +72,26 @@ impl Server {
                 .with_context(|| format!("cannot listen on {addr}"))?;
             listeners.push(l);
         }
+        let admin = match &config.admin {
+            Some(admin) => Some(
+                TcpListener::bind(admin.listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {} (admin)", admin.listen))?,
+            ),
+            None => None,
+        };
         let shared = Arc::new(Shared {
             proxy: ArcSwap::from_pointee(proxy),
             current: Mutex::new((config, store)),
             client,
+            metrics,
+            draining: AtomicBool::new(false),
         });
-        Ok(Server { shared, listeners })
+        Ok(Server {
+            shared,
+            listeners,
+            admin,
+        })
     }
 
     /// The addresses actually bound (a port 0 in the config is resolved here).
@@ -76,6 +100,16 @@ impl Server {
             .iter()
             .filter_map(|l| l.local_addr().ok())
             .collect()
+    }
+
+    /// The admin listener's address, when there is one.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The process's metrics.
+    pub fn metrics(&self) -> Metrics {
+        self.shared.metrics.clone()
     }
 
     /// A handle that applies new configurations to this server while it runs.
@@ -100,8 +134,17 @@ impl Server {
             };
             accepting.push(tokio::spawn(accept_loop(listener, ctx, stop_rx.clone())));
         }
+        let (admin_stop, admin_stopped) = watch::channel(false);
+        let admin = self.admin.map(|listener| {
+            let mut stop = admin_stopped;
+            let state = admin_state(&self.shared);
+            tokio::spawn(admin::serve(listener, state, async move {
+                let _ = stop.changed().await;
+            }))
+        });
         shutdown.await;
         tracing::info!("shutting down: draining in-flight requests");
+        self.shared.draining.store(true, Ordering::Release);
         let _ = stop_tx.send(true);
         for task in accepting {
             let _ = task.await;
@@ -115,7 +158,25 @@ impl Server {
                 tracing::warn!(after = ?drain, "drain timed out; closing remaining connections");
             }
         }
+        // the admin listener outlives the drain, so /readyz can say "draining" meanwhile
+        let _ = admin_stop.send(true);
+        if let Some(admin) = admin {
+            let _ = admin.await;
+        }
         Ok(())
+    }
+}
+
+/// What the admin endpoints read: metrics, the config in force, readiness.
+fn admin_state(shared: &Arc<Shared>) -> AdminState {
+    let for_config = shared.clone();
+    let for_ready = shared.clone();
+    AdminState {
+        metrics: shared.metrics.clone(),
+        config_json: Arc::new(move || for_config.config().to_json()),
+        ready: Arc::new(move || {
+            !for_ready.draining.load(Ordering::Acquire) && for_ready.store().1.ready()
+        }),
     }
 }
 

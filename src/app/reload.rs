@@ -42,9 +42,14 @@ impl Reloader {
             old_store
         } else {
             tracing::info!("store settings changed: building a new store");
-            build_store(&config.store).await?
+            build_store(&config.store, &self.shared.metrics).await?
         };
-        let proxy = build_proxy(&config, store.clone(), self.shared.client.clone())?;
+        let proxy = build_proxy(
+            &config,
+            store.clone(),
+            self.shared.client.clone(),
+            self.shared.metrics.clone(),
+        )?;
         let mut current = self
             .shared
             .current
@@ -70,6 +75,7 @@ impl Reloader {
             }
             Err(e) => Err(ReloadError::Config(e)),
         };
+        self.shared.metrics.config_reload(result.is_ok());
         match &result {
             Ok(()) => tracing::info!(path = %path.display(), "configuration reloaded"),
             Err(ReloadError::Config(ConfigError::Invalid(problems))) => {

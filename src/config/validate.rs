@@ -157,7 +157,8 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
         let path = root.key("admin");
         chk.required(&a.listen, &path, "listen")?;
         let addr = chk.parse(&a.listen, &path.key("listen"), parse_addr)?;
-        if listen.contains(&addr) {
+        // port 0 asks the system for a free port: two of those never collide
+        if addr.port() != 0 && listen.contains(&addr) {
             let message = format!("{addr} is also a proxy listener; give admin its own port");
             chk.error(path.key("listen"), message);
         }
@@ -219,7 +220,7 @@ fn listen(chk: &mut Checker<'_>, raw: &RawConfig) -> Vec<SocketAddr> {
     let mut addrs: Vec<SocketAddr> = Vec::new();
     for (item_path, text) in chk.strings(list, &path) {
         match parse_addr(text) {
-            Ok(addr) if addrs.contains(&addr) => {
+            Ok(addr) if addr.port() != 0 && addrs.contains(&addr) => {
                 chk.error(item_path, format!("{addr} is listed twice"));
             }
             Ok(addr) => addrs.push(addr),

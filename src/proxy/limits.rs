@@ -4,20 +4,22 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
 use ipnet::IpNet;
 
 use super::respond::{self, Shown};
-use super::{Body, Proxy, ProxyError, Route};
+use super::{Body, Outcome, Proxy, ProxyError, Route};
 use crate::identity::{self, KeyContext, KeyPart};
 use crate::limit::{Algorithm, Decision};
+use crate::metrics::Decision as Counted;
 
 /// One limit of a route, ready to check.
 pub struct Limit {
     /// its name (keys, headers, metrics)
-    pub name: String,
+    pub name: Arc<str>,
     /// the algorithm and its parameters
     pub alg: Algorithm,
     /// what identifies a client
@@ -44,7 +46,7 @@ impl Limit {
 
 /// A [`Shown`] that owns its name, to outlive the route borrow.
 pub(super) struct ShownOwned {
-    name: String,
+    name: Arc<str>,
     quota: u64,
     window_secs: u64,
     decision: Decision,
@@ -76,6 +78,7 @@ pub(super) async fn check<B>(
     req: &Request<B>,
     ip: IpAddr,
     path: &str,
+    outcome: &mut Outcome,
 ) -> Result<Checked, ProxyError> {
     let ctx = KeyContext {
         ip,
@@ -105,9 +108,20 @@ pub(super) async fn check<B>(
             .check(&key, alg, None)
             .await
             .map_err(ProxyError::StoreUnavailable)?;
+        let counted = match (decision.allowed, limit.shadow) {
+            (true, _) => Counted::Allowed,
+            (false, true) => Counted::ShadowDenied,
+            (false, false) => Counted::Denied,
+        };
+        proxy
+            .metrics
+            .limit_decision(&route.name, &limit.name, counted);
+        if outcome.decision != Some("denied") {
+            outcome.decision = Some(counted.as_str());
+        }
         if !decision.allowed {
             if limit.shadow {
-                tracing::info!(route = %route.name, limit = %limit.name, client = %client, "shadow limit would deny");
+                tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would deny");
                 continue;
             }
             let shown = limit.shown(alg, decision);

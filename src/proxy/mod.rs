@@ -26,6 +26,7 @@ use hyper::body::Incoming;
 use ipnet::IpNet;
 
 use crate::identity;
+use crate::metrics::Metrics;
 use crate::routing::{normalize_path, strip_prefix, PathMatch, RequestParts, RouteTable};
 use crate::store::{Store, StoreError};
 
@@ -42,7 +43,7 @@ pub type Body = BoxBody<Bytes, BoxError>;
 /// A route, ready to serve.
 pub struct Route {
     /// its name (metrics, keys, logs)
-    pub name: String,
+    pub name: Arc<str>,
     /// with `strip_prefix`, the prefix to remove before forwarding
     pub strip: Option<PathMatch>,
     /// where matched requests go
@@ -54,7 +55,7 @@ pub struct Route {
 /// An upstream, ready to serve.
 pub struct Upstream {
     /// its name
-    pub name: String,
+    pub name: Arc<str>,
     /// round-robin targets
     pub targets: Targets,
     /// forward the client's Host
@@ -87,6 +88,8 @@ pub struct Proxy {
     pub client: UpstreamClient,
     /// request-wide settings
     pub settings: Settings,
+    /// the metrics every request records into
+    pub metrics: Metrics,
 }
 
 /// Why tollgate answered instead of the upstream (rate limiting is not an error: see
@@ -181,6 +184,16 @@ impl ProxyError {
         }
     }
 
+    /// The `kind` label of `tollgate_upstream_errors_total`, for errors the upstream caused.
+    pub fn upstream_kind(&self) -> Option<&'static str> {
+        match self {
+            ProxyError::UpstreamConnect { .. } | ProxyError::NoTarget(_) => Some("connect"),
+            ProxyError::UpstreamTimeout { .. } => Some("timeout"),
+            ProxyError::Upstream { .. } => Some("protocol"),
+            _ => None,
+        }
+    }
+
     /// `Retry-After` for the 503s that a limit, the pacing or the store caused.
     pub fn retry_after_ms(&self) -> Option<u64> {
         match self {
@@ -200,18 +213,37 @@ pub struct Conn {
     pub tls: bool,
 }
 
+/// What one request did, filled in by the phases: the metrics and the access log line.
+#[derive(Default)]
+struct Outcome {
+    route: Option<Arc<str>>,
+    upstream: Option<Arc<str>>,
+    client: Option<std::net::IpAddr>,
+    /// the limit phase's verdict: allowed, denied, shadow_denied, or none (no limits ran)
+    decision: Option<&'static str>,
+    pacing_delay: Duration,
+}
+
 impl Proxy {
-    /// Serves one request through the phases.
+    /// Serves one request through the phases, then records its metrics and access log line.
     pub async fn handle(&self, req: Request<Incoming>, conn: Conn) -> Response<Body> {
         let started = Instant::now();
-        let resp = match self.phases(req, conn).await {
+        let mut outcome = Outcome::default();
+        let resp = match self.phases(req, conn, &mut outcome).await {
             Ok(resp) => resp,
             Err(err) => {
+                if let (Some(kind), Some(upstream)) = (err.upstream_kind(), &outcome.upstream) {
+                    self.metrics.upstream_error(upstream, kind);
+                }
                 tracing::debug!(error = %err, "answered by the proxy");
                 respond::error(&err)
             }
         };
-        tracing::trace!(status = resp.status().as_u16(), elapsed = ?started.elapsed(), "request done");
+        let elapsed = started.elapsed();
+        let status = resp.status().as_u16();
+        let route = outcome.route.as_ref().unwrap_or(self.metrics.no_route());
+        self.metrics.request(route, status, elapsed);
+        log_request(&outcome, route, status, elapsed);
         resp
     }
 
@@ -219,6 +251,7 @@ impl Proxy {
         &self,
         req: Request<Incoming>,
         conn: Conn,
+        outcome: &mut Outcome,
     ) -> Result<Response<Body>, ProxyError> {
         // 1. route, on the normalised path (which is also the one forwarded)
         let path = normalize_path(req.uri().path())
@@ -232,18 +265,23 @@ impl Proxy {
             headers: req.headers(),
         };
         let route = self.routes.find(&parts).ok_or(ProxyError::NoRoute)?;
+        outcome.route = Some(route.name.clone());
+        outcome.upstream = Some(route.upstream.name.clone());
         // 2. identify
         let xff = req.headers().get_all("x-forwarded-for");
         let ip = identity::client_ip(conn.peer.ip(), xff.iter(), &self.settings.trusted_proxies);
+        outcome.client = Some(ip);
         // 3. limit
-        let checked = limits::check(self, route, &req, ip, &path).await?;
+        let checked = limits::check(self, route, &req, ip, &path, outcome).await?;
         let shown = match checked {
             limits::Checked::Denied(resp) => return Ok(resp),
             limits::Checked::Admitted(shown) => shown,
         };
         // 4. pace
         if let Some(pacer) = &route.upstream.pacer {
-            pacer.wait(&*self.store).await?;
+            let paced = pacer.wait(&*self.store).await?;
+            outcome.pacing_delay = paced.delay;
+            self.metrics.pacing_delay(&route.upstream.name, paced.delay);
         }
         // 5. forward
         let forward_path = match &route.strip {
@@ -272,6 +310,35 @@ impl Proxy {
         }
         Ok(resp)
     }
+}
+
+/// One line per request at info, target `tollgate::access` (turn it off with
+/// `RUST_LOG=info,tollgate::access=off`). The client appears as a short hash, not an address.
+fn log_request(outcome: &Outcome, route: &str, status: u16, elapsed: Duration) {
+    if !tracing::enabled!(target: "tollgate::access", tracing::Level::INFO) {
+        return;
+    }
+    let client = outcome
+        .client
+        .map(|ip| client_hash(&ip))
+        .unwrap_or_default();
+    tracing::info!(
+        target: "tollgate::access",
+        route,
+        status,
+        client = %client,
+        decision = outcome.decision.unwrap_or("-"),
+        pacing_delay_ms = outcome.pacing_delay.as_secs_f64() * 1000.0,
+        upstream = outcome.upstream.as_deref().unwrap_or("-"),
+        duration_ms = elapsed.as_secs_f64() * 1000.0,
+    );
+}
+
+/// The first 12 hex digits of the SHA-1 of the client address: stable across instances, so
+/// lines about one client can be followed, without writing the address itself.
+fn client_hash(ip: &std::net::IpAddr) -> String {
+    let digest = sha1_smol::Sha1::from(ip.to_string()).digest().to_string();
+    digest[..12].to_string()
 }
 
 /// The request's host: the `Host` header, else the URI's authority (HTTP/2 `:authority`).

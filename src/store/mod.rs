@@ -53,6 +53,20 @@ pub trait Store: Send + Sync + 'static {
         hold_ms: u64,
         now: Option<Millis>,
     ) -> HoldFuture<'a>;
+
+    /// Whether requests can be decided as configured: false only when the store is out and
+    /// no fallback is configured (for `/readyz`).
+    fn ready(&self) -> bool {
+        true
+    }
+}
+
+/// Told about every call the guarded store makes, for metrics; the store knows no metrics.
+pub trait StoreObserver: Send + Sync {
+    /// One call to the shared store took `elapsed` and failed with `error`, if any.
+    fn call(&self, elapsed: Duration, error: Option<&StoreError>);
+    /// A denial was answered from the deny cache, without a store call.
+    fn deny_cache_hit(&self);
 }
 
 /// A store that could not answer.

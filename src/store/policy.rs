@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use lru::LruCache;
 
-use super::{HoldFuture, MemoryStore, Store, StoreError, StoreFuture};
+use super::{HoldFuture, MemoryStore, Store, StoreError, StoreFuture, StoreObserver};
 use crate::limit::{Algorithm, Bucket, Decision, Millis, Pace, Rate, Window};
 
 /// Consecutive failures that open the breaker.
@@ -61,6 +61,7 @@ pub struct GuardedStore {
     breaker: Breaker,
     deny_cache: DenyCache,
     stats: Arc<PolicyStats>,
+    observer: Option<Arc<dyn StoreObserver>>,
 }
 
 impl GuardedStore {
@@ -79,7 +80,14 @@ impl GuardedStore {
             breaker: Breaker::default(),
             deny_cache: DenyCache::new(),
             stats: Arc::default(),
+            observer: None,
         }
+    }
+
+    /// Reports every store call and deny-cache hit to `observer` (the app's metrics).
+    pub fn with_observer(mut self, observer: Arc<dyn StoreObserver>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// The counters, shared.
@@ -102,6 +110,9 @@ impl GuardedStore {
         if now.is_none() {
             if let Some(d) = self.deny_cache.get(key, alg, Instant::now()) {
                 self.stats.deny_cache_hits.fetch_add(1, Ordering::Relaxed);
+                if let Some(observer) = &self.observer {
+                    observer.deny_cache_hit();
+                }
                 return Ok(d);
             }
         }
@@ -135,7 +146,11 @@ impl GuardedStore {
             permit,
         };
         self.stats.store_calls.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
         let result = self.primary.check(key, alg, now).await;
+        if let Some(observer) = &self.observer {
+            observer.call(started.elapsed(), result.as_ref().err());
+        }
         match &result {
             Ok(d) => {
                 self.breaker.success();
@@ -154,6 +169,11 @@ impl GuardedStore {
 }
 
 impl Store for GuardedStore {
+    fn ready(&self) -> bool {
+        // with a fallback (allow or local) requests are served even while Redis is out
+        self.on_error != OnError::Deny || !self.breaker.is_open()
+    }
+
     fn check<'a>(
         &'a self,
         key: &'a str,

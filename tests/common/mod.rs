@@ -357,6 +357,8 @@ impl Upstream {
 /// A tollgate running in this process with a config given as text.
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// the admin listener, when the config has one
+    pub admin: Option<SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     pub done: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
@@ -370,12 +372,14 @@ impl Proxy {
             .await
             .expect("bind");
         let addr = server.local_addrs()[0];
+        let admin = server.admin_addr();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let done = tokio::spawn(server.run(async move {
             let _ = stopped.await;
         }));
         Proxy {
             addr,
+            admin,
             stop: Some(stop),
             done: Some(done),
         }
@@ -389,6 +393,7 @@ impl Proxy {
             .await
             .expect("bind");
         let addr = server.local_addrs()[0];
+        let admin = server.admin_addr();
         let watcher = server.reloader().watch(path.to_path_buf());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let done = tokio::spawn(async move {
@@ -402,6 +407,7 @@ impl Proxy {
         });
         Proxy {
             addr,
+            admin,
             stop: Some(stop),
             done: Some(done),
         }
