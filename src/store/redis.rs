@@ -48,7 +48,17 @@ impl RedisStore {
     pub fn connect(target: &RedisTarget, timeout: Duration) -> Result<RedisStore, StoreError> {
         // Connecting may take longer than one call may wait; give it at least a second.
         let connect_timeout = timeout.max(Duration::from_secs(1));
-        let tcp = TcpSettings::default().set_nodelay(true);
+        // A Redis that vanishes without resetting the connection (host lost, packets
+        // dropped) must still be noticed: unacknowledged writes fail after TCP_USER_TIMEOUT
+        // and idle connections are probed by keepalive; the I/O error then makes the
+        // connection manager reconnect. Per-call timeouts alone would never do that.
+        let keepalive = ::redis::io::tcp::socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(10))
+            .with_interval(Duration::from_secs(2));
+        let tcp = TcpSettings::default()
+            .set_nodelay(true)
+            .set_keepalive(keepalive)
+            .set_user_timeout(Duration::from_secs(5));
         let conn = match target {
             RedisTarget::Single(url) => {
                 let info = url.as_str().into_connection_info()?.set_tcp_settings(tcp);
