@@ -8,6 +8,7 @@
 //! * [`routing`]: the route table: normalised path, host, method, headers to a route.
 //! * [`identity`]: client identity (peer, trusted proxies, X-Forwarded-For) and limiter keys.
 //! * [`proxy`]: the request path as phases: route, identify, limit, pace, forward, respond.
+//! * [`tls`]: rustls configs: inbound termination (ALPN h2, http/1.1), the upstream connector.
 //! * [`metrics`]: one Prometheus registry, a cloneable handle passed down.
 //! * [`admin`]: the admin listener: `/metrics`, `/healthz`, `/readyz`, `/config`.
 //! * [`app`]: the only wiring module: builds stores, routes and listeners from the config; runs.
@@ -21,3 +22,4 @@ pub mod metrics;
 pub mod proxy;
 pub mod routing;
 pub mod store;
+pub mod tls;

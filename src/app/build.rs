@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
 
 use crate::config::{self, Backend, Config};
 use crate::limit::Algorithm;
@@ -66,6 +67,7 @@ pub fn build_proxy(
     store: Arc<dyn Store>,
     client: UpstreamClient,
     metrics: Metrics,
+    tunnels: TaskTracker,
 ) -> anyhow::Result<Proxy> {
     let prefix = &config.store.key_prefix;
     let mut upstreams = HashMap::new();
@@ -119,6 +121,7 @@ pub fn build_proxy(
     };
     Ok(Proxy {
         metrics,
+        tunnels,
         routes: RouteTable::new(routes),
         store,
         client,

@@ -6,28 +6,29 @@
 
 mod build;
 mod reload;
+mod serve;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::task::TaskTracker;
+
+use serve::{accept_loop, http_builder, AcceptCtx};
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
 use crate::metrics::Metrics;
-use crate::proxy::{self, Conn, Proxy, UpstreamClient};
+use crate::proxy::{self, Proxy, UpstreamClient};
 use crate::store::Store;
+use crate::tls;
 
 pub use build::{build_proxy, build_store};
 pub use reload::Reloader;
@@ -38,6 +39,8 @@ pub struct Server {
     listeners: Vec<TcpListener>,
     /// the admin listener, when `admin.listen` is set
     admin: Option<TcpListener>,
+    /// TLS termination for every listener, when `tls` is set
+    tls: Option<TlsAcceptor>,
 }
 
 /// What the listeners, the reloader and the admin endpoints share.
@@ -55,6 +58,8 @@ struct Shared {
     metrics: Metrics,
     /// Set when shutdown starts: `/readyz` then answers 503 so balancers stop sending.
     draining: AtomicBool,
+    /// Upgraded (WebSocket) tunnels: hyper's graceful shutdown does not see them.
+    tunnels: TaskTracker,
 }
 
 impl Server {
@@ -64,7 +69,14 @@ impl Server {
         let metrics = Metrics::new();
         let store = build_store(&config.store, &metrics).await?;
         let client = proxy::client(config.timeouts.upstream_connect, config.timeouts.idle);
-        let proxy = build_proxy(&config, store.clone(), client.clone(), metrics.clone())?;
+        let tunnels = TaskTracker::new();
+        let proxy = build_proxy(
+            &config,
+            store.clone(),
+            client.clone(),
+            metrics.clone(),
+            tunnels.clone(),
+        )?;
         let mut listeners = Vec::with_capacity(config.listen.len());
         for addr in &config.listen {
             let l = TcpListener::bind(addr)
@@ -72,6 +84,10 @@ impl Server {
                 .with_context(|| format!("cannot listen on {addr}"))?;
             listeners.push(l);
         }
+        let tls = match &config.tls {
+            Some(t) => Some(tls::acceptor(tls::server_config(&t.cert, &t.key)?)),
+            None => None,
+        };
         let admin = match &config.admin {
             Some(admin) => Some(
                 TcpListener::bind(admin.listen)
@@ -86,11 +102,13 @@ impl Server {
             client,
             metrics,
             draining: AtomicBool::new(false),
+            tunnels,
         });
         Ok(Server {
             shared,
             listeners,
             admin,
+            tls,
         })
     }
 
@@ -130,9 +148,11 @@ impl Server {
             let ctx = AcceptCtx {
                 shared: self.shared.clone(),
                 builder: builder.clone(),
-                graceful: graceful.clone(),
+                tls: self.tls.clone(),
+                handshake_timeout: config.timeouts.client_header,
             };
-            accepting.push(tokio::spawn(accept_loop(listener, ctx, stop_rx.clone())));
+            let loop_ = accept_loop(listener, ctx, graceful.clone(), stop_rx.clone());
+            accepting.push(tokio::spawn(loop_));
         }
         let (admin_stop, admin_stopped) = watch::channel(false);
         let admin = self.admin.map(|listener| {
@@ -149,11 +169,17 @@ impl Server {
         for task in accepting {
             let _ = task.await;
         }
+        let drain = self.shared.config().timeouts.shutdown;
         let graceful =
             Arc::try_unwrap(graceful).map_err(|_| anyhow::anyhow!("accept loops still running"))?;
-        let drain = self.shared.config().timeouts.shutdown;
+        self.shared.tunnels.close();
+        let tunnels = self.shared.tunnels.clone();
+        let all_done = async move {
+            graceful.shutdown().await;
+            tunnels.wait().await;
+        };
         tokio::select! {
-            _ = graceful.shutdown() => tracing::info!("drained"),
+            _ = all_done => tracing::info!("drained"),
             _ = tokio::time::sleep(drain) => {
                 tracing::warn!(after = ?drain, "drain timed out; closing remaining connections");
             }
@@ -195,54 +221,4 @@ impl Shared {
         let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         (current.0.store.clone(), current.1.clone())
     }
-}
-
-struct AcceptCtx {
-    shared: Arc<Shared>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
-    graceful: Arc<GracefulShutdown>,
-}
-
-async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, mut stop: watch::Receiver<bool>) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = stop.changed() => return,
-        };
-        let _ = stream.set_nodelay(true);
-        let shared = ctx.shared.clone();
-        let conn_info = Conn { peer, tls: false };
-        let service = service_fn(move |req| {
-            let proxy: Arc<Proxy> = shared.proxy.load_full();
-            async move { Ok::<_, Infallible>(proxy.handle(req, conn_info).await) }
-        });
-        let conn = ctx
-            .builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let conn = ctx.graceful.watch(conn.into_owned());
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-}
-
-fn http_builder(config: &Config) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(config.timeouts.client_header)
-        .keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
-    builder
 }

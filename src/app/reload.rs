@@ -49,6 +49,7 @@ impl Reloader {
             store.clone(),
             self.shared.client.clone(),
             self.shared.metrics.clone(),
+            self.shared.tunnels.clone(),
         )?;
         let mut current = self
             .shared

@@ -17,21 +17,21 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio_util::task::TaskTracker;
 
 use super::{Body, BoxError, ProxyError};
 
 /// The pooled upstream client: keep-alive connections per target, shared by every route.
-pub type UpstreamClient = Client<HttpConnector, Body>;
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Body>;
 
 /// A client whose connections time out after `connect` and idle out after `idle`.
+/// Targets may be `http://` or `https://` (verified against the bundled and system roots).
 pub fn client(connect: Duration, idle: Duration) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect));
-    connector.set_nodelay(true);
-    connector.set_keepalive(Some(Duration::from_secs(60)));
+    let connector = crate::tls::upstream_connector(connect);
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(idle)
@@ -89,6 +89,8 @@ pub struct Forward<'a> {
     pub response_timeout: Duration,
     /// larger request bodies get 413
     pub max_body_size: Option<u64>,
+    /// upgraded (WebSocket) tunnels run here, so that shutdown can wait for them
+    pub tunnels: &'a TaskTracker,
 }
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -120,12 +122,16 @@ pub async fn forward(
     let switched = match client_upgrade {
         Some(client_side) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
             let upstream_side = hyper::upgrade::on(&mut resp);
-            tokio::spawn(tunnel(client_side, upstream_side, f.upstream.to_string()));
+            f.tunnels
+                .spawn(tunnel(client_side, upstream_side, f.upstream.to_string()));
             resp.headers().get(header::UPGRADE).cloned()
         }
         _ => None,
     };
     let (mut parts, body) = resp.into_parts();
+    // the client hears tollgate's HTTP version, not the upstream's (an HTTP/1.0 upstream
+    // must not turn the client's HTTP/1.1 connection into 1.0)
+    parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     if let Some(proto) = switched {
         set_upgrade(&mut parts.headers, proto);
@@ -216,12 +222,13 @@ fn rewrite(
         .targets
         .pick()
         .ok_or_else(|| ProxyError::NoTarget(f.upstream.to_string()))?;
-    let client_host = parts.headers.get(header::HOST).cloned().or_else(|| {
-        parts
-            .uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    });
+    // An absolute-form target's authority wins over Host (RFC 9112 §3.2.2); for HTTP/2 the
+    // URI carries :authority.
+    let client_host = parts
+        .uri
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        .or_else(|| parts.headers.get(header::HOST).cloned());
     let path_and_query = match parts.uri.query() {
         Some(q) => PathAndQuery::try_from(format!("{}?{q}", f.path)),
         None => PathAndQuery::try_from(f.path),

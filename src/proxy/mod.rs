@@ -24,6 +24,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use ipnet::IpNet;
+use tokio_util::task::TaskTracker;
 
 use crate::identity;
 use crate::metrics::Metrics;
@@ -90,6 +91,9 @@ pub struct Proxy {
     pub settings: Settings,
     /// the metrics every request records into
     pub metrics: Metrics,
+    /// upgraded connections (WebSocket tunnels), shared across reloads so shutdown waits
+    /// for them too
+    pub tunnels: TaskTracker,
 }
 
 /// Why tollgate answered instead of the upstream (rate limiting is not an error: see
@@ -293,10 +297,11 @@ impl Proxy {
             targets: &route.upstream.targets,
             preserve_host: route.upstream.preserve_host,
             path: &forward_path,
-            client_ip: ip,
+            client_ip: conn.peer.ip(),
             proto: if conn.tls { "https" } else { "http" },
             response_timeout: self.settings.upstream_response,
             max_body_size: self.settings.max_body_size,
+            tunnels: &self.tunnels,
         };
         let mut resp = forward::forward(&self.client, req, &f).await?;
         if let Some(pacer) = &route.upstream.pacer {
@@ -341,10 +346,12 @@ fn client_hash(ip: &std::net::IpAddr) -> String {
     digest[..12].to_string()
 }
 
-/// The request's host: the `Host` header, else the URI's authority (HTTP/2 `:authority`).
+/// The request's host: the URI's authority (absolute-form, or HTTP/2 `:authority`), which wins
+/// over `Host` (RFC 9112 §3.2.2), else the `Host` header.
 fn request_host<B>(req: &Request<B>) -> Option<&str> {
-    req.headers()
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+    req.uri().authority().map(|a| a.as_str()).or_else(|| {
+        req.headers()
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+    })
 }

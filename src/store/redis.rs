@@ -46,6 +46,9 @@ impl RedisStore {
     /// Connects lazily: the store is usable at once, and calls fail with a [`StoreError`]
     /// until Redis answers. `timeout` bounds every call.
     pub fn connect(target: &RedisTarget, timeout: Duration) -> Result<RedisStore, StoreError> {
+        // `rediss://` goes through rustls's process-wide provider: make it ring, the only one
+        // built in (an error only means a provider was installed already).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         // Connecting may take longer than one call may wait; give it at least a second.
         let connect_timeout = timeout.max(Duration::from_secs(1));
         // A Redis that vanishes without resetting the connection (host lost, packets

@@ -1,0 +1,592 @@
+//! TLS, both ways: the listener's [`ServerConfig`] (PEM certificate chain and key, ALPN `h2`
+//! then `http/1.1`) and its [`TlsAcceptor`], and the upstream connector that speaks `http://`
+//! and `https://` with verified certificates and HTTP/1.1 only.
+//!
+//! Every config here names the `ring` provider explicitly instead of relying on rustls's
+//! process-wide default, so nothing depends on which crypto features other crates turn on.
+//!
+//! Does not own the accept loop, the HTTP serving, or the Redis connection (the redis crate
+//! brings its own rustls setup for `rediss://`): `app` wires the acceptor into the listener and
+//! `proxy::forward` builds its pooled client on [`upstream_connector`].
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use rustls::crypto::CryptoProvider;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls_pki_types::pem::{self, PemObject};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+
+/// ALPN protocol ids the listener offers, in server preference order (RFC 7301 §3.2: the server
+/// picks the first of its own list that the client also offers). `h2` is RFC 9113 §3.2's id.
+const SERVER_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
+/// The only protocol offered to upstreams: the forwarding path rewrites requests for HTTP/1.1.
+const UPSTREAM_ALPN: &[u8] = b"http/1.1";
+
+/// TCP keepalive probes on upstream connections, the same as the plain connector used.
+const UPSTREAM_KEEPALIVE: Duration = Duration::from_secs(60);
+
+/// Where Linux distributions keep the system CA bundle, checked in order when `SSL_CERT_FILE`
+/// is unset (the same candidates openssl and rustls-native-certs probe).
+const SYSTEM_CA_BUNDLES: [&str; 4] = [
+    "/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu, Alpine, Arch
+    "/etc/pki/tls/certs/ca-bundle.crt",   // Fedora, RHEL, CentOS
+    "/etc/ssl/ca-bundle.pem",             // openSUSE
+    "/etc/ssl/cert.pem",                  // Alpine's openssl link, BSDs
+];
+
+/// Why a TLS configuration could not be built; every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// The file could not be opened or read.
+    #[error("cannot read {what} {}: {source}", path.display())]
+    Read {
+        /// what the file should hold: "certificate", "private key", "root certificate"
+        what: &'static str,
+        /// the file
+        path: PathBuf,
+        /// the I/O error
+        source: io::Error,
+    },
+    /// The file is not well-formed PEM (bad base64, a section without its END line).
+    #[error("{}: malformed PEM: {detail}", path.display())]
+    Pem {
+        /// the file
+        path: PathBuf,
+        /// what the PEM parser said
+        detail: String,
+    },
+    /// The file holds no `CERTIFICATE` section.
+    #[error("no certificate found in {}", path.display())]
+    NoCertificate {
+        /// the file
+        path: PathBuf,
+    },
+    /// The file holds no unencrypted private key section.
+    #[error(
+        "no private key found in {} (expected an unencrypted PKCS#8, PKCS#1 or SEC1 PEM block)",
+        path.display()
+    )]
+    NoPrivateKey {
+        /// the file
+        path: PathBuf,
+    },
+    /// The key parsed as PEM but the crypto provider cannot use it.
+    #[error("unusable private key {}: {source}", path.display())]
+    BadKey {
+        /// the file
+        path: PathBuf,
+        /// rustls's reason
+        source: rustls::Error,
+    },
+    /// The key is not the one the first certificate of the chain was issued for.
+    #[error("certificate {} and key {} do not match", cert.display(), key.display())]
+    KeyMismatch {
+        /// the certificate file
+        cert: PathBuf,
+        /// the key file
+        key: PathBuf,
+    },
+    /// A root certificate could not be used as a trust anchor.
+    #[error("invalid root certificate in {}: {source}", path.display())]
+    BadRoot {
+        /// the file
+        path: PathBuf,
+        /// rustls's reason
+        source: rustls::Error,
+    },
+}
+
+/// The listener's TLS config: the PEM certificate chain in `cert` (leaf first) and the PEM
+/// private key in `key` (PKCS#8, PKCS#1/RSA or SEC1/EC), the `ring` provider, TLS 1.2 and 1.3,
+/// and ALPN `h2` preferred over `http/1.1`.
+pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
+    let chain = read_certs(cert, "certificate")?;
+    let private_key = read_key(key)?;
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("the ring provider supports TLS 1.2 and 1.3")
+        .with_no_client_auth()
+        .with_single_cert(chain, private_key)
+        .map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
+                cert: cert.to_path_buf(),
+                key: key.to_path_buf(),
+            },
+            other => TlsError::BadKey {
+                path: key.to_path_buf(),
+                source: other,
+            },
+        })?;
+    config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}
+
+/// An acceptor that runs the server side of the handshake with `config`.
+pub fn acceptor(config: Arc<ServerConfig>) -> TlsAcceptor {
+    TlsAcceptor::from(config)
+}
+
+/// Whether ALPN chose `h2` on this accepted connection. `auto::Builder` detects HTTP/2 by its
+/// preface anyway; this lets the caller skip the detection or label metrics.
+pub fn negotiated_h2(conn: &tokio_rustls::server::TlsStream<TcpStream>) -> bool {
+    conn.get_ref().1.alpn_protocol() == Some(b"h2".as_slice())
+}
+
+/// The upstream connector: `http://` in the clear, `https://` verified against the bundled
+/// Mozilla roots (webpki-roots) plus the system CA bundle when one loads (`SSL_CERT_FILE`, else
+/// the first of the usual Linux bundle paths that parses). TCP_NODELAY on, connect timeout
+/// `connect_timeout`, TCP keepalive, and HTTP/1.1 only (ALPN offers just `http/1.1`).
+///
+/// Fits `Client::builder(TokioExecutor::new()).build(upstream_connector(..))`.
+pub fn upstream_connector(connect_timeout: Duration) -> HttpsConnector<HttpConnector> {
+    connector(connect_timeout, default_roots())
+}
+
+/// [`upstream_connector`] that also trusts the PEM certificates in `extra_root_pem`, for
+/// upstreams behind a private CA or a self-signed certificate.
+pub fn upstream_connector_with_roots(
+    connect_timeout: Duration,
+    extra_root_pem: &Path,
+) -> Result<HttpsConnector<HttpConnector>, TlsError> {
+    let mut roots = default_roots();
+    for cert in read_certs(extra_root_pem, "root certificate")? {
+        roots.add(cert).map_err(|source| TlsError::BadRoot {
+            path: extra_root_pem.to_path_buf(),
+            source,
+        })?;
+    }
+    Ok(connector(connect_timeout, roots))
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn connector(connect_timeout: Duration, roots: RootCertStore) -> HttpsConnector<HttpConnector> {
+    let mut http = HttpConnector::new();
+    // The TLS layer above handles `https://`; the TCP layer must accept it too.
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_keepalive(Some(UPSTREAM_KEEPALIVE));
+    let mut tls = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("the ring provider supports TLS 1.2 and 1.3")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    // Set here rather than through `HttpsConnectorBuilder`, whose HTTP/1-only mode sends no ALPN.
+    tls.alpn_protocols = vec![UPSTREAM_ALPN.to_vec()];
+    // The tuple form leaves `force_https` off, so `http://` targets stay plain TCP.
+    HttpsConnector::from((http, tls))
+}
+
+/// webpki-roots, plus the system bundle from `SSL_CERT_FILE` or the usual paths.
+fn default_roots() -> RootCertStore {
+    let env = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
+    roots_with_system_bundle(
+        env.into_iter()
+            .chain(SYSTEM_CA_BUNDLES.iter().map(PathBuf::from)),
+    )
+}
+
+/// webpki-roots, plus the certificates of the first candidate bundle that reads. A missing or
+/// unreadable system bundle is not an error: the bundled roots still cover the public web.
+fn roots_with_system_bundle(candidates: impl IntoIterator<Item = PathBuf>) -> RootCertStore {
+    let mut roots = RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    for bundle in candidates {
+        match read_certs(&bundle, "root certificate") {
+            Ok(certs) => {
+                let (added, ignored) = roots.add_parsable_certificates(certs);
+                tracing::debug!(bundle = %bundle.display(), added, ignored, "system CA roots loaded");
+                break;
+            }
+            Err(TlsError::Read { source, .. }) if source.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!("system CA roots skipped: {e}"),
+        }
+    }
+    roots
+}
+
+fn read_certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| pem_error(e, what, path))?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
+        pem::Error::NoItemsFound => TlsError::NoPrivateKey {
+            path: path.to_path_buf(),
+        },
+        other => pem_error(other, "private key", path),
+    })
+}
+
+fn pem_error(e: pem::Error, what: &'static str, path: &Path) -> TlsError {
+    let path = path.to_path_buf();
+    match e {
+        pem::Error::Io(source) => TlsError::Read { what, path, source },
+        other => TlsError::Pem {
+            path,
+            detail: other.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::net::SocketAddr;
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode, Uri, Version};
+    use http_body_util::{BodyExt, Empty, Full};
+    use hyper::body::Incoming;
+    use hyper::service::service_fn;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::server::conn::auto;
+    use rustls_pki_types::ServerName;
+    use tokio::net::TcpListener;
+    use tokio_rustls::TlsConnector;
+
+    /// A self-signed `localhost` certificate and its key, as PEM files in a temp dir.
+    struct Pems {
+        dir: tempfile::TempDir,
+        cert: PathBuf,
+        key: PathBuf,
+        cert_der: CertificateDer<'static>,
+    }
+
+    fn self_signed() -> Pems {
+        let dir = tempfile::tempdir().unwrap();
+        let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let cert = dir.path().join("cert.pem");
+        let key = dir.path().join("key.pem");
+        std::fs::write(&cert, generated.cert.pem()).unwrap();
+        std::fs::write(&key, generated.signing_key.serialize_pem()).unwrap();
+        let cert_der = generated.cert.der().clone();
+        Pems {
+            dir,
+            cert,
+            key,
+            cert_der,
+        }
+    }
+
+    /// Answers with the HTTP version it saw and whether ALPN chose h2.
+    async fn hello(
+        req: Request<Incoming>,
+        alpn_h2: bool,
+    ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+        let body = format!("{:?} alpn_h2={alpn_h2}", req.version());
+        Ok(Response::new(Full::new(Bytes::from(body))))
+    }
+
+    /// A TLS server on 127.0.0.1:0 serving `hello` with `auto::Builder`.
+    async fn tls_server(pems: &Pems) -> SocketAddr {
+        let tls = acceptor(server_config(&pems.cert, &pems.key).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    // A client that refuses our certificate aborts the handshake: not a failure.
+                    let Ok(stream) = tls.accept(tcp).await else {
+                        return;
+                    };
+                    let h2 = negotiated_h2(&stream);
+                    let svc = service_fn(move |req| hello(req, h2));
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// A plain-HTTP server on 127.0.0.1:0 serving `hello`.
+    async fn plain_server() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let svc = service_fn(|req| hello(req, false));
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// A TLS client stream to `addr` trusting only `root`, offering `alpn`.
+    async fn tls_client(
+        addr: SocketAddr,
+        root: &CertificateDer<'static>,
+        alpn: &[u8],
+    ) -> tokio_rustls::client::TlsStream<TcpStream> {
+        let mut roots = RootCertStore::empty();
+        roots.add(root.clone()).unwrap();
+        let mut config = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![alpn.to_vec()];
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .unwrap()
+    }
+
+    async fn body_text(resp: Response<Incoming>) -> String {
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    fn get(uri: &str) -> Request<Empty<Bytes>> {
+        Request::get(uri)
+            .header(http::header::HOST, "localhost")
+            .body(Empty::new())
+            .unwrap()
+    }
+
+    /// A client offering ALPN h2 gets h2 chosen and is served over HTTP/2.
+    #[tokio::test]
+    async fn alpn_h2_serves_http2() {
+        let pems = self_signed();
+        let addr = tls_server(&pems).await;
+        let stream = tls_client(addr, &pems.cert_der, b"h2").await;
+        assert_eq!(stream.get_ref().1.alpn_protocol(), Some(b"h2".as_slice()));
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let resp = send.send_request(get("https://localhost/")).await.unwrap();
+        assert_eq!(resp.version(), Version::HTTP_2);
+        assert_eq!(body_text(resp).await, "HTTP/2.0 alpn_h2=true");
+    }
+
+    /// A client offering only ALPN http/1.1 gets it chosen and is served over HTTP/1.1.
+    #[tokio::test]
+    async fn alpn_http11_serves_http1() {
+        let pems = self_signed();
+        let addr = tls_server(&pems).await;
+        let stream = tls_client(addr, &pems.cert_der, b"http/1.1").await;
+        assert_eq!(
+            stream.get_ref().1.alpn_protocol(),
+            Some(b"http/1.1".as_slice())
+        );
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let resp = send.send_request(get("/")).await.unwrap();
+        assert_eq!(resp.version(), Version::HTTP_11);
+        assert_eq!(body_text(resp).await, "HTTP/1.1 alpn_h2=false");
+    }
+
+    /// The upstream connector with the server's certificate as an extra root fetches over
+    /// https, verified, and speaks HTTP/1.1 to the upstream although the server prefers h2.
+    #[tokio::test]
+    async fn upstream_connector_with_roots_fetches_https() {
+        let pems = self_signed();
+        let addr = tls_server(&pems).await;
+        let connector = upstream_connector_with_roots(Duration::from_secs(2), &pems.cert).unwrap();
+        let client = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(connector);
+        let uri: Uri = format!("https://localhost:{}/", addr.port())
+            .parse()
+            .unwrap();
+        let resp = client.get(uri).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.version(), Version::HTTP_11);
+        assert_eq!(body_text(resp).await, "HTTP/1.1 alpn_h2=false");
+    }
+
+    /// The same connector still speaks plain `http://`.
+    #[tokio::test]
+    async fn upstream_connector_fetches_plain_http() {
+        let addr = plain_server().await;
+        let client = Client::builder(TokioExecutor::new())
+            .build::<_, Empty<Bytes>>(upstream_connector(Duration::from_secs(2)));
+        let uri: Uri = format!("http://{addr}/").parse().unwrap();
+        let resp = client.get(uri).await.unwrap();
+        assert_eq!(body_text(resp).await, "HTTP/1.1 alpn_h2=false");
+    }
+
+    /// Without the self-signed root (public roots only, or another CA's root), the connector
+    /// refuses the server: certificates are really verified.
+    #[tokio::test]
+    async fn upstream_connector_refuses_untrusted_server() {
+        let pems = self_signed();
+        let other = self_signed();
+        let addr = tls_server(&pems).await;
+        let uri: Uri = format!("https://localhost:{}/", addr.port())
+            .parse()
+            .unwrap();
+        let connectors = [
+            upstream_connector(Duration::from_secs(2)),
+            upstream_connector_with_roots(Duration::from_secs(2), &other.cert).unwrap(),
+        ];
+        for connector in connectors {
+            let client = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(connector);
+            let err = client.get(uri.clone()).await.unwrap_err();
+            let chain = error_chain(&err);
+            assert!(
+                chain.contains("invalid peer certificate"),
+                "expected a certificate refusal, got: {chain}"
+            );
+        }
+    }
+
+    fn error_chain(err: &dyn std::error::Error) -> String {
+        let mut out = err.to_string();
+        let mut cur = err.source();
+        while let Some(e) = cur {
+            out.push_str(": ");
+            out.push_str(&e.to_string());
+            cur = e.source();
+        }
+        out
+    }
+
+    /// A missing certificate or key file is named with the OS reason.
+    #[test]
+    fn missing_files_are_named() {
+        let pems = self_signed();
+        let missing = pems.dir.path().join("nope.pem");
+        let err = server_config(&missing, &pems.key).unwrap_err();
+        assert!(matches!(
+            err,
+            TlsError::Read {
+                what: "certificate",
+                ..
+            }
+        ));
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with(&format!("cannot read certificate {}: ", missing.display())),
+            "{msg}"
+        );
+        assert!(msg.contains("No such file"), "{msg}");
+        let err = server_config(&pems.cert, &missing).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(&format!("cannot read private key {}: ", missing.display())),
+            "{err}"
+        );
+        let err = upstream_connector_with_roots(Duration::from_secs(1), &missing).unwrap_err();
+        assert!(matches!(
+            err,
+            TlsError::Read {
+                what: "root certificate",
+                ..
+            }
+        ));
+    }
+
+    /// Files without the expected PEM section (empty, or the key where the cert belongs).
+    #[test]
+    fn empty_or_wrong_pem_is_reported() {
+        let pems = self_signed();
+        let empty = pems.dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let err = server_config(&empty, &pems.key).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("no certificate found in {}", empty.display())
+        );
+        let err = server_config(&pems.key, &pems.key).unwrap_err();
+        assert!(matches!(err, TlsError::NoCertificate { .. }), "{err}");
+        let err = server_config(&pems.cert, &empty).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(&format!("no private key found in {}", empty.display())),
+            "{err}"
+        );
+        let err = server_config(&pems.cert, &pems.cert).unwrap_err();
+        assert!(matches!(err, TlsError::NoPrivateKey { .. }), "{err}");
+    }
+
+    /// A section without its END line is malformed PEM, not "no certificate".
+    #[test]
+    fn truncated_pem_is_malformed() {
+        let pems = self_signed();
+        let truncated = pems.dir.path().join("truncated.pem");
+        let text = std::fs::read_to_string(&pems.cert).unwrap();
+        std::fs::write(&truncated, &text[..text.len() / 2]).unwrap();
+        let err = server_config(&truncated, &pems.key).unwrap_err();
+        assert!(matches!(err, TlsError::Pem { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("{}: malformed PEM: ", truncated.display())),
+            "{err}"
+        );
+    }
+
+    /// Another certificate's key is refused as a mismatch, naming both files.
+    #[test]
+    fn key_of_another_certificate_is_a_mismatch() {
+        let pems = self_signed();
+        let other = self_signed();
+        let err = server_config(&pems.cert, &other.key).unwrap_err();
+        assert!(matches!(err, TlsError::KeyMismatch { .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "certificate {} and key {} do not match",
+                pems.cert.display(),
+                other.key.display()
+            )
+        );
+    }
+
+    /// The first system bundle that reads is added to webpki-roots; missing ones are skipped.
+    #[test]
+    fn system_bundle_adds_to_bundled_roots() {
+        let pems = self_signed();
+        let bundled = webpki_roots::TLS_SERVER_ROOTS.len();
+        let missing = pems.dir.path().join("missing.pem");
+        let roots =
+            roots_with_system_bundle([missing.clone(), pems.cert.clone(), pems.cert.clone()]);
+        assert_eq!(roots.len(), bundled + 1);
+        assert_eq!(roots_with_system_bundle([missing]).len(), bundled);
+    }
+
+    /// The server config offers h2 before http/1.1.
+    #[test]
+    fn server_config_prefers_h2() {
+        let pems = self_signed();
+        let config = server_config(&pems.cert, &pems.key).unwrap();
+        assert_eq!(
+            config.alpn_protocols,
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+    }
+}

@@ -1,0 +1,911 @@
+//! Forwarding end to end (SPEC §3, steps 1 and 5): what reaches the upstream and what comes
+//! back, `Upgrade` tunnels, the errors tollgate answers itself, round robin and pooling,
+//! streaming without buffering, inbound HTTP/2 cleartext, and malformed requests. A real
+//! upstream and tollgate in process; no Redis (the memory store is the default).
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use common::{get, http_client, send, Answer, Proxy, Upstream};
+
+/// The body type of the harness's client (`common::send`).
+type TestBody =
+    http_body_util::combinators::BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A proxy config with one upstream `api` over `targets` and one route `api` on `/v1`.
+/// `top` is added at the top level, `upstream` and `route` inside those entries (indented 4).
+fn config(targets: &[String], top: &str, upstream: &str, route: &str) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:0
+{top}
+upstreams:
+  api:
+    targets: [{targets}]
+{upstream}
+routes:
+  - name: api
+    match: {{path_prefix: /v1}}
+    upstream: api
+{route}
+"#,
+        targets = targets.join(", "),
+    )
+}
+
+/// Route option for tests that use the harness upstream's `/slow`, `/echo` and `/bytes`, which
+/// it serves at its root: `/v1/echo` is forwarded as `/echo`.
+const STRIP: &str = "    strip_prefix: true";
+
+fn empty() -> TestBody {
+    full("")
+}
+
+fn full(text: impl Into<Bytes>) -> TestBody {
+    Full::new(text.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// `total` bytes in chunks of `chunk`, with no length announced (sent chunked), made from one
+/// shared buffer so the test itself never holds more than one chunk.
+struct Repeat {
+    chunk: Bytes,
+    left: u64,
+}
+
+impl Repeat {
+    fn body(total: u64, chunk: usize) -> TestBody {
+        Repeat {
+            chunk: Bytes::from(vec![b'u'; chunk]),
+            left: total,
+        }
+        .boxed()
+    }
+}
+
+impl hyper::body::Body for Repeat {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let n = self.left.min(self.chunk.len() as u64);
+        self.left -= n;
+        Poll::Ready(Some(Ok(Frame::data(self.chunk.slice(..n as usize)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // deliberately unknown: the request goes out chunked
+        SizeHint::default()
+    }
+}
+
+/// Reads a response body to its end, counting bytes without keeping them.
+async fn count_body(mut body: Incoming) -> u64 {
+    let mut n = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.expect("body frame");
+        if let Some(data) = frame.data_ref() {
+            n += data.len() as u64;
+        }
+    }
+    n
+}
+
+fn json(answer: &Answer) -> serde_json::Value {
+    assert_eq!(
+        answer.header("content-type"),
+        Some("application/json"),
+        "{answer:?}"
+    );
+    serde_json::from_str(&answer.body).unwrap_or_else(|e| panic!("{e}: {}", answer.body))
+}
+
+/// Writes `request` on a fresh connection and reads until the peer closes (or 10 s pass).
+async fn raw(addr: SocketAddr, request: &[u8]) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A port on which nothing listens.
+fn dead_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+// ---------------------------------------------------------------------------------------------
+// An upstream of this file's own, for what the harness's cannot show: it counts the TCP
+// connections it accepts, answers `/v1/hop` with hop-by-hop headers, answers `/v1/drain`
+// only after reading the whole request body (as most APIs do), with the number of bytes read,
+// and switches `/v1/ws` with `Upgrade: echo-proto` to a raw byte echo.
+
+struct CountingUpstream {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    headers: Arc<Mutex<Vec<http::HeaderMap>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for CountingUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl CountingUpstream {
+    async fn start() -> CountingUpstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let headers = Arc::new(Mutex::new(Vec::new()));
+        let (count, seen) = (accepted.clone(), headers.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                count.fetch_add(1, Ordering::SeqCst);
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        seen.lock().unwrap().push(req.headers().clone());
+                        async move { Ok::<_, Infallible>(counting_handle(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        CountingUpstream {
+            addr,
+            accepted,
+            headers,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    fn requests(&self) -> usize {
+        self.headers.lock().unwrap().len()
+    }
+}
+
+async fn counting_handle(mut req: Request<Incoming>) -> Response<TestBody> {
+    match req.uri().path() {
+        "/v1/ws"
+            if req
+                .headers()
+                .get("upgrade")
+                .is_some_and(|v| v == "echo-proto") =>
+        {
+            let upgraded = hyper::upgrade::on(&mut req);
+            tokio::spawn(async move {
+                let mut io = TokioIo::new(upgraded.await.expect("upgrade"));
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            let mut resp = Response::new(empty());
+            *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            resp.headers_mut()
+                .insert("connection", "upgrade".parse().unwrap());
+            resp.headers_mut()
+                .insert("upgrade", "echo-proto".parse().unwrap());
+            resp
+        }
+        "/v1/hop" => {
+            let mut resp = Response::new(full("hop"));
+            let h = resp.headers_mut();
+            for (k, v) in [
+                ("connection", "x-up-secret"),
+                ("x-up-secret", "1"),
+                ("x-up-kept", "1"),
+                ("keep-alive", "timeout=5"),
+                ("proxy-authenticate", "Basic realm=\"up\""),
+                ("proxy-x-up", "1"),
+                ("trailer", "x-up-trailer"),
+                ("upgrade", "foo/2"),
+                ("te", "trailers"),
+            ] {
+                h.append(k, v.parse().unwrap());
+            }
+            resp
+        }
+        "/v1/drain" => match req.into_body().collect().await {
+            Ok(body) => Response::new(full(body.to_bytes().len().to_string())),
+            Err(_) => {
+                let mut resp = Response::new(full("incomplete body"));
+                *resp.status_mut() = StatusCode::BAD_REQUEST;
+                resp
+            }
+        },
+        _ => Response::new(full("ok")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. method, path and query
+
+/// The method, the normalised path (dot segments resolved, slashes folded, `%2F` kept encoded)
+/// and the query reach the upstream.
+#[tokio::test]
+async fn forwards_method_normalised_path_and_query() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    let cases = [
+        ("PATCH", "/v1/a/../b?x=1&y=%20z", "/v1/b?x=1&y=%20z"),
+        ("GET", "//v1//x", "/v1/x"),
+        ("DELETE", "/v1/a%2Fb/./c", "/v1/a%2Fb/c"),
+        ("GET", "/v1/a%2fb?k=%2f", "/v1/a%2Fb?k=%2f"),
+        ("PUT", "/v1/%7Euser/%61", "/v1/~user/a"),
+        ("OPTIONS", "/v1/x/", "/v1/x/"),
+    ];
+    for (method, sent, _) in cases {
+        let req = Request::builder()
+            .method(method)
+            .uri(proxy.url(sent))
+            .body(empty())
+            .unwrap();
+        let a = send(req).await;
+        assert_eq!(a.status, 200, "{method} {sent}: {a:?}");
+        assert_eq!(a.body, "ok");
+    }
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), cases.len());
+    for (seen, (method, sent, expected)) in seen.iter().zip(cases) {
+        assert_eq!(seen.method, method, "{sent}");
+        assert_eq!(seen.uri, expected, "{sent}");
+    }
+}
+
+/// A path that climbs out of `/v1` is routed (and so refused) by its normal form: it never
+/// reaches the upstream under `/v1`'s route.
+#[tokio::test]
+async fn dot_segments_cannot_borrow_another_route() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    let a = get(&proxy.url("/v1/../admin"), &[]).await;
+    assert_eq!(a.status, 404, "{a:?}");
+    let a = get(&proxy.url("/v1/%2e%2e/admin"), &[]).await;
+    assert_eq!(a.status, 404, "{a:?}");
+    assert!(upstream.seen().is_empty());
+}
+
+/// With `strip_prefix: true`, `/v1/x?q=1` is forwarded as `/x?q=1` and `/v1` as `/`.
+#[tokio::test]
+async fn strip_prefix_forwards_the_rest_of_the_path() {
+    let upstream = Upstream::start().await;
+    let yaml = config(&[upstream.url()], "", "", "    strip_prefix: true");
+    let proxy = Proxy::start(&yaml).await;
+    let cases = [
+        ("/v1/x?q=1", "/x?q=1"),
+        ("/v1", "/"),
+        ("/v1/", "/"),
+        ("/v1?q=2", "/?q=2"),
+        ("/v1//a/../b/", "/b/"),
+    ];
+    for (sent, _) in cases {
+        let a = get(&proxy.url(sent), &[]).await;
+        assert_eq!(a.status, 200, "{sent}: {a:?}");
+    }
+    let seen: Vec<String> = upstream.seen().into_iter().map(|s| s.uri).collect();
+    let expected: Vec<&str> = cases.iter().map(|(_, e)| *e).collect();
+    assert_eq!(seen, expected);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. headers
+
+/// Hop-by-hop request headers (Connection and what it names, Keep-Alive, Proxy-*, TE, Trailer,
+/// Transfer-Encoding, Upgrade) do not reach the upstream; end-to-end ones do.
+#[tokio::test]
+async fn removes_hop_by_hop_request_headers() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    // Raw bytes, so that exactly these headers are sent; `gzip, chunked` is a transfer coding
+    // the proxy's own hop would never produce, so it shows whether the header was forwarded.
+    let request = "POST /v1/hop HTTP/1.1\r\n\
+        Host: api.example.com\r\n\
+        Connection: close, X-Secret, Keep-Alive\r\n\
+        Connection: x-other-secret\r\n\
+        X-Secret: 1\r\n\
+        X-Other-Secret: 1\r\n\
+        X-Kept: yes\r\n\
+        Keep-Alive: timeout=5\r\n\
+        Proxy-Authorization: Basic Zm9vOmJhcg==\r\n\
+        Proxy-Connection: keep-alive\r\n\
+        TE: trailers\r\n\
+        Trailer: X-Checksum\r\n\
+        Upgrade: foo/2\r\n\
+        Transfer-Encoding: gzip, chunked\r\n\
+        \r\n\
+        5\r\nhello\r\n0\r\n\r\n";
+    let response = raw(proxy.addr, request.as_bytes()).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 1);
+    let h = &seen[0].headers;
+    for gone in [
+        "connection",
+        "x-secret",
+        "x-other-secret",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+    ] {
+        assert!(h.get(gone).is_none(), "{gone} was forwarded: {h:?}");
+    }
+    let te: Vec<_> = h.get_all("transfer-encoding").iter().collect();
+    assert!(
+        te.is_empty() || te == ["chunked"],
+        "transfer-encoding was forwarded: {te:?}"
+    );
+    assert_eq!(h.get("x-kept").unwrap(), "yes");
+}
+
+/// Hop-by-hop response headers from the upstream do not reach the client; end-to-end ones do.
+#[tokio::test]
+async fn removes_hop_by_hop_response_headers() {
+    let upstream = CountingUpstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    let a = get(&proxy.url("/v1/hop"), &[]).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.body, "hop");
+    for gone in [
+        "connection",
+        "x-up-secret",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-x-up",
+        "trailer",
+        "upgrade",
+        "te",
+    ] {
+        assert!(a.header(gone).is_none(), "{gone} came back: {a:?}");
+    }
+    assert_eq!(a.header("x-up-kept"), Some("1"));
+}
+
+/// `X-Forwarded-For` gets the client's address appended to what the client sent (several lines
+/// joined in order), `X-Forwarded-Proto` is `http`, `X-Forwarded-Host` is the client's Host, and
+/// by default the client's Host is forwarded.
+#[tokio::test]
+async fn adds_x_forwarded_headers_and_preserves_host() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    let a = get(
+        &proxy.url("/v1/x"),
+        &[
+            ("host", "api.example.com"),
+            ("x-forwarded-for", "203.0.113.7"),
+            ("x-forwarded-for", "198.51.100.2, 192.0.2.1"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "spoofed.example"),
+        ],
+    )
+    .await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let a = get(&proxy.url("/v1/y"), &[]).await;
+    assert_eq!(a.status, 200, "{a:?}");
+
+    let seen = upstream.seen();
+    let h = &seen[0].headers;
+    let xff: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+    assert_eq!(xff, ["203.0.113.7, 198.51.100.2, 192.0.2.1, 127.0.0.1"]);
+    assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
+    let xfh: Vec<_> = h.get_all("x-forwarded-host").iter().collect();
+    assert_eq!(xfh, ["api.example.com"]);
+    assert_eq!(h.get("host").unwrap(), "api.example.com");
+
+    let h = &seen[1].headers;
+    assert_eq!(h.get("x-forwarded-for").unwrap(), "127.0.0.1");
+    let proxy_host = proxy.addr.to_string();
+    assert_eq!(h.get("host").unwrap(), proxy_host.as_str());
+    assert_eq!(h.get("x-forwarded-host").unwrap(), proxy_host.as_str());
+}
+
+/// With `preserve_host: false` the upstream gets the target's authority as Host, and the
+/// client's Host still travels in `X-Forwarded-Host`.
+#[tokio::test]
+async fn preserve_host_false_sends_the_target_authority() {
+    let upstream = Upstream::start().await;
+    let yaml = config(&[upstream.url()], "", "    preserve_host: false", "");
+    let proxy = Proxy::start(&yaml).await;
+    let a = get(&proxy.url("/v1/x"), &[("host", "api.example.com")]).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let seen = upstream.seen();
+    let h = &seen[0].headers;
+    assert_eq!(h.get("host").unwrap(), upstream.addr.to_string().as_str());
+    assert_eq!(h.get("x-forwarded-host").unwrap(), "api.example.com");
+}
+
+/// Behind a trusted proxy, `X-Forwarded-For` still gets the TCP peer (the trusted proxy)
+/// appended, not a second copy of the client address that identity took from the list.
+#[tokio::test]
+async fn x_forwarded_for_from_a_trusted_proxy_appends_the_peer() {
+    let upstream = Upstream::start().await;
+    let top = "trusted_proxies: [127.0.0.0/8]";
+    let proxy = Proxy::start(&config(&[upstream.url()], top, "", "")).await;
+    let a = get(&proxy.url("/v1/x"), &[("x-forwarded-for", "203.0.113.7")]).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let seen = upstream.seen();
+    assert_eq!(
+        seen[0].headers.get("x-forwarded-for").unwrap(),
+        "203.0.113.7, 127.0.0.1"
+    );
+}
+
+/// An `Upgrade` request that the upstream accepts with 101 becomes a two-way byte tunnel; the
+/// upstream sees the handshake headers and the client gets them back.
+#[tokio::test]
+async fn upgrade_requests_are_tunnelled_after_101() {
+    let upstream = CountingUpstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(
+        b"GET /v1/ws HTTP/1.1\r\nHost: api.example.com\r\n\
+          Connection: keep-alive, Upgrade\r\nUpgrade: echo-proto\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut byte))
+            .await
+            .expect("101 in time")
+            .unwrap();
+        assert_eq!(n, 1, "closed after {:?}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("\r\nupgrade: echo-proto\r\n"), "{head}");
+    assert!(head.contains("\r\nconnection: upgrade\r\n"), "{head}");
+    for message in [&b"ping"[..], b"a longer second message"] {
+        s.write_all(message).await.unwrap();
+        let mut back = vec![0u8; message.len()];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back))
+            .await
+            .expect("echo in time")
+            .unwrap();
+        assert_eq!(back, message);
+    }
+    let seen = upstream.headers.lock().unwrap().clone();
+    assert_eq!(seen[0].get("upgrade").unwrap(), "echo-proto");
+    assert_eq!(seen[0].get("connection").unwrap(), "upgrade");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. round robin and pooling
+
+/// Two targets share the requests in turn: first, second, first, ...
+#[tokio::test]
+async fn round_robin_alternates_between_targets() {
+    let first = Upstream::start().await;
+    let second = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[first.url(), second.url()], "", "", "")).await;
+    for i in 0..10 {
+        let a = get(&proxy.url(&format!("/v1/rr/{i}")), &[]).await;
+        assert_eq!(a.status, 200, "{a:?}");
+    }
+    let uris = |u: &Upstream| u.seen().into_iter().map(|s| s.uri).collect::<Vec<_>>();
+    let even: Vec<String> = (0..10).step_by(2).map(|i| format!("/v1/rr/{i}")).collect();
+    let odd: Vec<String> = (1..10).step_by(2).map(|i| format!("/v1/rr/{i}")).collect();
+    assert_eq!(uris(&first), even);
+    assert_eq!(uris(&second), odd);
+}
+
+/// Sequential requests, each from a new client connection, reuse a few pooled upstream
+/// connections instead of opening one each.
+#[tokio::test]
+async fn upstream_connections_are_pooled_and_kept_alive() {
+    let upstream = CountingUpstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    for i in 0..50 {
+        let a = get(&proxy.url(&format!("/v1/pool/{i}")), &[]).await;
+        assert_eq!(a.status, 200, "{a:?}");
+        // a body, so the pooled connection is handed back only after streaming it
+        let a = send(
+            Request::post(proxy.url("/v1/drain"))
+                .body(full("abc"))
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(a.body, "3");
+    }
+    assert_eq!(upstream.requests(), 100);
+    let accepted = upstream.accepted();
+    assert!(
+        (1..=5).contains(&accepted),
+        "100 sequential requests opened {accepted} upstream connections"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. errors tollgate answers itself
+
+/// No route: 404 with a JSON body.
+#[tokio::test]
+async fn no_route_is_404_json() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    for path in ["/", "/v2/x", "/v1x"] {
+        let a = get(&proxy.url(path), &[]).await;
+        assert_eq!(a.status, 404, "{path}: {a:?}");
+        assert_eq!(json(&a)["error"], "no_route");
+    }
+    assert!(upstream.seen().is_empty());
+}
+
+/// Bad percent-encoding in the path: 400 with a JSON body, nothing forwarded.
+#[tokio::test]
+async fn bad_percent_encoding_is_400() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    for path in ["/v1/%zz", "/v1/a%2", "/v1/%g0/x"] {
+        let a = get(&proxy.url(path), &[]).await;
+        assert_eq!(a.status, 400, "{path}: {a:?}");
+        assert_eq!(json(&a)["error"], "bad_request");
+    }
+    assert!(upstream.seen().is_empty());
+}
+
+/// A target that refuses connections: 502 with a JSON body.
+#[tokio::test]
+async fn refused_connection_is_502_json() {
+    let target = format!("http://127.0.0.1:{}", dead_port());
+    let proxy = Proxy::start(&config(&[target], "", "", "")).await;
+    let a = get(&proxy.url("/v1/x"), &[]).await;
+    assert_eq!(a.status, 502, "{a:?}");
+    assert_eq!(json(&a)["error"], "upstream_unreachable");
+}
+
+/// No response head within `timeouts.upstream_response`: 504 with a JSON body, answered soon
+/// after the timeout rather than when the upstream finally answers.
+#[tokio::test]
+async fn slow_upstream_is_504_after_the_response_timeout() {
+    let upstream = Upstream::start().await;
+    let top = "timeouts:\n  upstream_response: 300ms";
+    let proxy = Proxy::start(&config(&[upstream.url()], top, "", STRIP)).await;
+    let started = Instant::now();
+    let a = get(&proxy.url("/v1/slow/2000"), &[]).await;
+    let took = started.elapsed();
+    assert_eq!(a.status, 504, "{a:?}");
+    assert_eq!(json(&a)["error"], "upstream_timeout");
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_millis(1500),
+        "answered after {took:?}"
+    );
+    // a fast request on the same route is unaffected
+    let a = get(&proxy.url("/v1/slow/10"), &[]).await;
+    assert_eq!(a.status, 200, "{a:?}");
+}
+
+/// A body over `max_body_size` announced by Content-Length: 413 with a JSON body, and the
+/// upstream is not even contacted; a body at the limit passes.
+#[tokio::test]
+async fn body_over_max_size_with_content_length_is_413() {
+    let upstream = CountingUpstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "max_body_size: 1KiB", "", "")).await;
+    let a = send(
+        Request::post(proxy.url("/v1/drain"))
+            .body(full(vec![b'x'; 64 * 1024]))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(a.status, 413, "{a:?}");
+    assert_eq!(json(&a)["error"], "payload_too_large");
+    assert_eq!(upstream.accepted(), 0);
+    let a = send(
+        Request::post(proxy.url("/v1/drain"))
+            .body(full(vec![b'x'; 1024]))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.body, "1024");
+}
+
+/// A chunked body (no length announced) that grows past `max_body_size`: 413 with a JSON body
+/// and the upstream never gets the whole body; a chunked body at the limit passes.
+#[tokio::test]
+async fn chunked_body_over_max_size_is_413() {
+    let upstream = CountingUpstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "max_body_size: 1KiB", "", "")).await;
+    let a = send(
+        Request::post(proxy.url("/v1/drain"))
+            .body(Repeat::body(64 * 1024, 256))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(a.status, 413, "{a:?}");
+    assert_eq!(json(&a)["error"], "payload_too_large");
+    let a = send(
+        Request::post(proxy.url("/v1/drain"))
+            .body(Repeat::body(1024, 100))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.body, "1024");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. streaming
+
+/// Resident set size of this process (the proxy runs in it), in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS in /proc/self/status");
+    let kib: u64 = line
+        .trim_start_matches("VmRSS:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kib * 1024
+}
+
+/// Samples the RSS every few milliseconds on its own thread until dropped; `peak` is the
+/// highest seen.
+struct RssSampler {
+    peak: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RssSampler {
+    fn start() -> RssSampler {
+        let peak = Arc::new(AtomicU64::new(rss()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, s) = (peak.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                p.fetch_max(rss(), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        RssSampler {
+            peak,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn peak(mut self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        self.peak.load(Ordering::SeqCst).max(rss())
+    }
+}
+
+const HUNDRED_MB: u64 = 100 * 1024 * 1024;
+/// How much the process may grow while 100 MB pass through it.
+const GROWTH_LIMIT: u64 = 40 * 1024 * 1024;
+
+/// A 100 MB chunked upload echoed back and a 100 MB download both arrive whole while the
+/// process (proxy, upstream and client together) grows by far less than 100 MB: bodies stream.
+/// One test for both, so no other big transfer in this file runs at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_100_mb_both_ways_without_buffering() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", STRIP)).await;
+    let client = http_client();
+    // warm up: connections, pools, allocator arenas
+    let a = get(&proxy.url("/v1/bytes/1048576"), &[]).await;
+    assert_eq!(a.body.len(), 1 << 20);
+
+    let before = rss();
+    let sampler = RssSampler::start();
+    let req = Request::post(proxy.url("/v1/echo"))
+        .body(Repeat::body(HUNDRED_MB, 64 * 1024))
+        .unwrap();
+    let resp = client.request(req).await.expect("upload");
+    assert_eq!(resp.status(), 200);
+    let echoed = count_body(resp.into_body()).await;
+    let upload_peak = sampler.peak();
+    assert_eq!(echoed, HUNDRED_MB, "bytes echoed back");
+
+    let sampler = RssSampler::start();
+    let req = Request::get(proxy.url(&format!("/v1/bytes/{HUNDRED_MB}")))
+        .body(empty())
+        .unwrap();
+    let resp = client.request(req).await.expect("download");
+    assert_eq!(resp.status(), 200);
+    let downloaded = count_body(resp.into_body()).await;
+    let download_peak = sampler.peak();
+    assert_eq!(downloaded, HUNDRED_MB, "bytes downloaded");
+
+    for (what, peak) in [("upload", upload_peak), ("download", download_peak)] {
+        let growth = peak.saturating_sub(before);
+        assert!(
+            growth < GROWTH_LIMIT,
+            "{what}: RSS grew by {} MiB (from {} MiB)",
+            growth >> 20,
+            before >> 20
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. HTTP/2 cleartext inbound
+
+/// A request over h2c (prior knowledge) is routed by its `:authority`, forwarded to the
+/// HTTP/1.1 upstream with a Host header (and split Cookie fields joined), and answered over
+/// HTTP/2, bodies included.
+#[tokio::test]
+async fn h2c_requests_are_proxied_to_an_http1_upstream() {
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"
+listen: 127.0.0.1:0
+upstreams:
+  api:
+    targets: [{}]
+routes:
+  - name: api
+    match: {{host: api.example.com, path_prefix: /v1}}
+    upstream: api
+    strip_prefix: true
+"#,
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2c handshake");
+    tokio::spawn(conn);
+
+    let req = Request::get("http://api.example.com/v1/h2?x=1")
+        .body(empty())
+        .unwrap();
+    let resp = sender.send_request(req).await.expect("h2 GET");
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"ok");
+
+    let req = Request::post("http://api.example.com/v1/echo")
+        .body(full("hello over h2"))
+        .unwrap();
+    let resp = sender.send_request(req).await.expect("h2 POST");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"hello over h2");
+
+    // HTTP/2 may split Cookie into several fields; HTTP/1.1 gets them as one
+    let req = Request::get("http://api.example.com/v1/cookies")
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .body(empty())
+        .unwrap();
+    let resp = sender.send_request(req).await.expect("h2 GET cookies");
+    assert_eq!(resp.status(), 200);
+
+    // another authority does not match the route
+    let req = Request::get("http://other.example.com/v1/h2")
+        .body(empty())
+        .unwrap();
+    let resp = sender.send_request(req).await.expect("h2 GET other");
+    assert_eq!(resp.status(), 404);
+
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 3);
+    assert_eq!(seen[0].method, "GET");
+    assert_eq!(seen[0].uri, "/h2?x=1");
+    assert_eq!(seen[0].headers.get("host").unwrap(), "api.example.com");
+    assert_eq!(
+        seen[0].headers.get("x-forwarded-host").unwrap(),
+        "api.example.com"
+    );
+    assert_eq!(seen[1].headers.get("host").unwrap(), "api.example.com");
+    let cookies: Vec<_> = seen[2].headers.get_all("cookie").iter().collect();
+    assert_eq!(cookies, ["a=1; b=2"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. malformed requests
+
+/// A malformed request head gets 400 while a request in flight on another connection, and a
+/// new connection, are served normally.
+#[tokio::test]
+async fn malformed_request_gets_400_without_disturbing_others() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", STRIP)).await;
+    let slow_url = proxy.url("/v1/slow/800");
+    let in_flight = tokio::spawn(async move { get(&slow_url, &[]).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let response = raw(
+        proxy.addr,
+        b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+    )
+    .await;
+    assert!(response.starts_with("HTTP/1.1 400"), "{response:?}");
+
+    let a = get(&proxy.url("/v1/after"), &[]).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let a = in_flight.await.unwrap();
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.body, "slow ok");
+}
+
+/// A request head far too large gets 431 and does not disturb other connections.
+#[tokio::test]
+async fn oversized_request_head_gets_431() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    let mut request = String::from("GET /v1/x HTTP/1.1\r\nHost: x\r\n");
+    for i in 0..200 {
+        request.push_str(&format!("X-Filler-{i}: {}\r\n", "y".repeat(40)));
+    }
+    request.push_str("\r\n");
+    let response = raw(proxy.addr, request.as_bytes()).await;
+    assert!(
+        response.starts_with("HTTP/1.1 431"),
+        "{:?}",
+        &response[..response.len().min(200)]
+    );
+    let a = get(&proxy.url("/v1/after"), &[]).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert!(upstream.seen().iter().all(|s| s.uri == "/v1/after"));
+}

@@ -1,0 +1,264 @@
+//! TLS: inbound termination (ALPN h2 and http/1.1) with a certificate made in the test, an
+//! `https://` upstream verified against a root the system bundle ($SSL_CERT_FILE) holds, and
+//! `rediss://` to a real TLS redis-server with AUTH from the URL.
+//!
+//! One test in its own binary: it sets SSL_CERT_FILE for the process.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+
+struct Certs {
+    dir: tempfile::TempDir,
+}
+
+impl Certs {
+    fn new() -> Certs {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params =
+            rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cert.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.path().join("key.pem"), key.serialize_pem()).unwrap();
+        Certs { dir }
+    }
+    fn cert(&self) -> String {
+        self.dir.path().join("cert.pem").display().to_string()
+    }
+    fn key(&self) -> String {
+        self.dir.path().join("key.pem").display().to_string()
+    }
+    fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(self.cert()).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Arc::new(config)
+    }
+}
+
+async fn tls_connect(
+    addr: SocketAddr,
+    certs: &Certs,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let connector = tokio_rustls::TlsConnector::from(certs.client_config(alpn));
+    connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap()
+}
+
+/// A TLS redis-server on a free port, plaintext off, requiring a password.
+struct TlsRedis {
+    port: u16,
+    child: std::process::Child,
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tls_redis(certs: &Certs) -> TlsRedis {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .args([
+            "--tls-cert-file",
+            &certs.cert(),
+            "--tls-key-file",
+            &certs.key(),
+            "--tls-auth-clients",
+            "no",
+        ])
+        .args([
+            "--requirepass",
+            "s3cret",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "TLS redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    TlsRedis { port, child }
+}
+
+/// HTTPS in, HTTPS to the upstream, TLS to Redis: all verified, all working together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_everywhere() {
+    let certs = Certs::new();
+    // the test CA as the system bundle, for the upstream client and for rediss://
+    std::env::set_var("SSL_CERT_FILE", certs.cert());
+    let redis = tls_redis(&certs);
+
+    // an HTTPS upstream with the same certificate
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    let acceptor = tollgate::tls::acceptor(
+        tollgate::tls::server_config(
+            std::path::Path::new(&certs.cert()),
+            std::path::Path::new(&certs.key()),
+        )
+        .unwrap(),
+    );
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = upstream.accept().await.unwrap();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(
+                    |req: hyper::Request<hyper::body::Incoming>| async move {
+                        let body = format!("secure upstream saw {:?}", req.version());
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                            http_body_util::Full::new(Bytes::from(body)),
+                        ))
+                    },
+                );
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+tls: {{cert: "{cert}", key: "{key}"}}
+store: {{backend: redis, url: "rediss://:s3cret@localhost:{port}/0", timeout: 1s, on_error: deny}}
+upstreams:
+  secure:
+    targets: [https://localhost:{up}]
+    preserve_host: false
+routes:
+  - name: api
+    upstream: secure
+    limits:
+      - {{name: per-client, algorithm: token_bucket, rate: 1/h, burst: 2}}
+"#,
+        cert = certs.cert(),
+        key = certs.key(),
+        port = redis.port,
+        up = upstream_addr.port()
+    );
+    let proxy = common::Proxy::start(&yaml).await;
+
+    // HTTP/2 by ALPN
+    let tls = tls_connect(proxy.addr, &certs, &[b"h2", b"http/1.1"]).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("https://localhost/x")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), hyper::Version::HTTP_2);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "secure upstream saw HTTP/1.1");
+
+    // HTTP/1.1 by ALPN
+    let tls = tls_connect(proxy.addr, &certs, &[b"http/1.1"]).await;
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("/y")
+        .header("host", "localhost")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = h1.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), hyper::Version::HTTP_11);
+    // the limit lives in the TLS Redis: its third request is denied
+    let req = hyper::Request::get("/z")
+        .header("host", "localhost")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    assert_eq!(h1.send_request(req).await.unwrap().status(), 429);
+    let keys = Command::new("redis-cli")
+        .args([
+            "-p",
+            &redis.port.to_string(),
+            "--tls",
+            "--cacert",
+            &certs.cert(),
+            "-h",
+            "localhost",
+            "-a",
+            "s3cret",
+            "--no-auth-warning",
+            "--scan",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&keys.stdout).contains("tollgate:api:per-client:127.0.0.1"));
+
+    // a plaintext client on the TLS port gets no HTTP answer, and disturbs nobody
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut plain = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), plain.read_to_end(&mut buf)).await;
+    assert!(!buf.starts_with(b"HTTP/1.1 200"));
+    let tls = tls_connect(proxy.addr, &certs, &[b"http/1.1"]).await;
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("/after")
+        .header("host", "localhost")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    assert_eq!(
+        h1.send_request(req).await.unwrap().status(),
+        429,
+        "still serving TLS clients"
+    );
+}
