@@ -129,11 +129,14 @@ fn sigterm_drains_and_exits_0() {
         "listen: 127.0.0.1:{port}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    upstream: api\n"
     );
     let path = write(&dir, "p.yaml", &yaml);
-    let mut child = tollgate()
-        .env("TOLLGATE_CONFIG", &path)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Reaped(
+        tollgate()
+            .env("TOLLGATE_CONFIG", &path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -142,7 +145,7 @@ fn sigterm_drains_and_exits_0() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let pid = child.id().to_string();
+    let pid = child.0.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
         .status()
@@ -150,7 +153,7 @@ fn sigterm_drains_and_exits_0() {
         .success());
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Some(status) = child.try_wait().unwrap() {
+        if let Some(status) = child.0.try_wait().unwrap() {
             assert_eq!(status.code(), Some(0));
             break;
         }
@@ -159,5 +162,99 @@ fn sigterm_drains_and_exits_0() {
             "tollgate did not exit after SIGTERM"
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process killed when the test ends, also when it fails.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads the admin `/metrics` text over a raw HTTP/1.0 request (no client library needed).
+fn scrape(admin: u16) -> String {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", admin)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGHUP reloads the file (counted as ok); an invalid file is rejected with the `check`
+/// messages in the log (counted as error) and the proxy keeps serving; logs can be JSON lines.
+#[test]
+fn sighup_reloads_and_invalid_files_are_rejected() {
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (port, admin) = (free(), free());
+    let dir = tempfile::tempdir().unwrap();
+    let good = format!(
+        "listen: 127.0.0.1:{port}\nadmin: {{listen: 127.0.0.1:{admin}}}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    upstream: api\n"
+    );
+    let path = write(&dir, "p.yaml", &good);
+    let log = dir.path().join("log.txt");
+    let mut child = Reaped(
+        tollgate()
+            .arg("--config")
+            .arg(&path)
+            .args(["--log-format", "json"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("admin listener", || {
+        std::net::TcpStream::connect(("127.0.0.1", admin)).is_ok()
+    });
+    let pid = child.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    wait_for("an ok reload", || {
+        scrape(admin).contains(r#"tollgate_config_reloads_total{result="ok"} 1"#)
+    });
+    std::fs::write(&path, good.replace("upstream: api", "upstream: nowhere")).unwrap();
+    wait_for("a rejected reload", || {
+        scrape(admin).contains(r#"tollgate_config_reloads_total{result="error"} 1"#)
+    });
+    // still serving the old config: the route answers (502: the target refuses), not 404
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut s, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.0 502"), "{answer}");
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert_eq!(child.0.wait().unwrap().code(), Some(0));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let file = path.display().to_string();
+    assert!(
+        text.contains(&format!("{file}:8:15: routes[0].upstream")),
+        "{text}"
+    );
+    for line in text.lines() {
+        assert!(
+            serde_json::from_str::<serde_json::Value>(line).is_ok(),
+            "not JSON: {line}"
+        );
     }
 }
