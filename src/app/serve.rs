@@ -1,6 +1,14 @@
 //! Accepting and serving client connections: TCP, optionally TLS (ALPN picks h2 or
 //! http/1.1), then hyper-util's auto builder (HTTP/1.1, or HTTP/2 by prior knowledge or ALPN)
-//! with the proxy as the service. Each connection is watched for graceful shutdown.
+//! with the proxy as the service.
+//!
+//! Connection-level hardening lives here: each connection's task enforces `client_header` and
+//! `idle` ([`idle`]), drains on shutdown, and refuses ambiguous HTTP/1 framing before the
+//! proxy sees a request ([`framing`]). hyper bounds the head (size and count of header lines)
+//! and HTTP/2 (concurrent streams, reset floods).
+
+mod framing;
+mod idle;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -9,15 +17,21 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
+use self::idle::{Activity, Deadlines, Expired, Guarded, InFlight, Tracked};
 use super::Shared;
 use crate::config::Config;
 use crate::proxy::{Conn, Proxy};
+
+/// The largest request head (request line and headers) an HTTP/1 connection buffers; larger
+/// gets 431. hyper's default is about 400 KiB, which thousands of half-sent heads would each
+/// hold; 64 KiB is Envoy's order (60 KiB) and twice nginx's default (4 x 8 KiB buffers).
+const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// What every connection of one listener needs.
 pub(super) struct AcceptCtx {
@@ -30,13 +44,19 @@ pub(super) struct AcceptCtx {
 }
 
 /// Accepts until `stop` changes. The graceful-shutdown handle stays in this loop (connection
-/// tasks get only a `Watcher` each), so the caller can take it back once every loop ended.
+/// tasks hold only a `Watcher` each, which is what its `shutdown` waits for), so the caller can
+/// take it back once every loop ended.
 pub(super) async fn accept_loop(
     listener: TcpListener,
     ctx: AcceptCtx,
     graceful: Arc<GracefulShutdown>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let timeouts = ctx.shared.config().timeouts;
+    let deadlines = Deadlines {
+        client_header: timeouts.client_header,
+        idle: timeouts.idle,
+    };
     let ctx = Arc::new(ctx);
     loop {
         let (stream, peer) = tokio::select! {
@@ -54,16 +74,18 @@ pub(super) async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let ctx = ctx.clone();
         let watcher = graceful.watcher();
+        let stop = stop.clone();
         // the handshake runs in the connection's task, so a slow client never holds up accept
         tokio::spawn(async move {
+            let _counted_until_closed = watcher;
             let conn = Conn {
                 peer,
                 tls: ctx.tls.is_some(),
             };
             match &ctx.tls {
-                None => serve(stream, conn, &ctx, watcher).await,
+                None => serve(stream, conn, &ctx, deadlines, stop).await,
                 Some(acceptor) => match handshake(acceptor, stream, ctx.handshake_timeout).await {
-                    Some(tls) => serve(tls, conn, &ctx, watcher).await,
+                    Some(tls) => serve(tls, conn, &ctx, deadlines, stop).await,
                     None => tracing::debug!(%peer, "TLS handshake failed or timed out"),
                 },
             }
@@ -86,31 +108,91 @@ async fn handshake(
     }
 }
 
-/// Serves one connection until it closes; the proxy in force is loaded per request, so a
-/// reload applies to the next request of a kept-alive connection.
-async fn serve<I>(io: I, conn: Conn, ctx: &AcceptCtx, watcher: Watcher)
-where
+/// Serves one connection until it closes, is cut off by its deadlines, or drains after
+/// `stop`. The proxy in force is loaded per request, so a reload applies to the next request of
+/// a kept-alive connection.
+async fn serve<I>(
+    io: I,
+    conn: Conn,
+    ctx: &AcceptCtx,
+    deadlines: Deadlines,
+    mut stop: watch::Receiver<bool>,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let activity = Activity::new();
     let shared = ctx.shared.clone();
+    let requests = activity.clone();
     let service = service_fn(move |req| {
+        let in_flight = InFlight::start(&requests);
         let proxy: Arc<Proxy> = shared.proxy.load_full();
-        async move { Ok::<_, Infallible>(proxy.handle(req, conn).await) }
+        async move {
+            let resp = match framing::check(&req) {
+                Ok(()) => proxy.handle(req, conn).await,
+                Err(e) => {
+                    tracing::debug!(peer = %conn.peer, error = %e, "request refused");
+                    framing::refusal(&e)
+                }
+            };
+            Ok::<_, Infallible>(resp.map(|body| Guarded::new(body, in_flight)))
+        }
     });
-    let connection = ctx
-        .builder
-        .serve_connection_with_upgrades(TokioIo::new(io), service);
-    if let Err(e) = watcher.watch(connection.into_owned()).await {
-        tracing::debug!(peer = %conn.peer, error = %e, "connection ended with an error");
+    let io = TokioIo::new(Tracked::new(io, activity.clone()));
+    let connection = ctx.builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(connection);
+    let timer = tokio::time::sleep(deadlines.client_header);
+    tokio::pin!(timer);
+    // set once a graceful close began (shutdown, or idle): hyper finishes what is in flight
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            biased;
+            ended = connection.as_mut() => {
+                if let Err(e) = ended {
+                    tracing::debug!(peer = %conn.peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.wait_for(|stop| *stop), if !closing => {
+                closing = true;
+                connection.as_mut().graceful_shutdown();
+            }
+            () = activity.head_started() => {
+                let next = activity.check(deadlines).unwrap_or_else(|_| tokio::time::Instant::now());
+                timer.as_mut().reset(next);
+            }
+            () = &mut timer => match activity.check(deadlines) {
+                Ok(next) => timer.as_mut().reset(next),
+                Err(Expired::Head) => {
+                    tracing::debug!(peer = %conn.peer, "no complete request head within client_header: closed");
+                    return;
+                }
+                Err(Expired::Idle) if !closing => {
+                    closing = true;
+                    connection.as_mut().graceful_shutdown();
+                    // an HTTP/2 client gets this long to acknowledge the GOAWAY
+                    timer.as_mut().reset(tokio::time::Instant::now() + deadlines.client_header);
+                }
+                Err(Expired::Idle) => return,
+            },
+        }
     }
 }
 
-pub(super) fn http_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+/// The HTTP server settings shared by every connection.
+///
+/// hyper's `header_read_timeout` is off: it would also end keep-alive pauses at
+/// `client_header`; [`idle`] keeps both deadlines instead. hyper's other defaults already bound
+/// what a client can make a connection hold: 100 header lines per head, and for HTTP/2 200
+/// concurrent streams, 16 KiB of header list and 20 streams reset before being accepted (the
+/// rapid-reset defence, answered with GOAWAY).
+pub(super) fn http_builder(_config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(config.timeouts.client_header)
+        .header_read_timeout(None)
+        .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
     builder

@@ -1,7 +1,8 @@
 //! `proxy.yaml`: reading, environment expansion, validation into the typed [`Config`], and
 //! problems that name the file, line, column and key path.
 //!
-//! The path from text to config, one private module per step:
+//! The path from text to config, one private module per step (and the public [`units`], whose
+//! parsers and formatters are also fuzzed on their own):
 //!
 //! * `tree`: the YAML text as a plain tree (syntax errors stop here); repeated keys are
 //!   reported, merge keys (`<<: *anchor`) applied, top-level `x-` fields (anchor holders)
@@ -9,7 +10,7 @@
 //! * `de` + `raw`: the tree read into the serde mirror of the file, which denies unknown keys;
 //!   the deserializer records every problem and keeps going, so one check reports them all.
 //! * `validate`, `backend`, `routes`, `limits`: the mirror turned into [`Config`] (formats in
-//!   `units`, defaults, cross references, warnings).
+//!   [`units`], defaults, cross references, warnings).
 //! * `locate`: the key path of each problem turned into a line and column.
 //! * `summary`: the config told back, for `tollgate check` ([`Config::summary`]) and the admin
 //!   `/config` endpoint ([`Config::to_json`]).
@@ -28,7 +29,7 @@ mod routes;
 mod summary;
 mod tree;
 mod types;
-mod units;
+pub mod units;
 mod validate;
 
 #[cfg(test)]

@@ -14,43 +14,70 @@ const DURATION_HELP: &str = "a duration such as 250ms, 2s, 1m or 1h";
 
 /// Parses a duration: one or more `<number><unit>` pairs, units `ms`, `s`, `m` (or `min`), `h`,
 /// `d`; the number may have a fraction (`1.5s`).
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let bad = || format!("expected {DURATION_HELP}, found {text:?}");
     let mut rest = text.trim();
     if rest.is_empty() {
         return Err(bad());
     }
-    let mut total = 0.0_f64;
+    // Summed in whole nanoseconds, exactly: through an f64 of seconds, a duration written to the
+    // millisecond comes back a nanosecond off beyond 2^53 ns (about 104 days).
+    let mut nanos = 0u128;
     while !rest.is_empty() {
         let digits = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .ok_or_else(bad)?;
-        let number: f64 = rest[..digits].parse().map_err(|_| bad())?;
         let unit_end = rest[digits..]
             .find(|c: char| !c.is_ascii_alphabetic())
             .map_or(rest.len(), |n| digits + n);
-        let seconds = unit_seconds(&rest[digits..unit_end]).ok_or_else(bad)?;
-        total += number * seconds;
+        let unit = unit_nanos(&rest[digits..unit_end]).ok_or_else(bad)?;
+        let amount = scaled(&rest[..digits], unit).ok_or_else(bad)?;
+        nanos = nanos.saturating_add(amount);
         rest = &rest[unit_end..];
     }
-    Duration::try_from_secs_f64(total).map_err(|_| format!("duration {text:?} is too large"))
+    let secs = u64::try_from(nanos / 1_000_000_000)
+        .map_err(|_| format!("duration {text:?} is too large"))?;
+    let subsec = u32::try_from(nanos % 1_000_000_000).expect("below 10^9");
+    Ok(Duration::new(secs, subsec))
 }
 
-/// Seconds in one duration unit.
-fn unit_seconds(unit: &str) -> Option<f64> {
+/// `number` (digits with at most one `.`, `5`, `1.5`, `.5`, `5.`) times `unit` nanoseconds,
+/// rounded to a whole nanosecond; saturates when too large, so the caller reports that.
+fn scaled(number: &str, unit: u128) -> Option<u128> {
+    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+    if (whole.is_empty() && frac.is_empty()) || frac.contains('.') {
+        return None;
+    }
+    // Only digits remain (the caller cut `number` there), so a parse fails only on overflow.
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().unwrap_or(u128::MAX)
+    };
+    // Digits past the 20th weigh less than 10^-6 ns even in days, and keep the product below
+    // 10^20 * 8.64 * 10^13 < 2^128.
+    let frac = &frac[..frac.len().min(20)];
+    let scale = 10u128.pow(u32::try_from(frac.len()).expect("at most 20"));
+    let frac: u128 = if frac.is_empty() { 0 } else { frac.parse().ok()? };
+    let part = (frac * unit + scale / 2) / scale;
+    Some(whole.saturating_mul(unit).saturating_add(part))
+}
+
+/// Nanoseconds in one duration unit.
+fn unit_nanos(unit: &str) -> Option<u128> {
     Some(match unit {
-        "ms" => 0.001,
-        "s" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        "d" => 86_400.0,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" | "min" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        "d" => 86_400_000_000_000,
         _ => return None,
     })
 }
 
 /// A parsed rate: the `N` of `N/unit` is kept because a token bucket's default burst is it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct ParsedRate {
+pub struct ParsedRate {
     /// the events of one span (`N`)
     pub count: f64,
     /// the span
@@ -60,7 +87,7 @@ pub(crate) struct ParsedRate {
 }
 
 /// Parses `N/unit` (`10/s`, `0.5/m`, `100/min`, `1000/h`, `5/d`) or `N/DURATION` (`3/60s`).
-pub(crate) fn parse_rate(text: &str) -> Result<ParsedRate, String> {
+pub fn parse_rate(text: &str) -> Result<ParsedRate, String> {
     let bad = || format!("expected N/unit such as 10/s, found {text:?}");
     let (count, span) = text.trim().split_once('/').ok_or_else(bad)?;
     let count: f64 = count.trim().parse().map_err(|_| bad())?;
@@ -71,18 +98,23 @@ pub(crate) fn parse_rate(text: &str) -> Result<ParsedRate, String> {
     let per = if span.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
         parse_duration(span).map_err(|_| bad())?
     } else {
-        Duration::from_secs_f64(unit_seconds(span).ok_or_else(bad)?)
+        let nanos = unit_nanos(span).ok_or_else(bad)?;
+        Duration::from_nanos(u64::try_from(nanos).expect("a day fits in u64 nanoseconds"))
     };
     if count <= 0.0 || per.is_zero() {
         return Err(format!("rate must be greater than zero, found {text:?}"));
     }
-    let rate = Rate::new(count, per).map_err(|e| e.to_string())?;
+    // `Rate` refuses an infinite rate as "not greater than zero, found inf"; say what it is.
+    let rate = Rate::new(count, per).map_err(|e| match count / per.as_secs_f64() {
+        r if r > 1.0 => format!("rate {text:?} is too large"),
+        _ => e.to_string(),
+    })?;
     Ok(ParsedRate { count, per, rate })
 }
 
 /// Parses a size in bytes: a whole number, or a number with a unit: `KB`, `MB`, `GB`, `TB`
 /// (powers of 1000), `KiB`, `MiB`, `GiB`, `TiB` (powers of 1024), `B`; units ignore case.
-pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, String> {
     let bad = || format!("expected a size such as 1000, 512KiB or 10MiB, found {text:?}");
     let trimmed = text.trim();
     let split = trimmed
@@ -109,23 +141,39 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// A duration as written in the file: `250ms`, `2s`, `1.5s`, `1m`, `2h`, `1d`.
-pub(crate) fn format_duration(d: Duration) -> String {
-    let ms = d.as_secs_f64() * 1000.0;
-    for (unit, size) in [("d", 86_400_000.0), ("h", 3_600_000.0), ("m", 60_000.0)] {
-        if ms >= size && (ms / size).fract() == 0.0 {
-            return format!("{}{unit}", ms / size);
+/// A duration as written in the file: `250ms`, `2s`, `1.5s`, `1m`, `2h`, `1d`; exact to the
+/// nanosecond (`1.000000001s`), so that [`parse_duration`] gives back the same duration.
+pub fn format_duration(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    for (unit, size) in [
+        ("d", 86_400_000_000_000),
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+    ] {
+        if nanos >= size && nanos % size == 0 {
+            return format!("{}{unit}", nanos / size);
         }
     }
-    if ms >= 1000.0 {
-        format!("{}s", ms / 1000.0)
+    if nanos >= 1_000_000_000 {
+        format!("{}s", decimal(nanos, 9))
     } else {
-        format!("{ms}ms")
+        format!("{}ms", decimal(nanos, 6))
     }
 }
 
+/// `n / 10^places` in decimal, without trailing zeros in the fraction.
+fn decimal(n: u128, places: usize) -> String {
+    let scale = 10u128.pow(u32::try_from(places).expect("a few places"));
+    let (whole, frac) = (n / scale, n % scale);
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let frac = format!("{frac:0places$}");
+    format!("{whole}.{}", frac.trim_end_matches('0'))
+}
+
 /// A rate as written in the file: `10/s`, `100/m`, `1000/h`; falls back to a decimal per second.
-pub(crate) fn format_rate(rate: Rate) -> String {
+pub fn format_rate(rate: Rate) -> String {
     let per_sec = rate.per_sec();
     for (unit, secs) in [("s", 1.0), ("m", 60.0), ("h", 3600.0), ("d", 86_400.0)] {
         let count = per_sec * secs;
@@ -138,7 +186,7 @@ pub(crate) fn format_rate(rate: Rate) -> String {
 }
 
 /// A size in the largest binary unit that divides it: `10MiB`, `512KiB`, `1000`.
-pub(crate) fn format_size(bytes: u64) -> String {
+pub fn format_size(bytes: u64) -> String {
     for (unit, size) in [
         ("TiB", 1u64 << 40),
         ("GiB", 1 << 30),

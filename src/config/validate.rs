@@ -165,7 +165,15 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
         Some(AdminConfig { listen: addr })
     });
     let upstreams = upstreams(chk, raw);
-    let names: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+    // Every name written under `upstreams`, valid or not: a route naming an upstream whose own
+    // problem is already reported must not add "no upstream named ..." on top.
+    let names: Vec<&str> = raw
+        .upstreams
+        .get()
+        .map_or(&[][..], |e| e.0.as_slice())
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .collect();
     let routes = routes::routes(chk, &raw.routes, &names);
     for upstream in &upstreams {
         if !routes.iter().any(|r| r.upstream == upstream.name) {

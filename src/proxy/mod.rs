@@ -333,10 +333,15 @@ fn log_request(outcome: &Outcome, route: &str, status: u16, elapsed: Duration) {
         status,
         client = %client,
         decision = outcome.decision.unwrap_or("-"),
-        pacing_delay_ms = outcome.pacing_delay.as_secs_f64() * 1000.0,
+        pacing_delay_ms = millis(outcome.pacing_delay),
         upstream = outcome.upstream.as_deref().unwrap_or("-"),
-        duration_ms = elapsed.as_secs_f64() * 1000.0,
+        duration_ms = millis(elapsed),
     );
+}
+
+/// A duration in ms with microsecond resolution, for log fields (no float noise).
+fn millis(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
 }
 
 /// The first 12 hex digits of the SHA-1 of the client address: stable across instances, so
