@@ -15,6 +15,7 @@ mod limits;
 pub mod pacing;
 pub mod respond;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -258,9 +259,11 @@ impl Proxy {
         outcome: &mut Outcome,
     ) -> Result<Response<Body>, ProxyError> {
         // 1. route, on the normalised path (which is also the one forwarded)
-        let path = normalize_path(req.uri().path())
-            .map_err(|_| ProxyError::BadPath)?
-            .into_owned();
+        // The URI is cloned (reference counts only) so the path can be borrowed from it while
+        // the request itself moves on to the forward phase: no copy of the path in the
+        // common case of an already-normal path.
+        let uri = req.uri().clone();
+        let path = normalize_path(uri.path()).map_err(|_| ProxyError::BadPath)?;
         let host = request_host(&req);
         let parts = RequestParts {
             host,
@@ -290,7 +293,7 @@ impl Proxy {
         // 5. forward
         let forward_path = match &route.strip {
             Some(m) => strip_prefix(m, &path),
-            None => path.as_str().into(),
+            None => Cow::Borrowed(&*path),
         };
         let f = forward::Forward {
             upstream: &route.upstream.name,
