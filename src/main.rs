@@ -98,27 +98,36 @@ fn serve(config: tollgate::config::Config, path: PathBuf) -> anyhow::Result<()> 
     }
     let runtime = runtime.enable_all().build()?;
     runtime.block_on(async move {
+        // Take over SIGHUP before anything is listening: its default action kills the process,
+        // and a reload signal sent right after start-up must not. (Tokio keeps its handler
+        // installed for the life of the process once registered.)
+        let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        let shutdown = shutdown_signal();
         let server = Server::bind(config).await?;
         let watching = server.reloader().watch(path);
-        let result = server.run(shutdown_signal()).await;
+        let result = server.run(shutdown).await;
         watching.abort();
         result
     })
 }
 
 /// Completes on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Completes on SIGTERM or SIGINT. The handlers are installed when this is called, not when
+/// the future is first polled, so a signal that arrives during start-up is not lost (nor
+/// kills the process with the default action).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM");
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        let (Ok(mut term), Ok(mut int)) = (term, int) else {
+            tracing::error!("cannot listen for SIGTERM/SIGINT");
             return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
         }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
@@ -79,9 +79,7 @@ impl Server {
         )?;
         let mut listeners = Vec::with_capacity(config.listen.len());
         for addr in &config.listen {
-            let l = TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on {addr}"))?;
+            let l = bind(*addr).with_context(|| format!("cannot listen on {addr}"))?;
             listeners.push(l);
         }
         let tls = match &config.tls {
@@ -90,8 +88,7 @@ impl Server {
         };
         let admin = match &config.admin {
             Some(admin) => Some(
-                TcpListener::bind(admin.listen)
-                    .await
+                bind(admin.listen)
                     .with_context(|| format!("cannot listen on {} (admin)", admin.listen))?,
             ),
             None => None,
@@ -192,6 +189,24 @@ impl Server {
         Ok(())
     }
 }
+
+/// A listening socket with a backlog for bursts of new connections: the OS default that
+/// `TcpListener::bind` uses (128) overflows when hundreds of clients connect at once, and the
+/// overflow costs them a SYN retransmit (a second or more). nginx uses 511; the kernel caps
+/// it at `net.core.somaxconn`.
+fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Pending connections the kernel may queue per listener.
+const LISTEN_BACKLOG: u32 = 4096;
 
 /// What the admin endpoints read: metrics, the config in force, readiness.
 fn admin_state(shared: &Arc<Shared>) -> AdminState {
