@@ -8,8 +8,8 @@
 //! `respond` turns it into a status.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -39,33 +39,87 @@ pub fn client(connect: Duration, idle: Duration) -> UpstreamClient {
         .build(connector)
 }
 
-/// One upstream's targets, picked round robin.
+/// One upstream's targets, picked round robin. A target that could not be connected to is left
+/// out of the rotation for [`EJECT_FOR`] (a passive health check, as nginx's `max_fails=1`),
+/// unless every target is out; and a request without a body that could not be connected goes
+/// once to another target (nothing of it was sent: as nginx's `proxy_next_upstream error`).
 #[derive(Debug)]
 pub struct Targets {
     targets: Vec<(Scheme, Authority)>,
     next: AtomicUsize,
+    /// per target: ms on [`Targets::now_ms`] until which it is left out; 0: in the rotation
+    down_until: Vec<AtomicU64>,
+    clock: Instant,
 }
+
+/// How long a target that refused (or timed out) a connection is left out of the rotation.
+pub const EJECT_FOR: Duration = Duration::from_secs(2);
 
 impl Targets {
     /// Targets from their URIs (`http://host:port`); entries without scheme or authority are
     /// refused by config validation before this point and skipped here.
     pub fn new(uris: &[Uri]) -> Targets {
-        let targets = uris
+        let targets: Vec<(Scheme, Authority)> = uris
             .iter()
             .filter_map(|u| Some((u.scheme()?.clone(), u.authority()?.clone())))
             .collect();
         Targets {
+            down_until: targets.iter().map(|_| AtomicU64::new(0)).collect(),
             targets,
             next: AtomicUsize::new(0),
+            clock: Instant::now(),
         }
     }
 
-    fn pick(&self) -> Option<&(Scheme, Authority)> {
-        if self.targets.is_empty() {
+    /// ms since these targets were made, never 0 (0 means "in the rotation").
+    fn now_ms(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64 + 1
+    }
+
+    fn is_up(&self, i: usize, now: u64) -> bool {
+        self.down_until[i].load(Ordering::Relaxed) <= now
+    }
+
+    /// The next target in turn that is in the rotation; when none is, the next in turn.
+    fn pick(&self) -> Option<usize> {
+        let n = self.targets.len();
+        if n == 0 {
             return None;
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
-        self.targets.get(i)
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let now = self.now_ms();
+        (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| self.is_up(i, now))
+            .or(Some(start % n))
+    }
+
+    /// A target other than `failed` that is in the rotation, for a second attempt.
+    fn pick_other(&self, failed: usize) -> Option<usize> {
+        let n = self.targets.len();
+        let now = self.now_ms();
+        (1..n)
+            .map(|k| (failed + k) % n)
+            .find(|&i| self.is_up(i, now))
+    }
+
+    /// Target `i` could not be connected to: leave it out for [`EJECT_FOR`].
+    fn failed(&self, i: usize, upstream: &str) {
+        let until = self.now_ms() + EJECT_FOR.as_millis() as u64;
+        if self.down_until[i].swap(until, Ordering::Relaxed) == 0 {
+            tracing::warn!(upstream, target = %self.targets[i].1,
+                "upstream target unreachable: left out of the rotation for {EJECT_FOR:?} at a time");
+        }
+    }
+
+    /// Target `i` answered: back in the rotation.
+    fn succeeded(&self, i: usize, upstream: &str) {
+        if self.down_until[i].load(Ordering::Relaxed) != 0
+            && self.down_until[i].swap(0, Ordering::Relaxed) != 0
+        {
+            tracing::info!(upstream, target = %self.targets[i].1,
+                "upstream target reachable again");
+        }
     }
 }
 
@@ -107,17 +161,44 @@ pub async fn forward(
     // Taken before the request is rewritten: the client side of a possible tunnel.
     let upgrade = upgrade_protocol(&req);
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
-    let upstream_req = rewrite(req, f, upgrade)?;
-    let sent = client.request(upstream_req);
-    let mut resp = match tokio::time::timeout(f.response_timeout, sent).await {
+    let target = f
+        .targets
+        .pick()
+        .ok_or_else(|| ProxyError::NoTarget(f.upstream.to_string()))?;
+    // Without a body the request can be sent again, to another target, when no connection
+    // could be made to the first: nothing of it reached that target.
+    let resendable = hyper::body::Body::is_end_stream(req.body());
+    let (upstream_req, host_is_target) = rewrite(req, f, upgrade, target)?;
+    let again = resendable.then(|| Resend::of(&upstream_req, host_is_target));
+    let attempts = async {
+        match client.request(upstream_req).await {
+            Err(e) if e.is_connect() => {
+                let Some((again, other)) = again.zip(f.targets.pick_other(target)) else {
+                    return (target, Err(e));
+                };
+                f.targets.failed(target, f.upstream);
+                (other, client.request(again.to(f.targets, other)).await)
+            }
+            result => (target, result),
+        }
+    };
+    let mut resp = match tokio::time::timeout(f.response_timeout, attempts).await {
         Err(_) => {
             return Err(ProxyError::UpstreamTimeout {
                 upstream: f.upstream.to_string(),
                 after: f.response_timeout,
             })
         }
-        Ok(Err(e)) => return Err(upstream_error(f.upstream, e)),
-        Ok(Ok(resp)) => resp,
+        Ok((used, Err(e))) => {
+            if e.is_connect() {
+                f.targets.failed(used, f.upstream);
+            }
+            return Err(upstream_error(f.upstream, e));
+        }
+        Ok((used, Ok(resp))) => {
+            f.targets.succeeded(used, f.upstream);
+            resp
+        }
     };
     let switched = match client_upgrade {
         Some(client_side) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
@@ -140,6 +221,45 @@ pub async fn forward(
         parts,
         body.map_err(BoxError::from).boxed(),
     ))
+}
+
+/// The head of a request without a body, to send it again to another target.
+struct Resend {
+    method: http::Method,
+    uri: Uri,
+    headers: HeaderMap,
+    /// `Host` names the target (not the client's host), so it changes with the target
+    host_is_target: bool,
+}
+
+impl Resend {
+    fn of(req: &Request<Body>, host_is_target: bool) -> Resend {
+        Resend {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            headers: req.headers().clone(),
+            host_is_target,
+        }
+    }
+
+    /// The same request, for target `i`, with an empty body.
+    fn to(self, targets: &Targets, i: usize) -> Request<Body> {
+        let (scheme, authority) = &targets.targets[i];
+        let mut parts = self.uri.into_parts();
+        parts.scheme = Some(scheme.clone());
+        parts.authority = Some(authority.clone());
+        let mut req = Request::new(http_body_util::Empty::new().map_err(BoxError::from).boxed());
+        *req.method_mut() = self.method;
+        *req.uri_mut() = Uri::from_parts(parts).unwrap_or_default();
+        *req.version_mut() = Version::HTTP_11;
+        *req.headers_mut() = self.headers;
+        if self.host_is_target {
+            if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+                req.headers_mut().insert(header::HOST, host);
+            }
+        }
+        req
+    }
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` header, when its
@@ -184,13 +304,21 @@ async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, name: String) {
 
 fn upstream_error(upstream: &str, e: hyper_util::client::legacy::Error) -> ProxyError {
     let upstream = upstream.to_string();
-    // a request body over max_body_size surfaces as the body's error
+    // a request body over max_body_size, or one the client sent malformed or cut short,
+    // surfaces as the error of the body hyper was sending ("user body", with its cause)
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    let mut client_body = false;
     while let Some(err) = source {
         if err.is::<http_body_util::LengthLimitError>() {
             return ProxyError::BodyTooLarge;
         }
+        client_body |= err
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(|h| h.is_user() && err.source().is_some());
         source = err.source();
+    }
+    if client_body {
+        return ProxyError::BadBody;
     }
     if e.is_connect() {
         ProxyError::UpstreamConnect {
@@ -205,13 +333,15 @@ fn upstream_error(upstream: &str, e: hyper_util::client::legacy::Error) -> Proxy
     }
 }
 
-/// The upstream request: target URI, HTTP/1.1, headers cleaned and `X-Forwarded-*` added;
-/// with `upgrade`, the `Upgrade` handshake headers kept.
+/// The upstream request for target number `target`: target URI, HTTP/1.1, headers cleaned and
+/// `X-Forwarded-*` added; with `upgrade`, the `Upgrade` handshake headers kept. Also whether
+/// its `Host` is the target's authority (rather than the client's host).
 fn rewrite(
     req: Request<Incoming>,
     f: &Forward<'_>,
     upgrade: Option<HeaderValue>,
-) -> Result<Request<Body>, ProxyError> {
+    target: usize,
+) -> Result<(Request<Body>, bool), ProxyError> {
     let (mut parts, body) = req.into_parts();
     if let (Some(max), Some(len)) = (f.max_body_size, content_length(&parts.headers)) {
         if len > max {
@@ -220,7 +350,8 @@ fn rewrite(
     }
     let (scheme, authority) = f
         .targets
-        .pick()
+        .targets
+        .get(target)
         .ok_or_else(|| ProxyError::NoTarget(f.upstream.to_string()))?;
     // An absolute-form target's authority wins over Host (RFC 9112 §3.2.2); for HTTP/2 the
     // URI carries :authority.
@@ -255,16 +386,19 @@ fn rewrite(
     if let Some(host) = &client_host {
         headers.insert(X_FORWARDED_HOST.clone(), host.clone());
     }
-    let host = match (&client_host, f.preserve_host) {
-        (Some(h), true) => h.clone(),
-        _ => HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::BadPath)?,
+    let (host, host_is_target) = match (&client_host, f.preserve_host) {
+        (Some(h), true) => (h.clone(), false),
+        _ => (
+            HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::BadPath)?,
+            true,
+        ),
     };
     headers.insert(header::HOST, host);
     let body: Body = match f.max_body_size {
         Some(max) => http_body_util::Limited::new(body, max as usize).boxed(),
         None => body.map_err(BoxError::from).boxed(),
     };
-    Ok(Request::from_parts(parts, body))
+    Ok((Request::from_parts(parts, body), host_is_target))
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -308,15 +442,34 @@ fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
     if !value.is_empty() {
         value.push_str(", ");
     }
-    value.push_str(&ip.to_string());
+    // `write!` formats straight into the buffer: no temporary String for the address
+    let _ = std::fmt::Write::write_fmt(&mut value, format_args!("{ip}"));
     if let Ok(v) = HeaderValue::try_from(value) {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
 }
 
+/// A header that never crosses a hop by its name alone (headers named by `Connection` are the
+/// others).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || name == KEEP_ALIVE
+        || name.as_str().starts_with("proxy-")
+}
+
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1): `Connection` and every header it names,
 /// `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Hot path: one pass of cheap name comparisons; most messages carry no hop-by-hop header
+    // but `Connection`, and none at all over HTTP/2. Removing by name hashes, so only do it
+    // when something is there to remove.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
