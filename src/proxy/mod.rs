@@ -110,6 +110,10 @@ pub enum ProxyError {
     /// the request body is larger than `max_body_size`
     #[error("request body larger than max_body_size")]
     BodyTooLarge,
+    /// the client's request body could not be read (malformed chunked coding, cut short):
+    /// the client's fault, not the upstream's
+    #[error("malformed or truncated request body")]
+    BadBody,
     /// the store failed and `on_error` is `deny`
     #[error("rate limiter unavailable: {0}")]
     StoreUnavailable(#[source] StoreError),
@@ -163,6 +167,7 @@ impl ProxyError {
             ProxyError::BadPath => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BadBody => StatusCode::BAD_REQUEST,
             ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::PacingRefused { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::TooManyWaiting { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -179,6 +184,7 @@ impl ProxyError {
             ProxyError::BadPath => "bad_request",
             ProxyError::NoRoute => "no_route",
             ProxyError::BodyTooLarge => "payload_too_large",
+            ProxyError::BadBody => "bad_request",
             ProxyError::StoreUnavailable(_) => "limiter_unavailable",
             ProxyError::PacingRefused { .. } => "upstream_paced",
             ProxyError::TooManyWaiting { .. } => "upstream_queue_full",
