@@ -124,7 +124,7 @@ async fn serve<I>(
     let shared = ctx.shared.clone();
     let requests = activity.clone();
     let service = service_fn(move |req| {
-        let in_flight = InFlight::start(&requests);
+        let in_flight = InFlight::start(&requests, req.version());
         let proxy: Arc<Proxy> = shared.proxy.load_full();
         async move {
             let resp = match framing::check(&req) {

@@ -1,0 +1,303 @@
+//! Per-connection deadlines, kept by each connection's own task with one timer:
+//!
+//! * **`client_header`**: a request head must be complete within this of its first byte, and a
+//!   new connection must complete its first head within this of being accepted (as nginx's
+//!   `client_header_timeout`). That also bounds the HTTP/2 preface and hyper-util's protocol
+//!   sniffing, which has no timeout of its own. An expired head is cut off (the socket closed).
+//! * **`idle`**: a connection with no request in flight is closed this long after its last
+//!   response finished (as nginx's `keepalive_timeout`), gracefully: HTTP/2 gets a GOAWAY.
+//!
+//! hyper's own `header_read_timeout` cannot tell the two apart: it runs from the moment hyper
+//! waits for a head, so it would also end every keep-alive pause at `client_header`.
+//!
+//! Two observers feed [`Activity`]: [`Tracked`], the connection's I/O, notes the first bytes
+//! read while no request is in flight (a head begins); an [`InFlight`] guard, held by each
+//! request until hyper drops its response body (sent, or the connection gone), counts requests
+//! in flight. Nothing expires while a request is in flight: slow uploads and long responses are
+//! bounded by the upstream timeouts instead.
+//!
+//! On HTTP/2, bytes between requests are mostly control frames (WINDOW_UPDATE, PING, SETTINGS
+//! acknowledgements), not the start of a head, so once a connection has carried an HTTP/2
+//! request only `idle` applies between its requests; its first request is still owed within
+//! `client_header`.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Version;
+use hyper::body::{Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::proxy::{Body, BoxError};
+
+/// The two timeouts, from `timeouts`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deadlines {
+    /// `timeouts.client_header`
+    pub(super) client_header: Duration,
+    /// `timeouts.idle`
+    pub(super) idle: Duration,
+}
+
+/// Which deadline passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Expired {
+    /// a request head (or a new connection's first) took longer than `client_header`
+    Head,
+    /// no request for `idle`
+    Idle,
+}
+
+/// What one connection is doing, in milliseconds since it was accepted. Atomics rather than a
+/// lock: the I/O side touches it on reads, the request side twice per request.
+pub(super) struct Activity {
+    origin: Instant,
+    /// requests whose response body hyper still holds
+    in_flight: AtomicUsize,
+    /// when the last request in flight finished
+    idle_since: AtomicU64,
+    /// 1 + when the current request head began; 0 while none is arriving
+    head_since: AtomicU64,
+    /// set by the first HTTP/2 request: reads between requests no longer start a head
+    multiplexed: AtomicBool,
+    /// woken when a head begins, since its deadline may come before the one slept on
+    head_started: Notify,
+}
+
+impl Activity {
+    /// A new connection: it owes its first request head from now on.
+    pub(super) fn new() -> Arc<Activity> {
+        Arc::new(Activity {
+            origin: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(1),
+            multiplexed: AtomicBool::new(false),
+            head_started: Notify::new(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.origin + Duration::from_millis(ms)
+    }
+
+    /// Bytes arrived: with no request in flight and no head under way, a head begins.
+    fn note_read(&self) {
+        if self.in_flight.load(SeqCst) == 0
+            && self.head_since.load(SeqCst) == 0
+            && !self.multiplexed.load(SeqCst)
+        {
+            let began = self.now_ms() + 1;
+            if self
+                .head_since
+                .compare_exchange(0, began, SeqCst, SeqCst)
+                .is_ok()
+            {
+                self.head_started.notify_one();
+            }
+        }
+    }
+
+    /// When to look again, or the deadline that has passed.
+    pub(super) fn check(&self, limits: Deadlines) -> Result<Instant, Expired> {
+        let now = Instant::now();
+        if self.in_flight.load(SeqCst) > 0 {
+            // nothing expires meanwhile; the request's end moves the idle deadline past this
+            return Ok(now + limits.idle);
+        }
+        let head = self.head_since.load(SeqCst);
+        let (at, what) = if head > 0 {
+            (self.at(head - 1) + limits.client_header, Expired::Head)
+        } else {
+            let idle_since = self.idle_since.load(SeqCst);
+            (self.at(idle_since) + limits.idle, Expired::Idle)
+        };
+        if at <= now {
+            Err(what)
+        } else {
+            Ok(at)
+        }
+    }
+
+    /// Completes when a request head begins to arrive.
+    pub(super) async fn head_started(&self) {
+        self.head_started.notified().await;
+    }
+}
+
+/// Held by a request from the moment hyper hands it over until its response body is dropped.
+pub(super) struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    /// A request head (of a request of `version`) is complete and in the service.
+    pub(super) fn start(activity: &Arc<Activity>, version: Version) -> InFlight {
+        if version == Version::HTTP_2 {
+            activity.multiplexed.store(true, SeqCst);
+        }
+        activity.in_flight.fetch_add(1, SeqCst);
+        activity.head_since.store(0, SeqCst);
+        InFlight(activity.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let a = &self.0;
+        // stamped before the count drops, so a check that sees no request in flight never
+        // reads a head start or idle time older than this request's end
+        a.head_since.store(0, SeqCst);
+        a.idle_since.store(a.now_ms(), SeqCst);
+        a.in_flight.fetch_sub(1, SeqCst);
+    }
+}
+
+/// A response body that keeps its request in flight until hyper drops it.
+pub(super) struct Guarded {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl Guarded {
+    pub(super) fn new(body: Body, in_flight: InFlight) -> Guarded {
+        Guarded {
+            body,
+            _in_flight: in_flight,
+        }
+    }
+}
+
+impl hyper::body::Body for Guarded {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A connection's I/O, reporting reads to its [`Activity`].
+pub(super) struct Tracked<I> {
+    io: I,
+    activity: Arc<Activity>,
+}
+
+impl<I> Tracked<I> {
+    pub(super) fn new(io: I, activity: Arc<Activity>) -> Tracked<I> {
+        Tracked { io, activity }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Tracked<I> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.activity.note_read();
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Deadlines = Deadlines {
+        client_header: Duration::from_secs(1),
+        idle: Duration::from_secs(5),
+    };
+
+    /// A new connection owes a head within client_header; a request in flight suspends both
+    /// deadlines; after it, idle runs; a read while idle starts a head's client_header.
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_follow_the_connection() {
+        let a = Activity::new();
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        assert_eq!(a.check(LIMITS), Err(Expired::Head));
+
+        let guard = InFlight::start(&a, Version::HTTP_11);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(a.check(LIMITS).is_ok(), "nothing expires in flight");
+        drop(guard);
+        tokio::time::advance(Duration::from_millis(4900)).await;
+        assert!(a.check(LIMITS).is_ok(), "idle not yet over");
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(a.check(LIMITS), Err(Expired::Idle));
+
+        drop(InFlight::start(&a, Version::HTTP_11));
+        a.note_read();
+        tokio::time::advance(Duration::from_millis(900)).await;
+        assert!(a.check(LIMITS).is_ok(), "head under way");
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(a.check(LIMITS), Err(Expired::Head));
+    }
+
+    /// After an HTTP/2 request, reads between requests (control frames) leave only `idle`.
+    #[tokio::test(start_paused = true)]
+    async fn http2_reads_between_requests_are_not_heads() {
+        let a = Activity::new();
+        drop(InFlight::start(&a, Version::HTTP_2));
+        a.note_read();
+        tokio::time::advance(Duration::from_millis(4900)).await;
+        assert!(a.check(LIMITS).is_ok(), "only idle applies");
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(a.check(LIMITS), Err(Expired::Idle));
+    }
+}
