@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Prints bench/run's results as Markdown tables, with the SPEC §7 targets checked.
+
+usage: report.py RESULTS.tsv   (flood and idle-connection figures come from the environment)
+
+RESULTS.tsv columns: kind name threads round rps p50_us p99_us requests non2xx sockerr notes.
+With several rounds, each figure is the median over the rounds.
+"""
+
+import os
+import sys
+from collections import OrderedDict
+from statistics import median
+
+NGINX = "nginx proxy_pass"
+NGINX_LIMIT = "nginx limit_req"
+HAPROXY = "HAProxy http-reuse"
+PLAIN = "tollgate no limits"
+REDIS = "tollgate Redis bucket"
+
+
+def load(path):
+    rows = OrderedDict()
+    with open(path) as f:
+        for line in f:
+            cols = line.rstrip("\n").split("\t")
+            if len(cols) < 11:
+                continue
+            kind, name, threads, _round, rps, p50, p99, reqs, non2xx, sockerr, notes = cols[:11]
+            key = (kind, name, int(threads))
+            r = rows.setdefault(key, {"rps": [], "p50": [], "p99": [], "reqs": 0, "non2xx": 0,
+                                      "sockerr": 0, "notes": []})
+            r["rps"].append(float(rps))
+            r["p50"].append(float(p50))
+            r["p99"].append(float(p99))
+            r["reqs"] += int(reqs)
+            r["non2xx"] += int(non2xx)
+            r["sockerr"] += int(sockerr)
+            if notes and notes not in r["notes"]:
+                r["notes"].append(notes)
+    for r in rows.values():
+        r["rounds"] = len(r["rps"])
+        for k in ("rps", "p50", "p99"):
+            r[k] = median(r[k])
+    return rows
+
+
+def ms(us):
+    return f"{us / 1000:.2f}"
+
+
+def num(x):
+    return f"{x:,.0f}".replace(",", " ")
+
+
+def mark(ok, *rows):
+    """✔ or ✘; a figure from a run with non-2xx answers or socket errors never passes."""
+    if any(r["non2xx"] or r["sockerr"] for r in rows):
+        return "✘ (that run had errors)"
+    return "✔" if ok else "✘"
+
+
+def main():
+    rows = load(sys.argv[1])
+    env = os.environ
+    proxies = [(k, r) for k, r in rows.items() if k[0] == "proxy"]
+    threads_seen = sorted({k[2] for k, _ in proxies})
+    rounds = max((r["rounds"] for _, r in proxies), default=1)
+
+    if proxies:
+        print()
+        print("### Proxies" + (f" (median of {rounds} rounds)" if rounds > 1 else ""))
+        print()
+        print("| proxy | threads | requests/s | p50 ms | p99 ms | vs nginx proxy_pass "
+              "| non-2xx | socket errors | notes |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        for threads in threads_seen:
+            ref = rows.get(("proxy", NGINX, threads))
+            for (kind, name, t), r in proxies:
+                if t != threads:
+                    continue
+                ratio = f"{r['rps'] / ref['rps']:.2f}" if ref and ref["rps"] else "-"
+                print(f"| {name} | {t} | {num(r['rps'])} | {ms(r['p50'])} | {ms(r['p99'])} "
+                      f"| {ratio} | {num(r['non2xx'])} | {num(r['sockerr'])} "
+                      f"| {'; '.join(r['notes'])} |")
+
+    bad = [(k, r) for k, r in rows.items() if r["non2xx"] or r["sockerr"]]
+    bad = [(k, r) for k, r in bad if k[0] != "flood"]
+    if bad:
+        print()
+        print("**Warning**: runs with non-2xx answers or socket errors (a proxy answering errors "
+              "fast is not a win):")
+        for (kind, name, t), r in bad:
+            print(f"- {name}, {t} thread(s): {num(r['non2xx'])} non-2xx of {num(r['reqs'])}, "
+                  f"{num(r['sockerr'])} socket errors")
+
+    print()
+    print("### Targets (SPEC §7)")
+    print()
+
+    def get(name, t):
+        return rows.get(("proxy", name, t))
+
+    for t in threads_seen:
+        plain, hap, redis = get(PLAIN, t), get(HAPROXY, t), get(REDIS, t)
+        ngx, ngx_lim = get(NGINX, t), get(NGINX_LIMIT, t)
+        if plain and hap:
+            ok = plain["rps"] >= hap["rps"]
+            print(f"- {t} thread(s): tollgate no limits ≥ HAProxy requests/s: "
+                  f"{num(plain['rps'])} vs {num(hap['rps'])} "
+                  f"({plain['rps'] / hap['rps']:.2f}) {mark(ok, plain, hap)}")
+        if plain and redis:
+            ratio = redis["rps"] / plain["rps"]
+            print(f"- {t} thread(s): Redis bucket ≥ 0.85 of tollgate no limits: "
+                  f"{ratio:.2f} {mark(ratio >= 0.85, plain, redis)}")
+        if plain and ngx:
+            ok = plain["p99"] <= ngx["p99"]
+            print(f"- {t} thread(s): p99 no worse than nginx, no limits vs proxy_pass: "
+                  f"{ms(plain['p99'])} ms vs {ms(ngx['p99'])} ms {mark(ok, plain, ngx)}")
+        if redis and ngx_lim:
+            ok = redis["p99"] <= ngx_lim["p99"]
+            print(f"- {t} thread(s): p99 no worse than nginx, Redis bucket vs limit_req: "
+                  f"{ms(redis['p99'])} ms vs {ms(ngx_lim['p99'])} ms {mark(ok, redis, ngx_lim)}")
+
+    if env.get("FLOOD_REQUESTS"):
+        reqs = int(env["FLOOD_REQUESTS"])
+        denied = int(env["FLOOD_DENIED"])
+        redis_calls = int(env["FLOOD_REDIS"])
+        hits = int(env["FLOOD_HITS"])
+        share = 1 - redis_calls / reqs if reqs else 0.0
+        flood = [r for k, r in rows.items() if k[0] == "flood"]
+        rps = f", {num(flood[0]['rps'])} requests/s" if flood else ""
+        print(f"- deny-cache flood (one client, 1/s bucket in Redis): {num(reqs)} requests"
+              f"{rps}, {num(denied)} denied (non-2xx), {num(redis_calls)} Redis EVAL/EVALSHA "
+              f"calls: {share:.1%} answered without Redis (deny-cache hits counted by tollgate: "
+              f"{hits / reqs if reqs else 0:.1%}) — target ≥ 90 % {mark(share >= 0.9)}")
+
+    if env.get("I_RSS"):
+        rss = int(env["I_RSS"]) / 1024
+        before = int(env["I_BEFORE"]) / 1024
+        n = int(env["IDLE_CONNS"])
+        opened, served, still = env["I_OPENED"], env["I_SERVED"], env["I_OPEN"]
+        complete = int(served) == n and int(still) == n
+        print(f"- RSS with {num(n)} idle keep-alive connections: {rss:.1f} MB "
+              f"({before:.1f} MB before them; {opened} opened, {served} answered 200, "
+              f"{still} still open when measured) — target < 150 MB "
+              f"{mark(rss < 150 and complete)}"
+              + ("" if complete else " (not every connection was served and kept open)"))
+
+    keys = [(k, r) for k, r in rows.items() if k[0] == "keys"]
+    if keys:
+        print()
+        print("### Distinct client keys (X-Forwarded-For varied by wrk)")
+        print()
+        print("| store, keys | threads | requests/s | p50 ms | p99 ms | vs 1 key "
+              "| non-2xx | socket errors | notes |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        base = {}
+        for (kind, name, t), r in keys:
+            backend = name.split(",")[0]
+            base.setdefault(backend, r["rps"])
+            ratio = r["rps"] / base[backend] if base[backend] else 0
+            print(f"| {name} | {t} | {num(r['rps'])} | {ms(r['p50'])} | {ms(r['p99'])} "
+                  f"| {ratio:.2f} | {num(r['non2xx'])} | {num(r['sockerr'])} "
+                  f"| {'; '.join(r['notes'])} |")
+
+
+if __name__ == "__main__":
+    main()

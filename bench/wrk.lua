@@ -1,0 +1,39 @@
+-- wrk script for bench/run.
+--
+-- done(): prints one machine-readable line with the run's totals and latency percentiles in
+-- microseconds (wrk's own text rounds them and changes units).
+--
+-- BENCH_KEYS=N (optional): each request carries X-Forwarded-For 10.a.b.c, cycling through N
+-- distinct addresses (threads start at different offsets), so a proxy that trusts loopback
+-- sees N distinct clients. Without it wrk sends its one pre-built request.
+
+local keys = tonumber(os.getenv("BENCH_KEYS") or "")
+
+local next_id = 0
+function setup(thread)
+   thread:set("thread_id", next_id)
+   next_id = next_id + 1
+end
+
+if keys and keys > 0 then
+   local n = 0
+   local floor = math.floor
+   function init(args)
+      -- spread the threads over the key space
+      n = floor((thread_id or 0) * keys / 7) % keys
+   end
+   function request()
+      n = n + 1
+      if n >= keys then n = 0 end
+      local xff = string.format("10.%d.%d.%d", floor(n / 65536) % 256, floor(n / 256) % 256, n % 256)
+      return wrk.format(nil, nil, { ["X-Forwarded-For"] = xff })
+   end
+end
+
+function done(summary, latency, requests)
+   local e = summary.errors
+   io.write(string.format(
+      "BENCH requests=%d duration_us=%d connect=%d read=%d write=%d status=%d timeout=%d p50_us=%d p90_us=%d p99_us=%d max_us=%d\n",
+      summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
+      latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
+end
