@@ -11,16 +11,18 @@ mod framing;
 mod idle;
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulConnection, GracefulShutdown};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use self::idle::{Activity, Deadlines, Expired, Guarded, InFlight, Tracked};
@@ -84,10 +86,16 @@ pub(super) async fn accept_loop(
             };
             match &ctx.tls {
                 None => serve(stream, conn, &ctx, deadlines, stop).await,
-                Some(acceptor) => match handshake(acceptor, stream, ctx.handshake_timeout).await {
-                    Some(tls) => serve(tls, conn, &ctx, deadlines, stop).await,
-                    None => tracing::debug!(%peer, "TLS handshake failed or timed out"),
-                },
+                // boxed, so that plain connections' tasks are not sized for a TLS session
+                Some(acceptor) => {
+                    let tls = async {
+                        match handshake(acceptor, stream, ctx.handshake_timeout).await {
+                            Some(tls) => serve(tls, conn, &ctx, deadlines, stop).await,
+                            None => tracing::debug!(%peer, "TLS handshake failed or timed out"),
+                        }
+                    };
+                    Box::pin(tls).await;
+                }
             }
         });
     }
@@ -109,20 +117,21 @@ async fn handshake(
 }
 
 /// Serves one connection until it closes, is cut off by its deadlines, or drains after
-/// `stop`. The proxy in force is loaded per request, so a reload applies to the next request of
-/// a kept-alive connection.
+/// `stop`.
 async fn serve<I>(
     io: I,
     conn: Conn,
     ctx: &AcceptCtx,
     deadlines: Deadlines,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let activity = Activity::new();
+    let activity = Activity::new(deadlines);
     let shared = ctx.shared.clone();
     let requests = activity.clone();
+    // The proxy in force is loaded per request, so a reload applies to the next request of a
+    // kept-alive connection.
     let service = service_fn(move |req| {
         let in_flight = InFlight::start(&requests, req.version());
         let proxy: Arc<Proxy> = shared.proxy.load_full();
@@ -138,8 +147,41 @@ async fn serve<I>(
         }
     });
     let io = TokioIo::new(Tracked::new(io, activity.clone()));
-    let connection = ctx.builder.serve_connection_with_upgrades(io, service);
-    tokio::pin!(connection);
+    // boxed: the connection is most of a connection task's memory, and a future moved through
+    // two async fns (and `pin!`) would otherwise hold it in several slots
+    let connection = Box::pin(ctx.builder.serve_connection_with_upgrades(io, service));
+    let ended = drive(connection, &activity, deadlines, stop).await;
+    match ended {
+        Ended::Closed(Ok(())) => {}
+        Ended::Closed(Err(e)) => {
+            tracing::debug!(peer = %conn.peer, error = %e, "connection ended with an error");
+        }
+        Ended::HeadTimeout => {
+            tracing::debug!(peer = %conn.peer, "no complete request head within client_header");
+        }
+    }
+}
+
+/// How a connection's task ended.
+enum Ended<E> {
+    /// hyper finished the connection
+    Closed(Result<(), E>),
+    /// cut off: a request head (or a new connection's first) outlasted `client_header`
+    HeadTimeout,
+}
+
+/// Runs `connection` under its deadlines: graceful shutdown on `stop` or after `idle`, cut off
+/// (dropped, closing the socket) when a head outlasts `client_header` or a graceful close does
+/// not finish within it.
+async fn drive<C>(
+    mut connection: Pin<Box<C>>,
+    activity: &Activity,
+    deadlines: Deadlines,
+    mut stop: watch::Receiver<bool>,
+) -> Ended<C::Error>
+where
+    C: GracefulConnection,
+{
     let timer = tokio::time::sleep(deadlines.client_header);
     tokio::pin!(timer);
     // set once a graceful close began (shutdown, or idle): hyper finishes what is in flight
@@ -147,33 +189,27 @@ async fn serve<I>(
     loop {
         tokio::select! {
             biased;
-            ended = connection.as_mut() => {
-                if let Err(e) = ended {
-                    tracing::debug!(peer = %conn.peer, error = %e, "connection ended with an error");
-                }
-                return;
-            }
+            ended = connection.as_mut() => return Ended::Closed(ended),
             _ = stop.wait_for(|stop| *stop), if !closing => {
                 closing = true;
                 connection.as_mut().graceful_shutdown();
             }
             () = activity.head_started() => {
-                let next = activity.check(deadlines).unwrap_or_else(|_| tokio::time::Instant::now());
+                let next = activity.arm().unwrap_or_else(|_| Instant::now());
                 timer.as_mut().reset(next);
             }
-            () = &mut timer => match activity.check(deadlines) {
+            () = &mut timer => match activity.arm() {
                 Ok(next) => timer.as_mut().reset(next),
-                Err(Expired::Head) => {
-                    tracing::debug!(peer = %conn.peer, "no complete request head within client_header: closed");
-                    return;
-                }
+                Err(Expired::Head) => return Ended::HeadTimeout,
                 Err(Expired::Idle) if !closing => {
                     closing = true;
                     connection.as_mut().graceful_shutdown();
                     // an HTTP/2 client gets this long to acknowledge the GOAWAY
-                    timer.as_mut().reset(tokio::time::Instant::now() + deadlines.client_header);
+                    let grace = Instant::now() + deadlines.client_header;
+                    activity.arm_at(grace);
+                    timer.as_mut().reset(grace);
                 }
-                Err(Expired::Idle) => return,
+                Err(Expired::Idle) => return Ended::Closed(Ok(())),
             },
         }
     }

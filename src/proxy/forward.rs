@@ -166,8 +166,9 @@ pub async fn forward(
         .pick()
         .ok_or_else(|| ProxyError::NoTarget(f.upstream.to_string()))?;
     // Without a body the request can be sent again, to another target, when no connection
-    // could be made to the first: nothing of it reached that target.
-    let resendable = hyper::body::Body::is_end_stream(req.body());
+    // could be made to the first: nothing of it reached that target. (Its head is kept for
+    // that only when there is another target.)
+    let resendable = f.targets.targets.len() > 1 && hyper::body::Body::is_end_stream(req.body());
     let (upstream_req, host_is_target) = rewrite(req, f, upgrade, target)?;
     let again = resendable.then(|| Resend::of(&upstream_req, host_is_target));
     let attempts = async {
@@ -563,6 +564,38 @@ mod tests {
         assert_eq!(upgrade_protocol(&req(Version::HTTP_11, "")), None);
         assert_eq!(upgrade_protocol(&req(Version::HTTP_11, "upgrades")), None);
         assert_eq!(upgrade_protocol(&req(Version::HTTP_2, "upgrade")), None);
+    }
+
+    /// A target that could not be connected to is left out of the rotation (and is never the
+    /// "other" target of a second attempt) until it answers again; with every target out, the
+    /// rotation goes on over all of them.
+    #[test]
+    fn failed_targets_are_left_out_until_they_answer() {
+        let uris: Vec<Uri> = [
+            "http://127.0.0.1:1",
+            "http://127.0.0.1:2",
+            "http://127.0.0.1:3",
+        ]
+        .iter()
+        .map(|u| u.parse().expect("test uri"))
+        .collect();
+        let t = Targets::new(&uris);
+        let picks: Vec<usize> = (0..6).filter_map(|_| t.pick()).collect();
+        assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
+        t.failed(1, "api");
+        let picks: Vec<usize> = (0..6).filter_map(|_| t.pick()).collect();
+        assert!(!picks.contains(&1), "{picks:?}");
+        assert_eq!(t.pick_other(0), Some(2));
+        assert_eq!(t.pick_other(2), Some(0));
+        t.failed(0, "api");
+        t.failed(2, "api");
+        assert_eq!(t.pick_other(0), None);
+        let picks: Vec<usize> = (0..3).filter_map(|_| t.pick()).collect();
+        assert_eq!(picks.len(), 3, "all out: the rotation goes on");
+        t.succeeded(1, "api");
+        let picks: Vec<usize> = (0..3).filter_map(|_| t.pick()).collect();
+        assert_eq!(picks, [1, 1, 1]);
+        assert_eq!(Targets::new(&[]).pick(), None);
     }
 
     /// Several Cookie fields become one, joined by `"; "` in order; one field is left alone.

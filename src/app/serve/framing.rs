@@ -1,18 +1,18 @@
 //! Request framing checks that hyper's HTTP/1 parser leaves to the server, answered as nginx
-//! answers them. hyper itself refuses malformed request lines and header lines (400), oversized
-//! heads (431), differing `Content-Length`s and a `Transfer-Encoding` that does not end in
-//! `chunked`. What it lets through, and this module refuses:
+//! answers them. hyper (1.12) itself refuses malformed request lines and header lines (400),
+//! oversized heads (431), differing `Content-Length`s, `Transfer-Encoding` on HTTP/1.0 or not
+//! ending in `chunked`; and for `Content-Length` together with `Transfer-Encoding` (the classic
+//! smuggling shape) it drops the length in either order, frames the body by chunked alone and
+//! closes the connection after the response (RFC 9112 §6.1, §6.3), so nothing after the last
+//! chunk is read as a request. What it lets through, and this module refuses:
 //!
 //! * `Host` (RFC 9112 §3.2): an HTTP/1.1 request without one, with two, or with one that is not
-//!   `host[:port]` gets 400. HTTP/1.0 may omit it. An absolute-form target still needs it; its
-//!   authority, not `Host`, is what routes the request.
-//! * `Content-Length` together with `Transfer-Encoding` (RFC 9112 §6.1, §6.3), the classic
-//!   smuggling shape: 400. hyper drops a `Content-Length` that *follows* `Transfer-Encoding`, so
-//!   only the other order can be seen here; in both orders the body is framed by chunked alone
-//!   and the upstream never receives a length.
+//!   `host[:port]` (http's authority grammar: no userinfo, no escapes) gets 400. HTTP/1.0 may
+//!   omit it. An absolute-form target still needs it; its authority, not `Host`, routes.
 //! * a `Transfer-Encoding` other than one `chunked` (`gzip, chunked`, `chunked` twice): 501,
-//!   since forwarding it would drop a coding the upstream was told about.
+//!   since forwarding the body would drop a coding the upstream was never told about.
 //! * a `Content-Length` that is not plain digits (`5, 5`, which hyper reads as 5): 400.
+//! * `Content-Length` with `Transfer-Encoding`, should a hyper ever keep both: 400.
 //!
 //! Every refusal closes the connection (`Connection: close`), so nothing that follows an
 //! ambiguous request is read as another request. HTTP/2 frames messages itself: not checked.

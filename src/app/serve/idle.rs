@@ -59,6 +59,7 @@ pub(super) enum Expired {
 /// lock: the I/O side touches it on reads, the request side twice per request.
 pub(super) struct Activity {
     origin: Instant,
+    limits: Deadlines,
     /// requests whose response body hyper still holds
     in_flight: AtomicUsize,
     /// when the last request in flight finished
@@ -67,25 +68,33 @@ pub(super) struct Activity {
     head_since: AtomicU64,
     /// set by the first HTTP/2 request: reads between requests no longer start a head
     multiplexed: AtomicBool,
-    /// woken when a head begins, since its deadline may come before the one slept on
+    /// when the connection's timer is due; a head whose deadline comes earlier wakes it
+    armed: AtomicU64,
+    /// woken when a head begins whose deadline comes before `armed`: on a busy keep-alive
+    /// connection the timer is usually due sooner, so requests cost no wake-up
     head_started: Notify,
 }
 
 impl Activity {
     /// A new connection: it owes its first request head from now on.
-    pub(super) fn new() -> Arc<Activity> {
-        Arc::new(Activity {
+    /// The first deadline is `limits.client_header` from now: arm the timer for it.
+    pub(super) fn new(limits: Deadlines) -> Arc<Activity> {
+        let activity = Activity {
             origin: Instant::now(),
+            limits,
             in_flight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
             head_since: AtomicU64::new(1),
             multiplexed: AtomicBool::new(false),
+            armed: AtomicU64::new(0),
             head_started: Notify::new(),
-        })
+        };
+        activity.arm_at(activity.origin + limits.client_header);
+        Arc::new(activity)
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+        ms(self.origin.elapsed())
     }
 
     fn at(&self, ms: u64) -> Instant {
@@ -98,19 +107,18 @@ impl Activity {
             && self.head_since.load(SeqCst) == 0
             && !self.multiplexed.load(SeqCst)
         {
-            let began = self.now_ms() + 1;
-            if self
-                .head_since
-                .compare_exchange(0, began, SeqCst, SeqCst)
-                .is_ok()
-            {
+            let now = self.now_ms();
+            let began = self.head_since.compare_exchange(0, now + 1, SeqCst, SeqCst);
+            let due = now + ms(self.limits.client_header);
+            if began.is_ok() && self.armed.load(SeqCst) > due {
                 self.head_started.notify_one();
             }
         }
     }
 
     /// When to look again, or the deadline that has passed.
-    pub(super) fn check(&self, limits: Deadlines) -> Result<Instant, Expired> {
+    pub(super) fn check(&self) -> Result<Instant, Expired> {
+        let limits = self.limits;
         let now = Instant::now();
         if self.in_flight.load(SeqCst) > 0 {
             // nothing expires meanwhile; the request's end moves the idle deadline past this
@@ -130,10 +138,30 @@ impl Activity {
         }
     }
 
+    /// [`check`](Self::check), recording the answer as the time the timer is due.
+    pub(super) fn arm(&self) -> Result<Instant, Expired> {
+        let at = self.check()?;
+        self.arm_at(at);
+        // A head that began just now may have read the previous arming and not woken us:
+        // looking again after the store sees it (both sides store, then load: SeqCst).
+        Ok(self.check()?.min(at))
+    }
+
+    /// Records that the timer is due at `at`.
+    pub(super) fn arm_at(&self, at: Instant) {
+        // rounded up: a timer a fraction of a millisecond later than a head's deadline wakes
+        let due = ms(at.saturating_duration_since(self.origin)) + 1;
+        self.armed.store(due, SeqCst);
+    }
+
     /// Completes when a request head begins to arrive.
     pub(super) async fn head_started(&self) {
         self.head_started.notified().await;
     }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX / 2)
 }
 
 /// Held by a request from the moment hyper hands it over until its response body is dropped.
@@ -268,36 +296,60 @@ mod tests {
     /// deadlines; after it, idle runs; a read while idle starts a head's client_header.
     #[tokio::test(start_paused = true)]
     async fn deadlines_follow_the_connection() {
-        let a = Activity::new();
+        let a = Activity::new(LIMITS);
         tokio::time::advance(Duration::from_millis(1001)).await;
-        assert_eq!(a.check(LIMITS), Err(Expired::Head));
+        assert_eq!(a.check(), Err(Expired::Head));
 
         let guard = InFlight::start(&a, Version::HTTP_11);
         tokio::time::advance(Duration::from_secs(60)).await;
-        assert!(a.check(LIMITS).is_ok(), "nothing expires in flight");
+        assert!(a.check().is_ok(), "nothing expires in flight");
         drop(guard);
         tokio::time::advance(Duration::from_millis(4900)).await;
-        assert!(a.check(LIMITS).is_ok(), "idle not yet over");
+        assert!(a.check().is_ok(), "idle not yet over");
         tokio::time::advance(Duration::from_millis(200)).await;
-        assert_eq!(a.check(LIMITS), Err(Expired::Idle));
+        assert_eq!(a.check(), Err(Expired::Idle));
 
         drop(InFlight::start(&a, Version::HTTP_11));
         a.note_read();
         tokio::time::advance(Duration::from_millis(900)).await;
-        assert!(a.check(LIMITS).is_ok(), "head under way");
+        assert!(a.check().is_ok(), "head under way");
         tokio::time::advance(Duration::from_millis(200)).await;
-        assert_eq!(a.check(LIMITS), Err(Expired::Head));
+        assert_eq!(a.check(), Err(Expired::Head));
+    }
+
+    /// A head wakes the timer only when its deadline comes before the one the timer is set for.
+    #[tokio::test(start_paused = true)]
+    async fn heads_wake_the_timer_only_when_sooner() {
+        let a = Activity::new(LIMITS);
+        drop(InFlight::start(&a, Version::HTTP_11));
+        // the timer is set for the idle deadline (5 s): a head (due in 1 s) must wake it
+        assert!(a.arm().is_ok());
+        a.note_read();
+        let woke = tokio::time::timeout(Duration::from_millis(1), a.head_started()).await;
+        assert!(woke.is_ok(), "head sooner than the idle deadline: woken");
+        // now set for that head's deadline: the next request's head (due later) does not wake
+        assert!(a.arm().is_ok());
+        drop(InFlight::start(&a, Version::HTTP_11));
+        tokio::time::advance(Duration::from_millis(10)).await;
+        a.note_read();
+        let woke = tokio::time::timeout(Duration::from_millis(1), a.head_started()).await;
+        assert!(woke.is_err(), "head due after the armed time: no wake-up");
+        // the timer still fires in time, and looking again finds the head's true deadline
+        tokio::time::advance(Duration::from_millis(990)).await;
+        assert!(a.check().is_ok(), "the second head has 9 ms left");
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert_eq!(a.check(), Err(Expired::Head));
     }
 
     /// After an HTTP/2 request, reads between requests (control frames) leave only `idle`.
     #[tokio::test(start_paused = true)]
     async fn http2_reads_between_requests_are_not_heads() {
-        let a = Activity::new();
+        let a = Activity::new(LIMITS);
         drop(InFlight::start(&a, Version::HTTP_2));
         a.note_read();
         tokio::time::advance(Duration::from_millis(4900)).await;
-        assert!(a.check(LIMITS).is_ok(), "only idle applies");
+        assert!(a.check().is_ok(), "only idle applies");
         tokio::time::advance(Duration::from_millis(200)).await;
-        assert_eq!(a.check(LIMITS), Err(Expired::Idle));
+        assert_eq!(a.check(), Err(Expired::Idle));
     }
 }
