@@ -14,6 +14,7 @@
 //! must be read through [`from_node`], never through another deserializer.
 
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::fmt;
 
 use serde::de::value::StrDeserializer;
@@ -152,9 +153,11 @@ impl<'a> NodeDe<'a> {
             return self.mismatch("a mapping");
         };
         let mut kept: Vec<(&'a str, &'a Node)> = Vec::with_capacity(entries.len());
+        let mut seen = HashSet::with_capacity(entries.len());
         for (key, value) in entries {
-            // A repeated key is reported by `tree::prepare`; the first one counts.
-            if kept.iter().any(|(k, _)| k == key) {
+            // A repeated key is reported by `tree::prepare`; the first one counts. (A set, not a
+            // search of `kept`: `overrides` may hold tens of thousands of keys.)
+            if !seen.insert(key.as_str()) {
                 continue;
             }
             if let Some(fields) = fields.filter(|f| !f.contains(&key.as_str())) {

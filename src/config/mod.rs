@@ -44,7 +44,7 @@ pub use types::{
 };
 
 use locate::Locator;
-use problem::{Path, Pending};
+use problem::{Path, Pending, MAX_PROBLEMS};
 
 /// A configuration that passed validation, with the warnings it drew.
 #[derive(Debug, Clone)]
@@ -107,8 +107,11 @@ pub fn parse(
     }
 }
 
-/// Gives each problem its position; sorts them into file order and drops exact repeats.
-fn place(pending: Vec<Pending>, file: &str, locator: &Locator<'_>) -> Vec<Problem> {
+/// Gives each problem its position; sorts them into file order and drops exact repeats. Past
+/// [`MAX_PROBLEMS`], the rest are counted in one last problem, at the position of the one before.
+fn place(mut pending: Vec<Pending>, file: &str, locator: &Locator<'_>) -> Vec<Problem> {
+    let untold = pending.len().saturating_sub(MAX_PROBLEMS);
+    pending.truncate(MAX_PROBLEMS);
     let mut problems: Vec<Problem> = pending
         .into_iter()
         .map(|p| {
@@ -125,5 +128,13 @@ fn place(pending: Vec<Pending>, file: &str, locator: &Locator<'_>) -> Vec<Proble
     // A stable sort keeps problems at one position in the order they were found.
     problems.sort_by_key(|p| (p.line, p.column));
     problems.dedup();
+    if let Some(last) = problems.last().filter(|_| untold > 0) {
+        let message = format!("{untold} more not shown: fix the problems above and check again");
+        problems.push(Problem {
+            path: String::new(),
+            message,
+            ..last.clone()
+        });
+    }
     problems
 }

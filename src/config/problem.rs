@@ -69,6 +69,12 @@ impl fmt::Display for ProblemList<'_> {
     }
 }
 
+/// Problems shown per check, and warnings apart: placing one reads the file again (see
+/// `super::locate`), so a file with thousands (a route list pasted twice) would take minutes.
+/// The first ones found are shown, the rest counted; nothing is located for a problem that will
+/// not be shown.
+pub(crate) const MAX_PROBLEMS: usize = 100;
+
 /// One step of a key path.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Seg {
@@ -209,12 +215,20 @@ pub(crate) fn closest<'c>(
     word: &str,
     candidates: impl IntoIterator<Item = &'c str>,
 ) -> Option<&'c str> {
+    // The distance table is the product of the lengths, and both may be the user's (a route's
+    // `upstream` against the upstream names): a 100 KB value took 800 MB. A long word is no typo.
+    if word.len() > 128 {
+        return None;
+    }
     let word = word.to_ascii_lowercase();
+    let len = word.chars().count();
     // A third of the word's length (at least one edit, at most three) separates typos
     // (`burts`, `windw`, `path-prefix`) from different words (`rate` vs `mode`).
-    let budget = (word.chars().count() / 3).clamp(1, 3);
+    let budget = (len / 3).clamp(1, 3);
     candidates
         .into_iter()
+        // The distance is at least the difference in length: skip the table when that is over.
+        .filter(|c| c.chars().count().abs_diff(len) <= budget)
         .map(|c| (edit_distance(&word, &c.to_ascii_lowercase()), c))
         .filter(|&(d, _)| d <= budget)
         .min_by_key(|&(d, _)| d)

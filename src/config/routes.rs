@@ -10,11 +10,12 @@ use super::types::{LimitConfig, RouteConfig};
 use super::validate::{check_name, Checker};
 use crate::routing::{HostPattern, PathMatch, RouteMatch};
 
-/// Validates every route; duplicate names are errors, shadowed routes warnings.
+/// Validates every route; duplicate names are errors, shadowed routes warnings. `upstreams`
+/// are the names routes may refer to; `None` when they are unknown (`upstreams` is invalid).
 pub(crate) fn routes(
     chk: &mut Checker<'_>,
     raw: &Field<Vec<Field<RawRoute>>>,
-    upstreams: &[&str],
+    upstreams: Option<&[&str]>,
 ) -> Vec<RouteConfig> {
     let path = Path::root().key("routes");
     let items = match raw {
@@ -42,9 +43,9 @@ pub(crate) fn routes(
         };
         if let Some(name) = raw.name.get() {
             if let Some(&(_, first)) = names.iter().find(|(n, _)| *n == name.as_str()) {
-                let line = chk.line_of(&path.index(first));
+                let line = on_line(chk.error_line_of(&path.index(first)));
                 let message =
-                    format!("duplicate route name {name:?}: routes[{first}] on line {line} has it");
+                    format!("duplicate route name {name:?}: routes[{first}]{line} has it");
                 chk.error(rpath.key("name"), message);
             } else {
                 names.push((name, i));
@@ -62,7 +63,7 @@ fn route(
     chk: &mut Checker<'_>,
     raw: &RawRoute,
     path: &Path,
-    upstreams: &[&str],
+    upstreams: Option<&[&str]>,
 ) -> Option<RouteConfig> {
     let name = chk.required(&raw.name, path, "name").cloned();
     if let Some(Err(message)) = name.as_deref().map(check_name) {
@@ -92,7 +93,7 @@ fn route(
         chk.error(path.key("strip_prefix"), message);
     }
     let upstream = chk.required(&raw.upstream, path, "upstream").cloned();
-    if let Some(up) = &upstream {
+    if let (Some(up), Some(upstreams)) = (&upstream, upstreams) {
         if !upstreams.contains(&up.as_str()) {
             chk.error(path.key("upstream"), missing_upstream(up, upstreams));
         }
@@ -105,6 +106,11 @@ fn route(
         upstream: upstream?,
         limits,
     })
+}
+
+/// ` on line N`, or nothing when the line was not looked up.
+fn on_line(line: Option<usize>) -> String {
+    line.map_or(String::new(), |n| format!(" on line {n}"))
 }
 
 fn missing_upstream(name: &str, upstreams: &[&str]) -> String {
@@ -133,9 +139,9 @@ fn route_limits(chk: &mut Checker<'_>, raw: &RawRoute, path: &Path) -> Vec<Limit
         };
         if let Some(name) = limit.name.get() {
             if let Some(&(_, first)) = names.iter().find(|(n, _)| *n == name.as_str()) {
-                let line = chk.line_of(&lpath.index(first));
+                let line = on_line(chk.error_line_of(&lpath.index(first)));
                 let message = format!(
-                    "duplicate limit name {name:?} in this route: limits[{first}] on line {line} has it"
+                    "duplicate limit name {name:?} in this route: limits[{first}]{line} has it"
                 );
                 chk.error(lpath.index(j).key("name"), message);
             } else {
@@ -256,9 +262,10 @@ fn warn_shadowed(chk: &mut Checker<'_>, routes: &[(usize, RouteConfig)]) {
             .iter()
             .find(|(_, e)| covers(&e.matcher, &later.matcher));
         if let Some((i, first)) = earlier {
-            let line = chk.line_of(&Path::root().key("routes").index(*i));
+            let line = chk.warning_line_of(&Path::root().key("routes").index(*i));
+            let line = line.map_or(String::new(), |n| format!(", line {n}"));
             let message = format!(
-                "route {:?} can never match: route {:?} (routes[{i}], line {line}) comes first \
+                "route {:?} can never match: route {:?} (routes[{i}]{line}) comes first \
                  and matches every request it would",
                 later.name, first.name
             );

@@ -4,13 +4,14 @@
 //! reported instead of silently replacing the first. Environment variables are expanded here,
 //! once, in every string value ([`prepare`]).
 
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::env;
 use super::locate::Locator;
-use super::problem::{At, Path, Pending};
+use super::problem::{At, Path, Pending, MAX_PROBLEMS};
 
 /// One YAML value. Scalars are typed as YAML 1.2 reads them (`10` is an integer, `"10"` and
 /// `10/s` are strings).
@@ -113,13 +114,20 @@ pub(crate) fn prepare(
         }
         Node::Map(entries) => {
             merge(entries);
-            for i in 0..entries.len() {
-                let key = &entries[i].0;
-                let earlier = entries[..i].iter().filter(|(k, _)| k == key).count();
+            // Counted in a map: `overrides` may hold tens of thousands of keys, and comparing
+            // each key with every one before it took seconds.
+            let mut seen: HashMap<&str, usize> = HashMap::with_capacity(entries.len());
+            for (key, _) in entries.iter() {
+                let count = seen.entry(key.as_str()).or_insert(0);
+                let earlier = *count;
+                *count += 1;
                 if earlier > 0 {
-                    let (line, _) = locator.locate(&path.key(key), At::Key(0));
+                    // Past the problems shown, the line is not worth reading the file again.
+                    let line = (out.len() < MAX_PROBLEMS)
+                        .then(|| locator.locate(&path.key(key), At::Key(0)).0)
+                        .map_or("above".to_owned(), |n| format!("on line {n}"));
                     let message = format!(
-                        "duplicate key {key:?}: it is already defined on line {line}, \
+                        "duplicate key {key:?}: it is already defined {line}, \
                          and YAML keys must be unique"
                     );
                     out.push(Pending::key(path.key(key), earlier, message));

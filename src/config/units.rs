@@ -31,7 +31,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             .find(|c: char| !c.is_ascii_alphabetic())
             .map_or(rest.len(), |n| digits + n);
         let unit = unit_nanos(&rest[digits..unit_end]).ok_or_else(bad)?;
-        let amount = scaled(&rest[..digits], unit).ok_or_else(bad)?;
+        let amount = scaled(&rest[..digits], unit, true).ok_or_else(bad)?;
         nanos = nanos.saturating_add(amount);
         rest = &rest[unit_end..];
     }
@@ -41,9 +41,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::new(secs, subsec))
 }
 
-/// `number` (digits with at most one `.`, `5`, `1.5`, `.5`, `5.`) times `unit` nanoseconds,
-/// rounded to a whole nanosecond; saturates when too large, so the caller reports that.
-fn scaled(number: &str, unit: u128) -> Option<u128> {
+/// `number` (digits with at most one `.`: `5`, `1.5`, `.5`, `5.`) times `unit`, exactly, as a
+/// whole number rounded to the nearest (`round`) or down; saturates when too large, so that the
+/// caller reports that. `None` when `number` is not such a number.
+fn scaled(number: &str, unit: u128, round: bool) -> Option<u128> {
     let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
     if (whole.is_empty() && frac.is_empty()) || frac.contains('.') {
         return None;
@@ -54,12 +55,16 @@ fn scaled(number: &str, unit: u128) -> Option<u128> {
     } else {
         whole.parse().unwrap_or(u128::MAX)
     };
-    // Digits past the 20th weigh less than 10^-6 ns even in days, and keep the product below
-    // 10^20 * 8.64 * 10^13 < 2^128.
+    // Digits past the 20th weigh less than 10^-6 of one (ns or byte) for every unit here (at
+    // most 8.64 * 10^13 ns in a day, 2^40 bytes in a TiB), and keep the product below 2^128.
     let frac = &frac[..frac.len().min(20)];
     let scale = 10u128.pow(u32::try_from(frac.len()).expect("at most 20"));
-    let frac: u128 = if frac.is_empty() { 0 } else { frac.parse().ok()? };
-    let part = (frac * unit + scale / 2) / scale;
+    let frac: u128 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().ok()?
+    };
+    let part = (frac * unit + if round { scale / 2 } else { 0 }) / scale;
     Some(whole.saturating_mul(unit).saturating_add(part))
 }
 
@@ -120,8 +125,8 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let split = trimmed
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(trimmed.len());
-    let number: f64 = trimmed[..split].parse().map_err(|_| bad())?;
-    let factor: u64 = match trimmed[split..].trim().to_ascii_lowercase().as_str() {
+    let number = &trimmed[..split];
+    let factor: u128 = match trimmed[split..].trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "kb" | "k" => 1_000,
         "mb" | "m" => 1_000_000,
@@ -133,12 +138,10 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "tib" => 1 << 40,
         _ => return Err(bad()),
     };
-    let bytes = number * factor as f64;
-    // 2^64 as f64 is the first value that does not fit; a fraction of a byte is rounded down.
-    if !(0.0..18_446_744_073_709_551_616.0).contains(&bytes) {
-        return Err(format!("size {text:?} is too large"));
-    }
-    Ok(bytes as u64)
+    // Exact, not through an f64 (which holds every whole number only up to 2^53); a fraction
+    // of a byte is rounded down.
+    let bytes = scaled(number, factor, false).ok_or_else(bad)?;
+    u64::try_from(bytes).map_err(|_| format!("size {text:?} is too large"))
 }
 
 /// A duration as written in the file: `250ms`, `2s`, `1.5s`, `1m`, `2h`, `1d`; exact to the

@@ -13,7 +13,7 @@ use ipnet::IpNet;
 
 use super::backend;
 use super::locate::Locator;
-use super::problem::{At, Path, Pending};
+use super::problem::{At, Path, Pending, MAX_PROBLEMS};
 use super::raw::{Field, RawConfig, RawHeaderStyle, RawPace, RawTimeouts, RawUpstream, StrList};
 use super::routes;
 use super::types::{AdminConfig, Config, HeaderStyle, Timeouts, TlsConfig, UpstreamConfig};
@@ -54,9 +54,16 @@ impl<'l> Checker<'l> {
         self.warnings.push(Pending::value(path, message));
     }
 
-    /// The line of the value at `path`, to point from one problem to another place.
-    pub fn line_of(&self, path: &Path) -> usize {
-        self.locator.locate(path, At::Value).0
+    /// The line of the value at `path`, for an error that points to another place; `None` when
+    /// [`MAX_PROBLEMS`] errors are already collected: this one will not be shown, and finding a
+    /// line reads the file again.
+    pub fn error_line_of(&self, path: &Path) -> Option<usize> {
+        (self.errors.len() < MAX_PROBLEMS).then(|| self.locator.locate(path, At::Value).0)
+    }
+
+    /// [`Checker::error_line_of`] for a warning.
+    pub fn warning_line_of(&self, path: &Path) -> Option<usize> {
+        (self.warnings.len() < MAX_PROBLEMS).then(|| self.locator.locate(path, At::Value).0)
     }
 
     /// The value of a required key; reports it at the mapping when it is missing.
@@ -166,15 +173,15 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
     });
     let upstreams = upstreams(chk, raw);
     // Every name written under `upstreams`, valid or not: a route naming an upstream whose own
-    // problem is already reported must not add "no upstream named ..." on top.
-    let names: Vec<&str> = raw
-        .upstreams
-        .get()
-        .map_or(&[][..], |e| e.0.as_slice())
-        .iter()
-        .map(|(name, _)| name.as_str())
-        .collect();
-    let routes = routes::routes(chk, &raw.routes, &names);
+    // problem is already reported must not add "no upstream named ..." on top; nor may every
+    // route when `upstreams` itself is invalid (`None`: references are not checked).
+    let names: Option<Vec<&str>> = match &raw.upstreams {
+        Field::Invalid => None,
+        field => Some(field.get().map_or(Vec::new(), |e| {
+            e.0.iter().map(|(name, _)| name.as_str()).collect()
+        })),
+    };
+    let routes = routes::routes(chk, &raw.routes, names.as_deref());
     for upstream in &upstreams {
         if !routes.iter().any(|r| r.upstream == upstream.name) {
             let path = root.key("upstreams").key(&upstream.name);

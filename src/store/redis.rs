@@ -122,7 +122,17 @@ impl RedisStore {
     /// Runs one script invocation on the key's connection, bounded by the timeout.
     async fn invoke(&self, invocation: ::redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
         let mut conn = self.conn.clone();
-        let call = async move { invocation.invoke_async::<Value>(&mut conn).await };
+        let call = async move {
+            match invocation.invoke_async::<Value>(&mut conn).await {
+                // After an outage the connection manager answers the first call with its last,
+                // failed connection attempt, and only then starts a new one: without a second
+                // try, the breaker's first probe after Redis is back would fail for nothing and
+                // recovery would wait another cool-down. A refused connection sent nothing, so
+                // the call may go again, on the new connection, within the same timeout.
+                Err(e) if e.is_connection_refusal() => invocation.invoke_async(&mut conn).await,
+                result => result,
+            }
+        };
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => Ok(result?),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
