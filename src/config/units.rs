@@ -3,7 +3,9 @@
 //! formatting back for `tollgate check`.
 //!
 //! Errors are messages for humans, worded as `expected ..., found "..."`; the caller adds the
-//! position and the key path.
+//! position and the key path. Numbers are read and written exactly (whole nanoseconds, whole
+//! bytes), never through an f64, so that what is formatted parses back to the same value.
+//! Public so that the fuzz targets (`fuzz/`) and `tests/fuzz_props.rs` can reach them.
 
 use std::time::Duration;
 
