@@ -6,7 +6,7 @@
 //! (Redis restarted, failed over, or `SCRIPT FLUSH`), loads the script and retries once.
 //! Every call is bounded by `timeout`; past it the caller gets [`StoreError::Timeout`].
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::{ClusterClientBuilder, ClusterConfig};
@@ -17,6 +17,12 @@ use ::redis::{IntoConnectionInfo, Value};
 use super::scripts::Scripts;
 use super::{reply, HoldFuture, Store, StoreError, StoreFuture};
 use crate::limit::{Algorithm, Millis, Pace};
+
+/// Reconnection attempts wait at least this long before their second try (one retry): a refusal
+/// that comes back sooner than [`STALE_REFUSAL`] is the answer of an attempt made earlier.
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(10);
+/// A refused call that fails sooner than this met a connection attempt that had already failed.
+const STALE_REFUSAL: Duration = Duration::from_millis(5);
 
 /// Where the Redis store connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +82,7 @@ impl RedisStore {
                     // reconnection (so recovery needs no restart); the circuit breaker keeps
                     // an outage from costing one attempt per request.
                     .set_number_of_retries(1)
-                    .set_min_delay(Duration::from_millis(10))
+                    .set_min_delay(RECONNECT_MIN_DELAY)
                     .set_max_delay(Duration::from_millis(50));
                 Conn::Single(ConnectionManager::new_lazy_with_config(client, config)?)
             }
@@ -123,13 +129,19 @@ impl RedisStore {
     async fn invoke(&self, invocation: ::redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
         let mut conn = self.conn.clone();
         let call = async move {
+            let started = Instant::now();
             match invocation.invoke_async::<Value>(&mut conn).await {
-                // After an outage the connection manager answers the first call with its last,
-                // failed connection attempt, and only then starts a new one: without a second
-                // try, the breaker's first probe after Redis is back would fail for nothing and
-                // recovery would wait another cool-down. A refused connection sent nothing, so
-                // the call may go again, on the new connection, within the same timeout.
-                Err(e) if e.is_connection_refusal() => invocation.invoke_async(&mut conn).await,
+                // After an outage the connection manager answers the next call at once with its
+                // last, failed connection attempt, and only then starts a new one: without a
+                // second try, the breaker's first probe after Redis is back would fail for
+                // nothing and recovery would wait another cool-down. A refused connection sent
+                // nothing, so the call may go again, on the new connection, within the same
+                // timeout. Only a stale answer is tried again: a fresh attempt that was refused
+                // took at least the reconnect delay, and trying it again would only double the
+                // wait of the calls made while Redis is going away.
+                Err(e) if e.is_connection_refusal() && started.elapsed() < STALE_REFUSAL => {
+                    invocation.invoke_async(&mut conn).await
+                }
                 result => result,
             }
         };
