@@ -3,6 +3,7 @@ upstream, tollgate, the load generator) on free loopback ports, metrics scraping
 statistics. Everything runs on 127.0.0.1; every process started here is stopped by its pid.
 """
 
+import atexit
 import json
 import os
 import re
@@ -35,6 +36,7 @@ def build():
     global TOLLGATE
     snap = os.path.join(tempfile.gettempdir(), f"tollgate-reliability-{os.getpid()}")
     shutil.copy2(TOLLGATE, snap)
+    atexit.register(lambda: os.path.exists(snap) and os.remove(snap))
     TOLLGATE = snap
     for tool in ("redis-server", "redis-cli"):
         if shutil.which(tool) is None:
