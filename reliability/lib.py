@@ -322,7 +322,7 @@ class Load:
     its per-request records [(start_us, end_us, status, url_index, value_index)]."""
 
     def __init__(self, workdir, name, urls, duration, rate=0, concurrency=0, header=None,
-                 timeout=30, progress=False):
+                 timeout=30, progress=False, unique_header=None, requests=None):
         self.out = workdir.file(f"{name}.csv")
         cmd = [os.path.join(TOOLS, "loadgen"), "--duration", str(duration), "--out", self.out,
                "--timeout", str(timeout)]
@@ -334,6 +334,10 @@ class Load:
             cmd += ["--concurrency", str(concurrency)]
         if header:
             cmd += ["--header", header]
+        if unique_header:
+            cmd += ["--unique-header", unique_header]
+        if requests:
+            cmd += ["--requests", str(requests)]
         if progress:
             cmd += ["--progress"]
         self.started = time.time()

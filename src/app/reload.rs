@@ -67,14 +67,17 @@ impl Reloader {
     /// Loads `path` and puts it in force. On error the old config stays and every problem is
     /// logged, as `tollgate check` prints them.
     pub async fn reload_file(&self, path: &Path) -> Result<(), ReloadError> {
-        let result = match config::load(path) {
-            Ok(loaded) => {
+        // Reading and validating the file is blocking work; keep it off the request workers.
+        let owned = path.to_path_buf();
+        let result = match tokio::task::spawn_blocking(move || config::load(&owned)).await {
+            Err(e) => Err(ReloadError::Apply(anyhow::anyhow!("config loader stopped: {e}"))),
+            Ok(Ok(loaded)) => {
                 for warning in &loaded.warnings {
                     tracing::warn!("{warning}");
                 }
                 self.apply(loaded.config).await.map_err(ReloadError::Apply)
             }
-            Err(e) => Err(ReloadError::Config(e)),
+            Ok(Err(e)) => Err(ReloadError::Config(e)),
         };
         self.shared.metrics.config_reload(result.is_ok());
         match &result {

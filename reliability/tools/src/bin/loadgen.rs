@@ -6,7 +6,9 @@
 //! next request as soon as the previous one is answered.
 //!
 //! Request i goes to `--url` number i mod (number of urls) and carries the header value number
-//! i mod (number of values) of `--header NAME:V1,V2,...` (repeat a value to weight it).
+//! i mod (number of values) of `--header NAME:V1,V2,...` (repeat a value to weight it), or, with
+//! `--unique-header NAME:PREFIX`, the value `PREFIX-i`: a new client key on every request.
+//! `--requests N` ends a closed loop after N requests (or `--duration`, whichever comes first).
 //! Every request ends as an HTTP status, or as 0 (connection error) or 1 (no answer within
 //! `--timeout`: a hang). `--out FILE` writes one CSV line per request:
 //! `start_us,end_us,status,url_index,value_index` (µs since the Unix epoch).
@@ -27,6 +29,8 @@ use hyper_util::rt::TokioExecutor;
 struct Args {
     urls: Vec<String>,
     header: Option<(String, Vec<String>)>,
+    unique: Option<(String, String)>,
+    requests: u64,
     rate: f64,
     concurrency: usize,
     duration: Duration,
@@ -38,7 +42,8 @@ struct Args {
 fn usage() -> ! {
     eprintln!(
         "usage: loadgen --url URL [--url URL...] --duration SECS [--rate R | --concurrency C]\n\
-         \x20              [--header NAME:V1,V2,...] [--timeout SECS] [--out FILE] [--progress]"
+         \x20              [--header NAME:V1,V2,... | --unique-header NAME:PREFIX] [--requests N]\n\
+         \x20              [--timeout SECS] [--out FILE] [--progress]"
     );
     std::process::exit(2)
 }
@@ -47,6 +52,8 @@ fn parse_args() -> Args {
     let mut a = Args {
         urls: Vec::new(),
         header: None,
+        unique: None,
+        requests: u64::MAX,
         rate: 0.0,
         concurrency: 0,
         duration: Duration::from_secs(10),
@@ -65,6 +72,12 @@ fn parse_args() -> Args {
                 let values = values.split(',').map(|s| s.trim().to_string()).collect();
                 a.header = Some((name.trim().to_string(), values));
             }
+            "--unique-header" => {
+                let v = value();
+                let (name, prefix) = v.split_once(':').unwrap_or_else(|| usage());
+                a.unique = Some((name.trim().to_string(), prefix.trim().to_string()));
+            }
+            "--requests" => a.requests = value().parse().unwrap_or_else(|_| usage()),
             "--rate" => a.rate = value().parse().unwrap_or_else(|_| usage()),
             "--concurrency" => a.concurrency = value().parse().unwrap_or_else(|_| usage()),
             "--duration" => {
@@ -101,6 +114,7 @@ struct Shared {
     args: Args,
     uris: Vec<hyper::Uri>,
     header: Option<(http::HeaderName, Vec<http::HeaderValue>)>,
+    unique: Option<(http::HeaderName, String)>,
     recs: Mutex<Vec<Rec>>,
     done_count: AtomicU64,
     in_flight: AtomicU64,
@@ -120,6 +134,9 @@ async fn one(shared: &Shared, i: u64) {
     if let Some((name, values)) = &shared.header {
         value = (i % values.len() as u64) as usize;
         req = req.header(name, values[value].clone());
+    }
+    if let Some((name, prefix)) = &shared.unique {
+        req = req.header(name, format!("{prefix}-{i}"));
     }
     let req = req.body(Empty::new()).expect("request");
     shared.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -165,6 +182,12 @@ async fn main() {
                 .collect(),
         )
     });
+    let unique = args.unique.as_ref().map(|(n, prefix)| {
+        (
+            http::HeaderName::from_bytes(n.as_bytes()).unwrap_or_else(|_| usage()),
+            prefix.clone(),
+        )
+    });
     let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
     connector.set_nodelay(true);
     let client = Client::builder(TokioExecutor::new())
@@ -176,6 +199,7 @@ async fn main() {
         args,
         uris,
         header,
+        unique,
         recs: Mutex::new(Vec::with_capacity(1 << 16)),
         done_count: AtomicU64::new(0),
         in_flight: AtomicU64::new(0),
@@ -224,11 +248,17 @@ async fn main() {
             workers.spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= shared.args.requests {
+                        break;
+                    }
                     one(&shared, i).await;
                 }
             });
         }
-        tokio::time::sleep(duration).await;
+        let _ = tokio::time::timeout(duration, async {
+            while workers.join_next().await.is_some() {}
+        })
+        .await;
         stop.store(true, Ordering::Relaxed);
         while workers.join_next().await.is_some() {}
     }
