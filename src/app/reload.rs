@@ -70,7 +70,9 @@ impl Reloader {
         // Reading and validating the file is blocking work; keep it off the request workers.
         let owned = path.to_path_buf();
         let result = match tokio::task::spawn_blocking(move || config::load(&owned)).await {
-            Err(e) => Err(ReloadError::Apply(anyhow::anyhow!("config loader stopped: {e}"))),
+            Err(e) => Err(ReloadError::Apply(anyhow::anyhow!(
+                "config loader stopped: {e}"
+            ))),
             Ok(Ok(loaded)) => {
                 for warning in &loaded.warnings {
                     tracing::warn!("{warning}");
