@@ -135,7 +135,10 @@ async fn serve<I>(
     let service = service_fn(move |req| {
         let in_flight = InFlight::start(&requests, req.version());
         let proxy: Arc<Proxy> = shared.proxy.load_full();
-        async move {
+        // Boxed: hyper keeps a slot the size of this future for the whole life of the
+        // connection; boxed, the slot is a pointer and the request's state is freed when it
+        // is answered, so an idle keep-alive connection holds none of it.
+        Box::pin(async move {
             let resp = match framing::check(&req) {
                 Ok(()) => proxy.handle(req, conn).await,
                 Err(e) => {
@@ -144,7 +147,7 @@ async fn serve<I>(
                 }
             };
             Ok::<_, Infallible>(resp.map(|body| Guarded::new(body, in_flight)))
-        }
+        })
     });
     let io = TokioIo::new(Tracked::new(io, activity.clone()));
     // boxed: the connection is most of a connection task's memory, and a future moved through

@@ -110,8 +110,26 @@ pub fn storage_key(prefix: &str, route: &str, limit: &str, client: &str) -> Stri
     key
 }
 
-fn push_ip(out: &mut String, ip: IpAddr) {
-    write!(out, "{ip}").expect("writing to a String cannot fail");
+/// Appends `ip` as text, as `Display` writes it. IPv4, the common case on every request, is
+/// written digit by digit: the formatting machinery costs several times as much.
+pub fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                if octet >= 100 {
+                    out.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    out.push(char::from(b'0' + octet / 10 % 10));
+                }
+                out.push(char::from(b'0' + octet % 10));
+            }
+        }
+        IpAddr::V6(_) => write!(out, "{ip}").expect("writing to a String cannot fail"),
+    }
 }
 
 fn push_fallback(out: &mut String, ip: IpAddr) {
@@ -199,6 +217,26 @@ mod tests {
     use super::*;
     use http::HeaderName;
     use proptest::prelude::*;
+
+    /// The digit-by-digit IPv4 text is exactly `Display`'s, for every octet value.
+    #[test]
+    fn push_ip_writes_what_display_writes() {
+        for o in 0..=255u8 {
+            for ip in [
+                IpAddr::from([o, 0, 9, 10]),
+                IpAddr::from([99, o, 100, 255]),
+                IpAddr::from([1, 2, o, o]),
+            ] {
+                let mut out = String::from("x");
+                push_ip(&mut out, ip);
+                assert_eq!(out, format!("x{ip}"));
+            }
+        }
+        let v6: IpAddr = "2001:db8::7".parse().unwrap();
+        let mut out = String::new();
+        push_ip(&mut out, v6);
+        assert_eq!(out, "2001:db8::7");
+    }
 
     const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
 
