@@ -1109,3 +1109,20 @@ fn thousands_of_problems_are_counted_not_placed() {
         "fuzz.yaml:204:12: routes[200].name: duplicate route name \"r0\": routes[0] on line 4 has it"
     );
 }
+
+/// Found by `units` in CI's smoke run: a rate of 142857142.86 an hour was written as
+/// `142857143/h` (whole counts were accepted within a relative 1e-9), which reads back a
+/// billionth off.
+#[test]
+fn rate_near_a_whole_count_is_not_rounded_to_it() {
+    let rate = Rate::per_second(39682.53968253968).unwrap();
+    let text = format_rate(rate);
+    let back = parse_rate(&text).unwrap().rate.per_sec();
+    assert!(
+        (back - rate.per_sec()).abs() <= rate.per_sec() * 1e-12,
+        "{text} -> {back}"
+    );
+    // and ordinary rates keep their unit
+    assert_eq!(format_rate(Rate::per_second(0.1).unwrap()), "6/m");
+    assert_eq!(format_rate(Rate::per_second(100.0).unwrap()), "100/s");
+}

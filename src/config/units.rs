@@ -182,8 +182,9 @@ pub fn format_rate(rate: Rate) -> String {
     let per_sec = rate.per_sec();
     for (unit, secs) in [("s", 1.0), ("m", 60.0), ("h", 3600.0), ("d", 86_400.0)] {
         let count = per_sec * secs;
-        // `0.1/s * 60` is 6.000000000000001 in f64; a relative 1e-9 absorbs such noise.
-        if count >= 1.0 && (count - count.round()).abs() <= count * 1e-9 {
+        // `0.1/s * 60` is 6.000000000000001 in f64: a relative 1e-12 absorbs such noise (a few
+        // ulps) and nothing more; 1e-9 let 142857142.86/h be written as 142857143/h.
+        if count >= 1.0 && (count - count.round()).abs() <= count * 1e-12 {
             return format!("{}/{unit}", count.round());
         }
     }
