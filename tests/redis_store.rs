@@ -272,6 +272,109 @@ async fn redis_killed_fails_fast_then_recovers() {
     }
 }
 
+/// Hundreds of calls in flight on the one connection, each on its own key with its own limit:
+/// every caller gets the reply to its own script (replies are matched to calls in order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_replies_reach_their_own_callers() {
+    let redis = common::Redis::start();
+    let s = store(redis.url(), Duration::from_secs(5));
+    let mut handles = Vec::new();
+    for i in 0..400u64 {
+        let s = s.clone();
+        handles.push(tokio::spawn(async move {
+            let alg = Algorithm::FixedWindow(win(1_000 + i, 60_000));
+            let d = s.check(&format!("own:{i}"), &alg, None).await.unwrap();
+            (i, d.allowed, d.remaining)
+        }));
+    }
+    for h in handles {
+        let (i, allowed, remaining) = h.await.unwrap();
+        assert!(allowed, "key {i}");
+        assert_eq!(remaining, 1_000 + i - 1, "key {i} got another call's reply");
+    }
+}
+
+/// `AUTH` (password alone, or ACL user and password) and the database come from the URL, on
+/// every new connection; a wrong password is an error that says so, not a hang.
+#[tokio::test]
+async fn password_user_and_database_come_from_the_url() {
+    let mut redis = common::Redis::start_with(&["--requirepass", "s3cret"]);
+    let port = redis.port;
+    let dbsize = |redis: &common::Redis, db: &str| {
+        redis.cli(&["-a", "s3cret", "--no-auth-warning", "-n", db, "dbsize"])
+    };
+    let alg = bucket(10.0, 10);
+    for (i, url) in [
+        format!("redis://:s3cret@127.0.0.1:{port}/3"),
+        format!("redis://default:s3cret@127.0.0.1:{port}/3"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let s = store(url.clone(), Duration::from_secs(2));
+        s.check(&format!("auth:{i}"), &alg, None).await.expect(&url);
+    }
+    assert_eq!(dbsize(&redis, "3"), "2", "both keys in database 3");
+    assert_eq!(dbsize(&redis, "0"), "0");
+
+    // after a restart the new connection authenticates and selects again
+    let s = store(
+        format!("redis://:s3cret@127.0.0.1:{port}/3"),
+        Duration::from_secs(2),
+    );
+    s.check("before", &alg, None).await.unwrap();
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = s.check("after", &alg, None).await {
+        assert!(Instant::now() < deadline, "not recovered: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        dbsize(&redis, "3"),
+        "1",
+        "the key after the restart is in database 3"
+    );
+
+    let wrong = store(
+        format!("redis://:nope@127.0.0.1:{port}/0"),
+        Duration::from_secs(2),
+    );
+    let started = Instant::now();
+    let err = wrong
+        .check("k", &alg, None)
+        .await
+        .expect_err("wrong password");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("WRONGPASS") || text.contains("invalid"),
+        "the error names the refusal: {text}"
+    );
+}
+
+/// A `redis+unix://` URL connects over the unix socket, to the database it names.
+#[tokio::test]
+async fn unix_socket_urls_connect() {
+    let sockets = tempfile::tempdir().unwrap();
+    let path = sockets.path().join("redis.sock");
+    let redis = common::Redis::start_with(&["--unixsocket", path.to_str().unwrap()]);
+    let s = store(
+        format!("redis+unix://{}?db=2", path.display()),
+        Duration::from_secs(2),
+    );
+    s.ping().await.unwrap();
+    for alg in all_five() {
+        s.check("unix", &alg, None).await.unwrap();
+        redis.cli(&["-n", "2", "del", "unix"]);
+    }
+    s.check("unix:kept", &bucket(1.0, 1), None).await.unwrap();
+    assert_eq!(redis.cli(&["-n", "2", "exists", "unix:kept"]), "1");
+}
+
 /// A three-master Redis Cluster made with `redis-cli --cluster create`: keys over all slots,
 /// every algorithm, limited exactly as on one Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,7 @@
 //! and the failure policy decides what that means.
 
 pub mod memory;
+mod pipe;
 pub mod policy;
 pub mod redis;
 mod reply;

@@ -1,10 +1,12 @@
 //! The Redis store: each check is one `EVALSHA` of the algorithm's script on the key's node.
 //!
-//! One multiplexed connection per node (redis-rs `ConnectionManager`, or the cluster client's
-//! per-node connections), so concurrent checks pipeline on it; the manager reconnects by itself
-//! after Redis restarts. `Script::invoke_async` sends `EVALSHA` and, on a `NOSCRIPT` answer
-//! (Redis restarted, failed over, or `SCRIPT FLUSH`), loads the script and retries once.
-//! Every call is bounded by `timeout`; past it the caller gets [`StoreError::Timeout`].
+//! One multiplexed connection per node, so concurrent checks pipeline on it, reconnected after
+//! Redis restarts. On one Redis over TCP or a unix socket that is the store's own connection
+//! ([`super::pipe`]), made for this one command; over TLS (`rediss://`) and on a Cluster it is
+//! redis-rs's (`ConnectionManager`, or the cluster client's per-node connections). A `NOSCRIPT`
+//! answer (Redis restarted, failed over, or `SCRIPT FLUSH`) sends the call again with the
+//! script's body, once. Every call is bounded by `timeout`; past it the caller gets
+//! [`StoreError::Timeout`].
 
 use std::time::{Duration, Instant};
 
@@ -12,9 +14,10 @@ use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::io::tcp::TcpSettings;
-use ::redis::{IntoConnectionInfo, Value};
+use ::redis::{ConnectionAddr, IntoConnectionInfo, Value};
 
-use super::scripts::Scripts;
+use super::pipe::{self, Addr, Endpoint, Pipe};
+use super::scripts::{Call, Scripts};
 use super::{reply, HoldFuture, Store, StoreError, StoreFuture};
 use crate::limit::{Algorithm, Millis, Pace};
 
@@ -40,10 +43,17 @@ pub struct RedisStore {
     timeout: Duration,
 }
 
+enum Conn {
+    /// the store's own connection: one Redis, plain TCP or unix socket
+    Pipe(Pipe),
+    /// redis-rs: TLS, Cluster
+    Client(Client),
+}
+
 /// Both kinds are cheap handles onto shared multiplexed connections: cloning one per call is
 /// how concurrent calls share (and pipeline on) the same socket.
 #[derive(Clone)]
-enum Conn {
+enum Client {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
@@ -70,7 +80,27 @@ impl RedisStore {
             .set_user_timeout(Duration::from_secs(5));
         let conn = match target {
             RedisTarget::Single(url) => {
-                let info = url.as_str().into_connection_info()?.set_tcp_settings(tcp);
+                let info = url.as_str().into_connection_info()?;
+                let addr = match info.addr() {
+                    ConnectionAddr::Tcp(host, port) => Some(Addr::Tcp(host.clone(), *port)),
+                    ConnectionAddr::Unix(path) => Some(Addr::Unix(path.clone())),
+                    _ => None,
+                };
+                if let Some(addr) = addr {
+                    let settings = info.redis_settings();
+                    return Ok(RedisStore {
+                        conn: Conn::Pipe(Pipe::new(Endpoint {
+                            addr,
+                            username: settings.username().map(str::to_owned),
+                            password: settings.password().map(str::to_owned),
+                            db: settings.db(),
+                            connect_timeout,
+                        })),
+                        scripts: Scripts::new(),
+                        timeout,
+                    });
+                }
+                let info = info.set_tcp_settings(tcp);
                 let client = ::redis::Client::open(info)?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
@@ -84,7 +114,9 @@ impl RedisStore {
                     .set_number_of_retries(1)
                     .set_min_delay(RECONNECT_MIN_DELAY)
                     .set_max_delay(Duration::from_millis(50));
-                Conn::Single(ConnectionManager::new_lazy_with_config(client, config)?)
+                Conn::Client(Client::Single(ConnectionManager::new_lazy_with_config(
+                    client, config,
+                )?))
             }
             RedisTarget::Cluster(urls) => {
                 let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
@@ -96,7 +128,9 @@ impl RedisStore {
                 let config = ClusterConfig::new()
                     .set_connection_timeout(connect_timeout)
                     .set_response_timeout(timeout);
-                Conn::Cluster(client.get_pending_async_connection_with_config(config))
+                Conn::Client(Client::Cluster(
+                    client.get_pending_async_connection_with_config(config),
+                ))
             }
         };
         Ok(RedisStore {
@@ -108,47 +142,73 @@ impl RedisStore {
 
     /// Sends `PING` (bounded by the timeout): for readiness checks and tests.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
-        let ping = async move { ::redis::cmd("PING").query_async::<String>(&mut conn).await };
+        let ping = async {
+            match &self.conn {
+                Conn::Pipe(pipe) => {
+                    let mut command = Vec::new();
+                    pipe::encode_command(&mut command, &[b"PING"]);
+                    pipe.call(command).await.map(drop)
+                }
+                Conn::Client(client) => {
+                    let mut client = client.clone();
+                    let ping = ::redis::cmd("PING");
+                    ping.query_async::<String>(&mut client).await.map(drop)
+                }
+            }
+        };
         match tokio::time::timeout(self.timeout, ping).await {
-            Ok(result) => result.map(drop).map_err(StoreError::from),
+            Ok(result) => result.map_err(StoreError::from),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
 
-    async fn eval(
-        &self,
-        key: &str,
-        alg: &Algorithm,
-        now: Option<Millis>,
-    ) -> Result<Value, StoreError> {
-        self.invoke(self.scripts.invocation(key, alg, now)).await
-    }
-
-    /// Runs one script invocation on the key's connection, bounded by the timeout.
-    async fn invoke(&self, invocation: ::redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
-        let mut conn = self.conn.clone();
-        let call = async move {
-            let started = Instant::now();
-            match invocation.invoke_async::<Value>(&mut conn).await {
-                // After an outage the connection manager answers the next call at once with its
-                // last, failed connection attempt, and only then starts a new one: without a
-                // second try, the breaker's first probe after Redis is back would fail for
-                // nothing and recovery would wait another cool-down. A refused connection sent
-                // nothing, so the call may go again, on the new connection, within the same
-                // timeout. Only a stale answer is tried again: a fresh attempt that was refused
-                // took at least the reconnect delay, and trying it again would only double the
-                // wait of the calls made while Redis is going away.
-                Err(e) if e.is_connection_refusal() && started.elapsed() < STALE_REFUSAL => {
-                    invocation.invoke_async(&mut conn).await
-                }
-                result => result,
+    /// Runs one script call on the key's connection, bounded by the timeout.
+    async fn invoke(&self, call: Call<'_>) -> Result<Value, StoreError> {
+        let result = match &self.conn {
+            Conn::Pipe(pipe) => {
+                let eval = async {
+                    let mut command = Vec::with_capacity(160);
+                    call.encode(&mut command, false);
+                    match pipe.call(command).await {
+                        Err(e) if pipe::is_noscript(&e) => {
+                            let mut command = Vec::new();
+                            call.encode(&mut command, true);
+                            pipe.call(command).await
+                        }
+                        result => result,
+                    }
+                };
+                tokio::time::timeout(self.timeout, eval).await
+            }
+            Conn::Client(client) => {
+                tokio::time::timeout(self.timeout, invoke(client.clone(), call.invocation())).await
             }
         };
-        match tokio::time::timeout(self.timeout, call).await {
+        match result {
             Ok(result) => Ok(result?),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
+    }
+}
+
+/// One script invocation through redis-rs, which loads the script itself after `NOSCRIPT`.
+async fn invoke(
+    mut conn: Client,
+    invocation: ::redis::ScriptInvocation<'_>,
+) -> Result<Value, ::redis::RedisError> {
+    let started = Instant::now();
+    match invocation.invoke_async::<Value>(&mut conn).await {
+        // After an outage the connection manager answers the next call at once with its last,
+        // failed connection attempt, and only then starts a new one: without a second try, the
+        // breaker's first probe after Redis is back would fail for nothing and recovery would
+        // wait another cool-down. A refused connection sent nothing, so the call may go again,
+        // on the new connection, within the same timeout. Only a stale answer is tried again:
+        // a fresh attempt that was refused took at least the reconnect delay, and trying it
+        // again would only double the wait of the calls made while Redis is going away.
+        Err(e) if e.is_connection_refusal() && started.elapsed() < STALE_REFUSAL => {
+            invocation.invoke_async(&mut conn).await
+        }
+        result => result,
     }
 }
 
@@ -180,18 +240,20 @@ impl Store for RedisStore {
         alg: &'a Algorithm,
         now: Option<Millis>,
     ) -> StoreFuture<'a> {
-        Box::pin(async move { reply::decode(alg, &self.eval(key, alg, now).await?) })
+        Box::pin(async move {
+            reply::decode(alg, &self.invoke(self.scripts.check(key, alg, now)).await?)
+        })
     }
 }
 
-impl ConnectionLike for Conn {
+impl ConnectionLike for Client {
     fn req_packed_command<'a>(
         &'a mut self,
         cmd: &'a ::redis::Cmd,
     ) -> ::redis::RedisFuture<'a, Value> {
         match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Client::Single(c) => c.req_packed_command(cmd),
+            Client::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -202,15 +264,15 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> ::redis::RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Client::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Client::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Client::Single(c) => c.get_db(),
+            Client::Cluster(c) => c.get_db(),
         }
     }
 }

@@ -1,90 +1,339 @@
 //! The Lua scripts of `lua/`, compiled in, and the ARGV each algorithm takes (SPEC §5).
+//!
+//! A check is described once, as a [`Call`] (script, key, arguments), and then either written
+//! straight into a `EVALSHA` command for the store's own connection ([`Call::encode`]) or turned
+//! into a redis-rs invocation for TLS and Cluster ([`Call::invocation`]).
+
+use std::fmt::Write as _;
 
 use ::redis::{Script, ScriptInvocation};
 
-use crate::limit::{Algorithm, Millis, Pace};
+use crate::limit::{Algorithm, Millis, Pace, Window};
 
-/// The five scripts, hashed once at start-up.
+/// One script: its body (for `EVAL` after a `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
+pub(crate) struct Lua {
+    script: Script,
+    body: &'static str,
+}
+
+impl Lua {
+    fn new(body: &'static str) -> Lua {
+        Lua {
+            script: Script::new(body),
+            body,
+        }
+    }
+}
+
+/// The five scripts and `pace_defer.lua`, hashed once at start-up.
 pub(crate) struct Scripts {
-    token_bucket: Script,
-    leaky_bucket: Script,
-    fixed_window: Script,
-    sliding_window: Script,
-    sliding_window_counter: Script,
-    pace_defer: Script,
+    token_bucket: Lua,
+    leaky_bucket: Lua,
+    fixed_window: Lua,
+    sliding_window: Lua,
+    sliding_window_counter: Lua,
+    pace_defer: Lua,
+}
+
+/// One argument, written in Rust's shortest round-trip form for numbers, so the script's
+/// `tonumber` reads back exactly the `f64` the memory store computes with.
+#[derive(Clone, Copy)]
+enum Arg {
+    Int(u64),
+    Num(f64),
+    /// an empty string: "not given" (e.g. no `max_delay`)
+    Empty,
+}
+
+/// The most ARGV any script takes (the rate, two more, and `now`).
+const MAX_ARGS: usize = 4;
+
+/// One script call: KEYS[1] = `key`, ARGV as SPEC §5 lists them, and `now` last when given.
+pub(crate) struct Call<'a> {
+    lua: &'a Lua,
+    key: &'a str,
+    args: [Arg; MAX_ARGS],
+    len: usize,
 }
 
 impl Scripts {
     pub(crate) fn new() -> Scripts {
         Scripts {
-            token_bucket: Script::new(include_str!("../../lua/token_bucket.lua")),
-            leaky_bucket: Script::new(include_str!("../../lua/leaky_bucket.lua")),
-            fixed_window: Script::new(include_str!("../../lua/fixed_window.lua")),
-            sliding_window: Script::new(include_str!("../../lua/sliding_window.lua")),
-            sliding_window_counter: Script::new(include_str!(
-                "../../lua/sliding_window_counter.lua"
-            )),
-            pace_defer: Script::new(include_str!("../../lua/pace_defer.lua")),
+            token_bucket: Lua::new(include_str!("../../lua/token_bucket.lua")),
+            leaky_bucket: Lua::new(include_str!("../../lua/leaky_bucket.lua")),
+            fixed_window: Lua::new(include_str!("../../lua/fixed_window.lua")),
+            sliding_window: Lua::new(include_str!("../../lua/sliding_window.lua")),
+            sliding_window_counter: Lua::new(include_str!("../../lua/sliding_window_counter.lua")),
+            pace_defer: Lua::new(include_str!("../../lua/pace_defer.lua")),
         }
     }
 
-    /// The invocation for one check: KEYS[1] = `key`, ARGV as SPEC §5 lists them, and `now`
-    /// last when given. Numbers are written in Rust's shortest round-trip form, so the script's
-    /// `tonumber` reads back exactly the `f64` the memory store computes with.
-    pub(crate) fn invocation<'a>(
+    /// The call deciding one request for `key` under `alg`.
+    pub(crate) fn check<'a>(
         &'a self,
-        key: &str,
+        key: &'a str,
         alg: &Algorithm,
         now: Option<Millis>,
-    ) -> ScriptInvocation<'a> {
-        let mut inv = match alg {
-            Algorithm::TokenBucket(b) => {
-                let mut inv = self.token_bucket.key(key);
-                inv.arg(b.rate.per_sec().to_string())
-                    .arg(b.burst.get())
-                    .arg(b.cost.get());
-                inv
-            }
-            Algorithm::LeakyBucket(p) => {
-                let mut inv = self.leaky_bucket.key(key);
-                inv.arg(p.rate.per_sec().to_string());
-                inv.arg(p.max_delay_ms.map(|d| d.to_string()).unwrap_or_default());
-                inv
-            }
-            Algorithm::FixedWindow(w) => self.window(&self.fixed_window, key, w),
-            Algorithm::SlidingWindow(w) => self.window(&self.sliding_window, key, w),
-            Algorithm::SlidingWindowCounter(w) => self.window(&self.sliding_window_counter, key, w),
+    ) -> Call<'a> {
+        let mut call = match alg {
+            Algorithm::TokenBucket(b) => Call::new(&self.token_bucket, key)
+                .arg(Arg::Num(b.rate.per_sec()))
+                .arg(Arg::Int(b.burst.get().into()))
+                .arg(Arg::Int(b.cost.get().into())),
+            Algorithm::LeakyBucket(p) => Call::new(&self.leaky_bucket, key)
+                .arg(Arg::Num(p.rate.per_sec()))
+                .arg(p.max_delay_ms.map_or(Arg::Empty, Arg::Num)),
+            Algorithm::FixedWindow(w) => window(&self.fixed_window, key, w),
+            Algorithm::SlidingWindow(w) => window(&self.sliding_window, key, w),
+            Algorithm::SlidingWindowCounter(w) => window(&self.sliding_window_counter, key, w),
         };
         if let Some(now) = now {
-            inv.arg(now.to_string());
+            call = call.arg(Arg::Num(now));
         }
-        inv
+        call
     }
 
-    /// The invocation of `lua/pace_defer.lua` for upstream back-pressure.
+    /// The call of `lua/pace_defer.lua` for upstream back-pressure.
     pub(crate) fn defer<'a>(
         &'a self,
-        key: &str,
+        key: &'a str,
         pace: &Pace,
         hold_ms: u64,
         now: Option<Millis>,
-    ) -> ScriptInvocation<'a> {
-        let mut inv = self.pace_defer.key(key);
-        inv.arg(pace.rate.per_sec().to_string()).arg(hold_ms);
+    ) -> Call<'a> {
+        let mut call = Call::new(&self.pace_defer, key)
+            .arg(Arg::Num(pace.rate.per_sec()))
+            .arg(Arg::Int(hold_ms));
         if let Some(now) = now {
-            inv.arg(now.to_string());
+            call = call.arg(Arg::Num(now));
+        }
+        call
+    }
+}
+
+fn window<'a>(lua: &'a Lua, key: &'a str, w: &Window) -> Call<'a> {
+    Call::new(lua, key)
+        .arg(Arg::Int(w.limit.get()))
+        .arg(Arg::Int(w.window_ms.get()))
+}
+
+impl<'a> Call<'a> {
+    fn new(lua: &'a Lua, key: &'a str) -> Call<'a> {
+        Call {
+            lua,
+            key,
+            args: [Arg::Empty; MAX_ARGS],
+            len: 0,
+        }
+    }
+
+    fn arg(mut self, arg: Arg) -> Call<'a> {
+        self.args[self.len] = arg;
+        self.len += 1;
+        self
+    }
+
+    fn args(&self) -> &[Arg] {
+        &self.args[..self.len]
+    }
+
+    /// The call as a redis-rs invocation (which loads the script itself after `NOSCRIPT`).
+    pub(crate) fn invocation(&self) -> ScriptInvocation<'a> {
+        let mut inv = self.lua.script.key(self.key);
+        for arg in self.args() {
+            match *arg {
+                Arg::Int(n) => inv.arg(n),
+                Arg::Num(x) => inv.arg(x.to_string()),
+                Arg::Empty => inv.arg(""),
+            };
         }
         inv
     }
 
-    fn window<'a>(
-        &self,
-        script: &'a Script,
-        key: &str,
-        w: &crate::limit::Window,
-    ) -> ScriptInvocation<'a> {
-        let mut inv = script.key(key);
-        inv.arg(w.limit.get()).arg(w.window_ms.get());
-        inv
+    /// Appends the call to `out` as one RESP command: `EVALSHA sha 1 key args…`, or with
+    /// `body`, `EVAL script 1 key args…` (which also loads the script into Redis's cache).
+    pub(crate) fn encode(&self, out: &mut Vec<u8>, body: bool) {
+        let mut num = Scratch::default();
+        out.push(b'*');
+        push_count(out, 4 + self.len as u64); // EVALSHA sha 1 key args…
+        bulk(out, if body { b"EVAL" } else { b"EVALSHA" });
+        if body {
+            bulk(out, self.lua.body.as_bytes());
+        } else {
+            bulk(out, self.lua.script.get_hash().as_bytes());
+        }
+        bulk(out, b"1");
+        bulk(out, self.key.as_bytes());
+        for arg in self.args() {
+            num.len = 0;
+            match *arg {
+                Arg::Int(n) => push_digits(&mut num, n),
+                // a whole number prints as its digits (Display writes 100.0 as "100"), without
+                // the float formatting machinery: rates are usually whole
+                Arg::Num(x) if x.fract() == 0.0 && x.is_sign_positive() && x < 1e15 => {
+                    push_digits(&mut num, x as u64)
+                }
+                Arg::Num(x) => {
+                    // Display writes every digit, without an exponent: the rare number longer
+                    // than the buffer (a rate of one a year, say) goes through a String
+                    if write!(num, "{x}").is_err() {
+                        bulk(out, x.to_string().as_bytes());
+                        continue;
+                    }
+                }
+                Arg::Empty => {}
+            }
+            bulk(out, num.as_bytes());
+        }
+    }
+}
+
+/// `$len\r\nbytes\r\n`
+fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.push(b'$');
+    push_count(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A count in decimal followed by `\r\n`, for the RESP headers.
+fn push_count(out: &mut Vec<u8>, n: u64) {
+    push_digits(out, n);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `n` in decimal.
+fn push_digits(out: &mut impl Extend<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[at..].iter().copied());
+}
+
+/// A number's text, on the stack.
+#[derive(Default)]
+struct Scratch {
+    buf: [u8; 32],
+    len: usize,
+}
+
+impl Scratch {
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::fmt::Write for Scratch {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        let slot = self.buf.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+        slot.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+impl Extend<u8> for Scratch {
+    fn extend<I: IntoIterator<Item = u8>>(&mut self, bytes: I) {
+        for b in bytes {
+            if let Some(slot) = self.buf.get_mut(self.len) {
+                *slot = b;
+                self.len += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Bucket, Rate};
+    use std::num::NonZeroU32;
+
+    /// A check is encoded as the RESP array redis-rs would send: EVALSHA, the SHA1, one key,
+    /// the arguments as text (the count's `\r\n` excepted), and `now` last.
+    #[test]
+    fn calls_encode_as_evalsha_commands() {
+        let scripts = Scripts::new();
+        let alg = Algorithm::TokenBucket(Bucket {
+            rate: Rate::per_second(2.5).unwrap(),
+            burst: NonZeroU32::new(10).unwrap(),
+            cost: NonZeroU32::new(1).unwrap(),
+        });
+        let mut out = Vec::new();
+        scripts
+            .check("k:1", &alg, Some(1e12 + 0.5))
+            .encode(&mut out, false);
+        let sha = scripts.token_bucket.script.get_hash();
+        let want = format!(
+            "*8\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$3\r\nk:1\r\n\
+             $3\r\n2.5\r\n$2\r\n10\r\n$1\r\n1\r\n$15\r\n1000000000000.5\r\n"
+        );
+        assert_eq!(String::from_utf8(out).unwrap(), want);
+
+        let mut out = Vec::new();
+        scripts.check("k", &alg, None).encode(&mut out, true);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("*7\r\n$4\r\nEVAL\r\n"), "{text}");
+        assert!(
+            text.contains(scripts.token_bucket.body),
+            "the body is sent whole"
+        );
+        assert!(
+            text.ends_with("$3\r\n2.5\r\n$2\r\n10\r\n$1\r\n1\r\n"),
+            "{text}"
+        );
+
+        // whole and fractional numbers are written as Display writes them
+        for x in [
+            0.0f64,
+            1.0,
+            100.0,
+            1e8,
+            1e14,
+            999_999_999_999_999.0,
+            1e15,
+            2.5,
+            1e-3,
+            1.7e12 + 0.25,
+        ] {
+            let alg = Algorithm::TokenBucket(Bucket {
+                rate: Rate::per_second(x.max(1e-9)).unwrap(),
+                burst: NonZeroU32::new(1).unwrap(),
+                cost: NonZeroU32::new(1).unwrap(),
+            });
+            let mut out = Vec::new();
+            scripts.check("k", &alg, Some(x)).encode(&mut out, false);
+            let text = String::from_utf8(out).unwrap();
+            let now = x.to_string();
+            assert!(
+                text.ends_with(&format!("${}\r\n{now}\r\n", now.len())),
+                "{x}: {text}"
+            );
+        }
+
+        // a number longer than the stack buffer (a rate of one in 100 million years) is written whole
+        let slow = Algorithm::TokenBucket(Bucket {
+            rate: Rate::per_second(1.0 / 3.0e15).unwrap(),
+            burst: NonZeroU32::new(1).unwrap(),
+            cost: NonZeroU32::new(1).unwrap(),
+        });
+        let mut out = Vec::new();
+        scripts.check("k", &slow, None).encode(&mut out, false);
+        let rate = (1.0f64 / 3.0e15).to_string();
+        assert!(rate.len() > 32);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains(&format!("${}\r\n{rate}\r\n", rate.len())),
+            "{text}"
+        );
     }
 }

@@ -1,0 +1,469 @@
+//! The store's own connection to one Redis (plain TCP or a unix socket), built for the hot path.
+//!
+//! Every check is one `EVALSHA`; thousands run at once from the proxy's tasks. A caller writes
+//! its command (already encoded, see [`super::scripts::Call::encode`]) into a channel and waits
+//! on a oneshot; one driver task owns the socket, writes every command waiting in the channel
+//! with one `write`, reads the replies as they come and hands each, in order, to its caller
+//! (Redis answers the commands of one connection in order). The replies are parsed here, with
+//! no intermediate frames. redis-rs does the same with more layers (about 15 000 instructions a
+//! call more, measured with callgrind; see BENCHMARKS.md); it still serves TLS and Cluster.
+//!
+//! The connection is made when the first call comes and again after it breaks: a call that
+//! finds no connection waits for the attempt it started (bounded by the caller's timeout), so
+//! after an outage the first call after Redis is back succeeds. When the socket fails, every
+//! call waiting on it fails at once with the I/O error; nothing is retried, since a script may
+//! have run. `AUTH` and `SELECT` from the URL are sent on every new connection.
+
+use std::collections::VecDeque;
+use std::io;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ::redis::io::tcp::socket2::{SockRef, TcpKeepalive};
+use ::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+
+/// Commands written with one `write` at most.
+const BATCH: usize = 256;
+/// Nested arrays deeper than this are not a reply of ours.
+const MAX_DEPTH: usize = 4;
+
+type Reply = Result<Value, RedisError>;
+
+/// Where and how to connect.
+#[derive(Debug, Clone)]
+pub(crate) struct Endpoint {
+    pub(crate) addr: Addr,
+    /// `AUTH [username] password` on connect
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
+    /// `SELECT db` on connect, unless 0
+    pub(crate) db: i64,
+    /// bounds connecting, with `AUTH` and `SELECT`
+    pub(crate) connect_timeout: Duration,
+}
+
+/// A TCP address or a unix socket path.
+#[derive(Debug, Clone)]
+pub(crate) enum Addr {
+    Tcp(String, u16),
+    Unix(PathBuf),
+}
+
+/// A handle on the connection; the driver task starts with the first call (so a store can be
+/// built outside a runtime) and ends when the handle is dropped.
+pub(crate) struct Pipe {
+    endpoint: Endpoint,
+    calls: OnceLock<mpsc::UnboundedSender<Call>>,
+}
+
+struct Call {
+    command: Vec<u8>,
+    reply: oneshot::Sender<Reply>,
+}
+
+impl Pipe {
+    pub(crate) fn new(endpoint: Endpoint) -> Pipe {
+        Pipe {
+            endpoint,
+            calls: OnceLock::new(),
+        }
+    }
+
+    /// Sends one encoded command and waits for its reply; a server error reply is an `Err`.
+    pub(crate) async fn call(&self, command: Vec<u8>) -> Reply {
+        let calls = self.calls.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(drive(self.endpoint.clone(), rx));
+            tx
+        });
+        let (reply, answer) = oneshot::channel();
+        calls
+            .send(Call { command, reply })
+            .map_err(|_| gone("the Redis connection task has stopped"))?;
+        answer
+            .await
+            .map_err(|_| gone("the Redis connection task has stopped"))?
+    }
+}
+
+/// The driver: connects when calls come, serves them until the connection breaks, repeats.
+async fn drive(endpoint: Endpoint, mut calls: mpsc::UnboundedReceiver<Call>) {
+    let mut batch = Vec::with_capacity(BATCH);
+    loop {
+        if batch.is_empty() && calls.recv_many(&mut batch, BATCH).await == 0 {
+            return; // every handle dropped
+        }
+        let connected = tokio::time::timeout(endpoint.connect_timeout, connect(&endpoint))
+            .await
+            .unwrap_or_else(|_| {
+                Err(RedisError::from(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "connecting to Redis took over {:?}",
+                        endpoint.connect_timeout
+                    ),
+                )))
+            });
+        let open = match connected {
+            Err(e) => {
+                for call in batch.drain(..) {
+                    let _ = call.reply.send(Err(copy(&e)));
+                }
+                continue;
+            }
+            Ok(Stream::Tcp(s)) => serve(s, &mut calls, &mut batch).await,
+            Ok(Stream::Unix(s)) => serve(s, &mut calls, &mut batch).await,
+        };
+        if !open {
+            return;
+        }
+    }
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// Opens the socket and sends `AUTH` and `SELECT` as the URL asks.
+async fn connect(endpoint: &Endpoint) -> Result<Stream, RedisError> {
+    match &endpoint.addr {
+        Addr::Tcp(host, port) => {
+            let mut stream = TcpStream::connect((host.as_str(), *port)).await?;
+            stream.set_nodelay(true)?;
+            // A Redis that vanishes without resetting the connection must still be noticed:
+            // unacknowledged writes fail after TCP_USER_TIMEOUT, idle connections are probed
+            // by keepalive; the I/O error then breaks the connection and the next call makes
+            // a new one. Per-call timeouts alone would never do that.
+            let sock = SockRef::from(&stream);
+            sock.set_tcp_keepalive(
+                &TcpKeepalive::new()
+                    .with_time(Duration::from_secs(10))
+                    .with_interval(Duration::from_secs(2)),
+            )?;
+            sock.set_tcp_user_timeout(Some(Duration::from_secs(5)))?;
+            handshake(&mut stream, endpoint).await?;
+            Ok(Stream::Tcp(stream))
+        }
+        Addr::Unix(path) => {
+            let mut stream = UnixStream::connect(path).await?;
+            handshake(&mut stream, endpoint).await?;
+            Ok(Stream::Unix(stream))
+        }
+    }
+}
+
+/// `AUTH` and `SELECT`, each answered before the connection serves calls.
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    endpoint: &Endpoint,
+) -> Result<(), RedisError> {
+    let mut commands: Vec<Vec<&[u8]>> = Vec::new();
+    if let Some(password) = &endpoint.password {
+        let mut auth: Vec<&[u8]> = vec![b"AUTH"];
+        auth.extend(endpoint.username.as_deref().map(str::as_bytes));
+        auth.push(password.as_bytes());
+        commands.push(auth);
+    }
+    let db = endpoint.db.to_string();
+    if endpoint.db != 0 {
+        commands.push(vec![b"SELECT", db.as_bytes()]);
+    }
+    if commands.is_empty() {
+        return Ok(());
+    }
+    let mut out = Vec::new();
+    for words in &commands {
+        encode_command(&mut out, words);
+    }
+    stream.write_all(&out).await?;
+    let mut input = Vec::with_capacity(256);
+    let mut answered = 0;
+    while answered < commands.len() {
+        if stream.read_buf(&mut input).await? == 0 {
+            return Err(closed());
+        }
+        let mut at = 0;
+        while let Some((value, used)) = parse(&input[at..])? {
+            at += used;
+            answered += 1;
+            value.extract_error()?;
+        }
+        input.drain(..at);
+    }
+    Ok(())
+}
+
+/// Serves calls on an open connection until it breaks (returns true: connect again when the
+/// next call comes) or every handle is dropped (false).
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    calls: &mut mpsc::UnboundedReceiver<Call>,
+    batch: &mut Vec<Call>,
+) -> bool {
+    let mut waiting: VecDeque<oneshot::Sender<Reply>> = VecDeque::with_capacity(BATCH);
+    let mut out = Vec::with_capacity(4096);
+    let mut input = Vec::with_capacity(16 * 1024);
+    loop {
+        if !batch.is_empty() {
+            // The call that woke the driver was made by a task that just yielded; others that
+            // are ready to run would make theirs a moment later. Let them (one turn of the
+            // scheduler) and write all the calls with one syscall: under load that is one
+            // write per few dozen calls instead of one each, here and in Redis.
+            tokio::task::yield_now().await;
+            while batch.len() < BATCH {
+                let Ok(call) = calls.try_recv() else { break };
+                batch.push(call);
+            }
+            out.clear();
+            for call in batch.drain(..) {
+                out.extend_from_slice(&call.command);
+                waiting.push_back(call.reply);
+            }
+            if let Err(e) = stream.write_all(&out).await {
+                fail(&mut waiting, &e.into());
+                return true;
+            }
+        }
+        tokio::select! {
+            biased;
+            read = stream.read_buf(&mut input) => {
+                let broken = match read {
+                    Ok(0) => closed(),
+                    Ok(_) => match deliver(&mut input, &mut waiting) {
+                        Ok(()) => continue,
+                        Err(e) => e,
+                    },
+                    Err(e) => e.into(),
+                };
+                fail(&mut waiting, &broken);
+                return true;
+            }
+            n = calls.recv_many(batch, BATCH) => if n == 0 {
+                return false;
+            }
+        }
+    }
+}
+
+/// Hands every complete reply in `input` to the call waiting longest, and drops those bytes.
+fn deliver(
+    input: &mut Vec<u8>,
+    waiting: &mut VecDeque<oneshot::Sender<Reply>>,
+) -> Result<(), RedisError> {
+    let mut at = 0;
+    let result = loop {
+        match parse(&input[at..]) {
+            Ok(Some((value, used))) => {
+                at += used;
+                let Some(reply) = waiting.pop_front() else {
+                    break Err(protocol("a reply to no command"));
+                };
+                // the caller may have given up (timed out): its reply is dropped
+                let _ = reply.send(value.extract_error());
+            }
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    input.drain(..at);
+    result
+}
+
+/// Fails every waiting call with (a copy of) `error`.
+fn fail(waiting: &mut VecDeque<oneshot::Sender<Reply>>, error: &RedisError) {
+    for reply in waiting.drain(..) {
+        let _ = reply.send(Err(copy(error)));
+    }
+}
+
+/// The same error again for another caller (a `RedisError` is not `Clone`): I/O errors keep
+/// their kind, so `is_connection_refusal` and the error metrics still see what happened.
+fn copy(error: &RedisError) -> RedisError {
+    if error.is_io_error() {
+        let kind = if error.is_connection_refusal() {
+            io::ErrorKind::ConnectionRefused
+        } else if error.is_timeout() {
+            io::ErrorKind::TimedOut
+        } else {
+            io::ErrorKind::ConnectionReset
+        };
+        RedisError::from(io::Error::new(kind, error.to_string()))
+    } else {
+        RedisError::from((error.kind(), "redis", error.to_string()))
+    }
+}
+
+fn closed() -> RedisError {
+    RedisError::from(io::Error::new(
+        io::ErrorKind::ConnectionReset,
+        "Redis closed the connection",
+    ))
+}
+
+fn gone(what: &'static str) -> RedisError {
+    RedisError::from(io::Error::new(io::ErrorKind::BrokenPipe, what))
+}
+
+fn protocol(what: &'static str) -> RedisError {
+    RedisError::from((
+        ErrorKind::Parse,
+        "invalid reply from Redis",
+        what.to_owned(),
+    ))
+}
+
+/// Whether `error` is Redis saying it does not have the script (restarted, failed over, or
+/// `SCRIPT FLUSH`): the call is then sent again as `EVAL` with the script's body.
+pub(crate) fn is_noscript(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// A command of plain words: `*n`, then each word as a bulk string.
+pub(crate) fn encode_command(out: &mut Vec<u8>, words: &[&[u8]]) {
+    out.extend_from_slice(format!("*{}\r\n", words.len()).as_bytes());
+    for word in words {
+        out.extend_from_slice(format!("${}\r\n", word.len()).as_bytes());
+        out.extend_from_slice(word);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// One complete RESP2 reply at the start of `buf`, and its length in bytes; `None` when more
+/// bytes are needed. Error replies become `Value::ServerError` (see `Value::extract_error`).
+pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, RedisError> {
+    parse_at(buf, 0, 0)
+}
+
+fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, RedisError> {
+    let Some(&kind) = buf.get(at) else {
+        return Ok(None);
+    };
+    let Some(end) = buf[at..].iter().position(|&b| b == b'\n').map(|i| at + i) else {
+        return Ok(None);
+    };
+    if end < at + 2 || buf[end - 1] != b'\r' {
+        return Err(protocol("a line not ended by CRLF"));
+    }
+    let line = &buf[at + 1..end - 1];
+    let next = end + 1;
+    let value = match kind {
+        b':' => Value::Int(number(line)?),
+        b'+' if line == b"OK" => Value::Okay,
+        b'+' => Value::SimpleString(text(line)?),
+        b'-' => ::redis::parse_redis_value(&buf[at..next])?,
+        b'$' => {
+            let Ok(len) = usize::try_from(number(line)?) else {
+                return Ok(Some((Value::Nil, next - at)));
+            };
+            let stop = next
+                .checked_add(len)
+                .ok_or_else(|| protocol("bulk length"))?;
+            let Some(tail) = buf.get(stop..stop + 2) else {
+                return Ok(None);
+            };
+            if tail != b"\r\n" {
+                return Err(protocol("a bulk string not ended by CRLF"));
+            }
+            return Ok(Some((
+                Value::BulkString(buf[next..stop].to_vec()),
+                stop + 2 - at,
+            )));
+        }
+        b'*' => {
+            let Ok(count) = usize::try_from(number(line)?) else {
+                return Ok(Some((Value::Nil, next - at)));
+            };
+            if depth >= MAX_DEPTH {
+                return Err(protocol("arrays nested too deep"));
+            }
+            let mut items = Vec::with_capacity(count.min(64));
+            let mut pos = next;
+            for _ in 0..count {
+                let Some((item, used)) = parse_at(buf, pos, depth + 1)? else {
+                    return Ok(None);
+                };
+                items.push(item);
+                pos += used;
+            }
+            return Ok(Some((Value::Array(items), pos - at)));
+        }
+        _ => return Err(protocol("an unknown reply type")),
+    };
+    Ok(Some((value, next - at)))
+}
+
+fn number(line: &[u8]) -> Result<i64, RedisError> {
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| protocol("a number that is not one"))
+}
+
+fn text(line: &[u8]) -> Result<String, RedisError> {
+    String::from_utf8(line.to_vec()).map_err(|_| protocol("a status line that is not UTF-8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every reply type our scripts and commands get is parsed whole, with its length; a cut
+    /// anywhere asks for more bytes; garbage is an error, not a panic.
+    #[test]
+    fn replies_parse_whole_or_wait_for_more() {
+        let cases: &[(&[u8], Value)] = &[
+            (b":42\r\n", Value::Int(42)),
+            (b":-1\r\n", Value::Int(-1)),
+            (b"+OK\r\n", Value::Okay),
+            (b"+PONG\r\n", Value::SimpleString("PONG".into())),
+            (b"$5\r\n12.50\r\n", Value::BulkString(b"12.50".to_vec())),
+            (b"$0\r\n\r\n", Value::BulkString(Vec::new())),
+            (b"$-1\r\n", Value::Nil),
+            (
+                b"*4\r\n:1\r\n:9\r\n:0\r\n:1000\r\n",
+                Value::Array(vec![
+                    Value::Int(1),
+                    Value::Int(9),
+                    Value::Int(0),
+                    Value::Int(1000),
+                ]),
+            ),
+            (
+                b"*2\r\n:0\r\n$5\r\n0.000\r\n",
+                Value::Array(vec![Value::Int(0), Value::BulkString(b"0.000".to_vec())]),
+            ),
+        ];
+        for (wire, want) in cases {
+            let mut buf = wire.to_vec();
+            buf.extend_from_slice(b":7\r\n"); // the next reply is not consumed
+            assert_eq!(
+                parse(&buf).unwrap(),
+                Some((want.clone(), wire.len())),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
+            for cut in 0..wire.len() {
+                assert_eq!(parse(&wire[..cut]).unwrap(), None, "cut at {cut}");
+            }
+        }
+        let (err, used) = parse(b"-NOSCRIPT No matching script.\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(used, 31);
+        assert!(is_noscript(&err.extract_error().unwrap_err()));
+        for bad in [
+            &b"?x\r\n"[..],
+            b":x\r\n",
+            b":1\n",
+            b"$2\r\nabcd\r\n",
+            b"*1\r\n!\r\n",
+        ] {
+            assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+}
