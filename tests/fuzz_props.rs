@@ -7,7 +7,8 @@
 //!   and infinite values are refused;
 //! * X-Forwarded-For: the documented right-to-left walk, and no identity a client can choose;
 //! * path normalisation: idempotent, no empty or dot segments, `%2F` never decoded;
-//! * Redis reply decoding: no panic on any `redis::Value`, the documented shapes decode exactly.
+//! * Redis reply decoding: no panic on any `redis::Value`, the documented shapes decode exactly;
+//!   the store's own RESP parser reads every RESP2 reply back whole and agrees with redis-rs's.
 //!
 //! The last section holds one regression test per crash or wrong answer the fuzzers found.
 
@@ -26,7 +27,7 @@ use tollgate::config::{self, ConfigError, Problem};
 use tollgate::identity::{client_ip, is_trusted};
 use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Window};
 use tollgate::routing::{normalize_path, PathError};
-use tollgate::store::decode;
+use tollgate::store::{decode, parse_reply};
 
 // ---------------------------------------------------------------------------------------------
 // config
@@ -901,6 +902,74 @@ fn any_value() -> impl Strategy<Value = Value> {
 /// A delay as `lua/leaky_bucket.lua` writes it: milliseconds with three decimals.
 fn delay_text(delay_us: u64) -> Value {
     Value::BulkString(format!("{}.{:03}", delay_us / 1000, delay_us % 1000).into_bytes())
+}
+
+/// Any RESP2 reply: what Redis answers a script call with (RESP3 types left out).
+fn resp2_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Nil),
+        Just(Value::Okay),
+        any::<i64>().prop_map(Value::Int),
+        proptest::collection::vec(any::<u8>(), 0..12).prop_map(Value::BulkString),
+        "[ -~]{0,8}"
+            .prop_filter("OK is Okay", |s| s != "OK")
+            .prop_map(Value::SimpleString),
+    ];
+    leaf.prop_recursive(3, 24, 6, |inner| {
+        proptest::collection::vec(inner, 0..6).prop_map(Value::Array)
+    })
+}
+
+/// `value` as Redis writes it in RESP2.
+fn resp2(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Nil => out.extend_from_slice(b"$-1\r\n"),
+        Value::Okay => out.extend_from_slice(b"+OK\r\n"),
+        Value::Int(n) => out.extend_from_slice(format!(":{n}\r\n").as_bytes()),
+        Value::SimpleString(s) => out.extend_from_slice(format!("+{s}\r\n").as_bytes()),
+        Value::BulkString(b) => {
+            out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+            out.extend_from_slice(b);
+            out.extend_from_slice(b"\r\n");
+        }
+        Value::Array(items) => {
+            out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+            items.iter().for_each(|item| resp2(item, out));
+        }
+        other => unreachable!("not generated: {other:?}"),
+    }
+}
+
+proptest! {
+    /// The store's own reply parser reads back every RESP2 reply whole, with its exact length
+    /// (the next reply's bytes untouched), and asks for more bytes at every cut.
+    #[test]
+    fn resp2_replies_parse_back_exactly(value in resp2_value(), next in resp2_value()) {
+        let mut wire = Vec::new();
+        resp2(&value, &mut wire);
+        let len = wire.len();
+        resp2(&next, &mut wire);
+        let parsed = parse_reply(&wire).expect("valid RESP2");
+        prop_assert_eq!(parsed, Some((value, len)));
+        for cut in 0..len {
+            prop_assert_eq!(parse_reply(&wire[..cut]).expect("a valid prefix"), None);
+        }
+    }
+
+    /// Any bytes: a reply, a request for more, or an error; never a panic, and a reply read
+    /// is what redis-rs's own parser reads from the same bytes.
+    #[test]
+    fn resp_any_bytes_never_panic(bytes in prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..64),
+        // lines that look like RESP, so that many parse and the two parsers are compared
+        "([-:+$*]-?[0-9]{0,2}[a-z]{0,2}\r?\n?){1,8}".prop_map(String::into_bytes),
+    ]) {
+        if let Ok(Some((value, used))) = parse_reply(&bytes) {
+            prop_assert!(used <= bytes.len());
+            let theirs = redis::parse_redis_value(&bytes[..used]).expect("redis-rs agrees");
+            prop_assert_eq!(value, theirs);
+        }
+    }
 }
 
 proptest! {

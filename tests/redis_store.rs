@@ -356,6 +356,36 @@ async fn password_user_and_database_come_from_the_url() {
     );
 }
 
+/// Calls whose callers gave up while the connection was being made (Redis paused mid-`AUTH`)
+/// are not run once Redis answers: their requests were already answered by the failure policy,
+/// and running them would take tokens a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_given_up_while_connecting_are_not_run_later() {
+    let redis = common::Redis::start_with(&["--requirepass", "pw"]);
+    let url = format!("redis://:pw@127.0.0.1:{}/0", redis.port);
+    let alg = bucket(1.0, 100);
+    // the script is loaded (by another connection), so the calls would run, not get NOSCRIPT
+    let other = store(url.clone(), Duration::from_secs(2));
+    other.check("warm-up", &alg, None).await.unwrap();
+    let s = store(url, Duration::from_millis(100));
+    redis.signal("-STOP");
+    let mut calls = Vec::new();
+    for _ in 0..20 {
+        let s = s.clone();
+        let alg = alg.clone();
+        calls.push(tokio::spawn(
+            async move { s.check("gave-up", &alg, None).await },
+        ));
+    }
+    for call in calls {
+        let err = call.await.unwrap().expect_err("Redis is paused");
+        assert!(matches!(err, StoreError::Timeout(_)), "{err}");
+    }
+    redis.signal("-CONT");
+    let d = s.check("gave-up", &alg, None).await.unwrap();
+    assert_eq!(d.remaining, 99, "only this call took a token");
+}
+
 /// A `redis+unix://` URL connects over the unix socket, to the database it names.
 #[tokio::test]
 async fn unix_socket_urls_connect() {

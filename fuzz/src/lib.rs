@@ -19,7 +19,7 @@ use tollgate::config::{self, ConfigError};
 use tollgate::identity::{client_ip, is_trusted};
 use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Window};
 use tollgate::routing::{normalize_path, PathError};
-use tollgate::store::decode;
+use tollgate::store::{decode, parse_reply};
 
 // ---------------------------------------------------------------------------------------------
 // config
@@ -548,6 +548,13 @@ pub fn check_reply(data: &[u8]) {
     match mode % 3 {
         0 => {
             if let Ok(v) = redis::parse_redis_value(rest) {
+                algs.iter().for_each(|a| drop(decode(a, &v)));
+            }
+            // the store's own parser: a reply it reads is what redis-rs reads from those bytes
+            if let Ok(Some((v, used))) = parse_reply(rest) {
+                assert!(used <= rest.len());
+                let theirs = redis::parse_redis_value(&rest[..used]);
+                assert_eq!(Ok(&v), theirs.as_ref().map_err(|_| ()), "{rest:?}");
                 algs.iter().for_each(|a| drop(decode(a, &v)));
             }
         }

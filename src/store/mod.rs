@@ -22,6 +22,7 @@ use std::time::Duration;
 use crate::limit::{Algorithm, Decision, Millis, Pace};
 
 pub use memory::MemoryStore;
+pub use pipe::parse as parse_reply;
 pub use policy::{GuardedStore, OnError};
 pub use redis::{RedisStore, RedisTarget};
 pub use reply::decode;

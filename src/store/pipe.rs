@@ -30,6 +30,9 @@ use tokio::sync::{mpsc, oneshot};
 const BATCH: usize = 256;
 /// Nested arrays deeper than this are not a reply of ours.
 const MAX_DEPTH: usize = 4;
+/// Replies to our commands are a few dozen bytes: a longer line or bulk string (or a length
+/// claiming one) is a broken connection, not a reason to buffer without end.
+const MAX_REPLY_BYTES: usize = 1 << 20;
 
 type Reply = Result<Value, RedisError>;
 
@@ -96,6 +99,13 @@ async fn drive(endpoint: Endpoint, mut calls: mpsc::UnboundedReceiver<Call>) {
     loop {
         if batch.is_empty() && calls.recv_many(&mut batch, BATCH).await == 0 {
             return; // every handle dropped
+        }
+        // Calls whose callers gave up (timed out while Redis was out) are not worth a
+        // connection attempt, nor a script run once Redis is back: their requests were
+        // answered by the failure policy already, and running them would take tokens twice.
+        batch.retain(|call| !call.reply.is_closed());
+        if batch.is_empty() {
+            continue;
         }
         let connected = tokio::time::timeout(endpoint.connect_timeout, connect(&endpoint))
             .await
@@ -221,10 +231,15 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             }
             out.clear();
             for call in batch.drain(..) {
+                if call.reply.is_closed() {
+                    continue; // given up: not sent, so no reply to wait for
+                }
                 out.extend_from_slice(&call.command);
                 waiting.push_back(call.reply);
             }
-            if let Err(e) = stream.write_all(&out).await {
+            if out.is_empty() {
+                // every call of the batch was given up
+            } else if let Err(e) = stream.write_all(&out).await {
                 fail(&mut waiting, &e.into());
                 return true;
             }
@@ -335,7 +350,8 @@ pub(crate) fn encode_command(out: &mut Vec<u8>, words: &[&[u8]]) {
 
 /// One complete RESP2 reply at the start of `buf`, and its length in bytes; `None` when more
 /// bytes are needed. Error replies become `Value::ServerError` (see `Value::extract_error`).
-pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, RedisError> {
+/// Public for the fuzz targets and property tests only.
+pub fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, RedisError> {
     parse_at(buf, 0, 0)
 }
 
@@ -344,6 +360,9 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)
         return Ok(None);
     };
     let Some(end) = buf[at..].iter().position(|&b| b == b'\n').map(|i| at + i) else {
+        if buf.len() - at > MAX_REPLY_BYTES {
+            return Err(protocol("a line too long"));
+        }
         return Ok(None);
     };
     if end < at + 2 || buf[end - 1] != b'\r' {
@@ -357,12 +376,11 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)
         b'+' => Value::SimpleString(text(line)?),
         b'-' => ::redis::parse_redis_value(&buf[at..next])?,
         b'$' => {
-            let Ok(len) = usize::try_from(number(line)?) else {
+            let len = length(line)?;
+            let Some(len) = len else {
                 return Ok(Some((Value::Nil, next - at)));
             };
-            let stop = next
-                .checked_add(len)
-                .ok_or_else(|| protocol("bulk length"))?;
+            let stop = next + len;
             let Some(tail) = buf.get(stop..stop + 2) else {
                 return Ok(None);
             };
@@ -375,7 +393,7 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)
             )));
         }
         b'*' => {
-            let Ok(count) = usize::try_from(number(line)?) else {
+            let Some(count) = length(line)? else {
                 return Ok(Some((Value::Nil, next - at)));
             };
             if depth >= MAX_DEPTH {
@@ -397,11 +415,46 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)
     Ok(Some((value, next - at)))
 }
 
+/// The length of a bulk string or array: `None` for `-1` (nil), an error past
+/// [`MAX_REPLY_BYTES`] or for another negative number.
+fn length(line: &[u8]) -> Result<Option<usize>, RedisError> {
+    match number(line)? {
+        -1 => Ok(None),
+        n => usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= MAX_REPLY_BYTES)
+            .map(Some)
+            .ok_or_else(|| protocol("a length out of range")),
+    }
+}
+
+/// A RESP integer: an optional `-`, then decimal digits that fit an `i64`.
 fn number(line: &[u8]) -> Result<i64, RedisError> {
-    std::str::from_utf8(line)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| protocol("a number that is not one"))
+    let (negative, digits) = match line.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, line),
+    };
+    let not_one = || protocol("a number that is not one");
+    if digits.is_empty() {
+        return Err(not_one());
+    }
+    // accumulated as a negative number, so that i64::MIN reads too
+    let mut n: i64 = 0;
+    for &b in digits {
+        let digit = b.wrapping_sub(b'0');
+        if digit > 9 {
+            return Err(not_one());
+        }
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_sub(i64::from(digit)))
+            .ok_or_else(not_one)?;
+    }
+    if negative {
+        Ok(n)
+    } else {
+        n.checked_neg().ok_or_else(not_one)
+    }
 }
 
 fn text(line: &[u8]) -> Result<String, RedisError> {
@@ -419,6 +472,8 @@ mod tests {
         let cases: &[(&[u8], Value)] = &[
             (b":42\r\n", Value::Int(42)),
             (b":-1\r\n", Value::Int(-1)),
+            (b":9223372036854775807\r\n", Value::Int(i64::MAX)),
+            (b":-9223372036854775808\r\n", Value::Int(i64::MIN)),
             (b"+OK\r\n", Value::Okay),
             (b"+PONG\r\n", Value::SimpleString("PONG".into())),
             (b"$5\r\n12.50\r\n", Value::BulkString(b"12.50".to_vec())),
@@ -451,6 +506,10 @@ mod tests {
                 assert_eq!(parse(&wire[..cut]).unwrap(), None, "cut at {cut}");
             }
         }
+        // a line that never ends is not buffered without bound
+        let endless = vec![b'+'; MAX_REPLY_BYTES + 2];
+        assert!(parse(&endless).is_err());
+        assert_eq!(parse(&endless[..1000]).unwrap(), None);
         let (err, used) = parse(b"-NOSCRIPT No matching script.\r\n")
             .unwrap()
             .unwrap();
@@ -459,8 +518,15 @@ mod tests {
         for bad in [
             &b"?x\r\n"[..],
             b":x\r\n",
+            b":\r\n",
+            b":-\r\n",
+            b":1-\r\n",
+            b":9223372036854775808\r\n",
             b":1\n",
             b"$2\r\nabcd\r\n",
+            b"$-2\r\n",
+            b"*-5\r\n",
+            b"$9223372036854775807\r\n",
             b"*1\r\n!\r\n",
         ] {
             assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));

@@ -14,13 +14,21 @@ use crate::limit::{Algorithm, Millis, Pace, Window};
 pub(crate) struct Lua {
     script: Script,
     body: &'static str,
+    /// `EVALSHA sha 1` as RESP bulk strings: the start of every call, encoded once
+    evalsha_head: Vec<u8>,
 }
 
 impl Lua {
     fn new(body: &'static str) -> Lua {
+        let script = Script::new(body);
+        let mut evalsha_head = Vec::new();
+        bulk(&mut evalsha_head, b"EVALSHA");
+        bulk(&mut evalsha_head, script.get_hash().as_bytes());
+        bulk(&mut evalsha_head, b"1");
         Lua {
-            script: Script::new(body),
+            script,
             body,
+            evalsha_head,
         }
     }
 }
@@ -156,13 +164,13 @@ impl<'a> Call<'a> {
         let mut num = Scratch::default();
         out.push(b'*');
         push_count(out, 4 + self.len as u64); // EVALSHA sha 1 key args…
-        bulk(out, if body { b"EVAL" } else { b"EVALSHA" });
         if body {
+            bulk(out, b"EVAL");
             bulk(out, self.lua.body.as_bytes());
+            bulk(out, b"1");
         } else {
-            bulk(out, self.lua.script.get_hash().as_bytes());
+            out.extend_from_slice(&self.lua.evalsha_head);
         }
-        bulk(out, b"1");
         bulk(out, self.key.as_bytes());
         for arg in self.args() {
             num.len = 0;
