@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod app;
 pub mod config;
+mod decimal;
 pub mod identity;
 pub mod limit;
 pub mod metrics;

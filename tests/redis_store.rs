@@ -372,7 +372,6 @@ async fn calls_given_up_while_connecting_are_not_run_later() {
     let mut calls = Vec::new();
     for _ in 0..20 {
         let s = s.clone();
-        let alg = alg.clone();
         calls.push(tokio::spawn(
             async move { s.check("gave-up", &alg, None).await },
         ));

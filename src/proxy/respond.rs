@@ -79,19 +79,8 @@ fn item(name: &str, k1: &str, v1: u64, k2: &str, v2: u64) -> String {
     v
 }
 
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // ASCII digits only, so the conversion cannot fail
-    out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or_default());
+fn push_u64(out: &mut String, n: u64) {
+    out.push_str(crate::decimal::digits(n, &mut [0; 20]));
 }
 
 fn insert(headers: &mut HeaderMap, name: &HeaderName, value: String) {

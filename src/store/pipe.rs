@@ -343,12 +343,25 @@ pub(crate) fn is_noscript(error: &RedisError) -> bool {
 
 /// A command of plain words: `*n`, then each word as a bulk string.
 pub(crate) fn encode_command(out: &mut Vec<u8>, words: &[&[u8]]) {
-    out.extend_from_slice(format!("*{}\r\n", words.len()).as_bytes());
+    out.push(b'*');
+    push_count(out, words.len() as u64);
     for word in words {
-        out.extend_from_slice(format!("${}\r\n", word.len()).as_bytes());
-        out.extend_from_slice(word);
-        out.extend_from_slice(b"\r\n");
+        bulk(out, word);
     }
+}
+
+/// One bulk string: `$len\r\nbytes\r\n`.
+pub(crate) fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.push(b'$');
+    push_count(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A count in decimal followed by `\r\n`, for the RESP headers.
+pub(crate) fn push_count(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(crate::decimal::digits(n, &mut [0; 20]).as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
 /// One complete RESP2 reply at the start of `buf`, and its length in bytes; `None` when more

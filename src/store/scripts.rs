@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 
 use ::redis::{Script, ScriptInvocation};
 
+use super::pipe::{bulk, push_count};
 use crate::limit::{Algorithm, Millis, Pace, Window};
 
 /// One script: its body (for `EVAL` after a `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
@@ -196,34 +197,9 @@ impl<'a> Call<'a> {
     }
 }
 
-/// `$len\r\nbytes\r\n`
-fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.push(b'$');
-    push_count(out, bytes.len() as u64);
-    out.extend_from_slice(bytes);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// A count in decimal followed by `\r\n`, for the RESP headers.
-fn push_count(out: &mut Vec<u8>, n: u64) {
-    push_digits(out, n);
-    out.extend_from_slice(b"\r\n");
-}
-
 /// `n` in decimal.
 fn push_digits(out: &mut impl Extend<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend(digits[at..].iter().copied());
+    out.extend(crate::decimal::digits(n, &mut [0; 20]).bytes());
 }
 
 /// A number's text, on the stack.
