@@ -36,6 +36,20 @@ const MAX_REPLY_BYTES: usize = 1 << 20;
 
 type Reply = Result<Value, RedisError>;
 
+/// A Redis that vanishes without resetting the connection (host lost, packets dropped) must
+/// still be noticed: unacknowledged writes fail after `TCP_USER_TIMEOUT`, idle connections are
+/// probed by keepalive; the I/O error then breaks the connection and the next call makes a new
+/// one. Per-call timeouts alone would never do that. The same settings serve redis-rs's
+/// connections (TLS, Cluster).
+pub(crate) const USER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Keepalive probes after 10 s idle, every 2 s (see [`USER_TIMEOUT`]).
+pub(crate) fn keepalive() -> TcpKeepalive {
+    TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(2))
+}
+
 /// Where and how to connect.
 #[derive(Debug, Clone)]
 pub(crate) struct Endpoint {
@@ -145,17 +159,9 @@ async fn connect(endpoint: &Endpoint) -> Result<Stream, RedisError> {
         Addr::Tcp(host, port) => {
             let mut stream = TcpStream::connect((host.as_str(), *port)).await?;
             stream.set_nodelay(true)?;
-            // A Redis that vanishes without resetting the connection must still be noticed:
-            // unacknowledged writes fail after TCP_USER_TIMEOUT, idle connections are probed
-            // by keepalive; the I/O error then breaks the connection and the next call makes
-            // a new one. Per-call timeouts alone would never do that.
             let sock = SockRef::from(&stream);
-            sock.set_tcp_keepalive(
-                &TcpKeepalive::new()
-                    .with_time(Duration::from_secs(10))
-                    .with_interval(Duration::from_secs(2)),
-            )?;
-            sock.set_tcp_user_timeout(Some(Duration::from_secs(5)))?;
+            sock.set_tcp_keepalive(&keepalive())?;
+            sock.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
             handshake(&mut stream, endpoint).await?;
             Ok(Stream::Tcp(stream))
         }

@@ -67,17 +67,11 @@ impl RedisStore {
         let _ = rustls::crypto::ring::default_provider().install_default();
         // Connecting may take longer than one call may wait; give it at least a second.
         let connect_timeout = timeout.max(Duration::from_secs(1));
-        // A Redis that vanishes without resetting the connection (host lost, packets
-        // dropped) must still be noticed: unacknowledged writes fail after TCP_USER_TIMEOUT
-        // and idle connections are probed by keepalive; the I/O error then makes the
-        // connection manager reconnect. Per-call timeouts alone would never do that.
-        let keepalive = ::redis::io::tcp::socket2::TcpKeepalive::new()
-            .with_time(Duration::from_secs(10))
-            .with_interval(Duration::from_secs(2));
+        // keepalive and TCP_USER_TIMEOUT as on the store's own connection (see `pipe`)
         let tcp = TcpSettings::default()
             .set_nodelay(true)
-            .set_keepalive(keepalive)
-            .set_user_timeout(Duration::from_secs(5));
+            .set_keepalive(pipe::keepalive())
+            .set_user_timeout(pipe::USER_TIMEOUT);
         let conn = match target {
             RedisTarget::Single(url) => {
                 let info = url.as_str().into_connection_info()?;
@@ -88,35 +82,19 @@ impl RedisStore {
                 };
                 if let Some(addr) = addr {
                     let settings = info.redis_settings();
-                    return Ok(RedisStore {
-                        conn: Conn::Pipe(Pipe::new(Endpoint {
-                            addr,
-                            username: settings.username().map(str::to_owned),
-                            password: settings.password().map(str::to_owned),
-                            db: settings.db(),
-                            connect_timeout,
-                        })),
-                        scripts: Scripts::new(),
-                        timeout,
-                    });
+                    Conn::Pipe(Pipe::new(Endpoint {
+                        addr,
+                        username: settings.username().map(str::to_owned),
+                        password: settings.password().map(str::to_owned),
+                        db: settings.db(),
+                        connect_timeout,
+                    }))
+                } else {
+                    Conn::Client(Client::Single(managed(
+                        info.set_tcp_settings(tcp),
+                        connect_timeout,
+                    )?))
                 }
-                let info = info.set_tcp_settings(tcp);
-                let client = ::redis::Client::open(info)?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    // `eval` bounds every call itself; a second timer per call inside the
-                    // client would only cost time on the hot path
-                    .set_response_timeout(None)
-                    // One quick retry, then the call fails: a refused connection fails fast
-                    // instead of waiting out the timeout, and the next call starts a new
-                    // reconnection (so recovery needs no restart); the circuit breaker keeps
-                    // an outage from costing one attempt per request.
-                    .set_number_of_retries(1)
-                    .set_min_delay(RECONNECT_MIN_DELAY)
-                    .set_max_delay(Duration::from_millis(50));
-                Conn::Client(Client::Single(ConnectionManager::new_lazy_with_config(
-                    client, config,
-                )?))
             }
             RedisTarget::Cluster(urls) => {
                 let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
@@ -189,6 +167,27 @@ impl RedisStore {
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
+}
+
+/// redis-rs's reconnecting connection to one Redis, for `rediss://`.
+fn managed(
+    info: ::redis::ConnectionInfo,
+    connect_timeout: Duration,
+) -> Result<ConnectionManager, StoreError> {
+    let client = ::redis::Client::open(info)?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        // `invoke` bounds every call itself; a second timer per call inside the client would
+        // only cost time on the hot path
+        .set_response_timeout(None)
+        // One quick retry, then the call fails: a refused connection fails fast instead of
+        // waiting out the timeout, and the next call starts a new reconnection (so recovery
+        // needs no restart); the circuit breaker keeps an outage from costing one attempt per
+        // request.
+        .set_number_of_retries(1)
+        .set_min_delay(RECONNECT_MIN_DELAY)
+        .set_max_delay(Duration::from_millis(50));
+    Ok(ConnectionManager::new_lazy_with_config(client, config)?)
 }
 
 /// One script invocation through redis-rs, which loads the script itself after `NOSCRIPT`.
