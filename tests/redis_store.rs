@@ -294,6 +294,89 @@ async fn concurrent_replies_reach_their_own_callers() {
     }
 }
 
+/// How many times Redis has run `EVALSHA` since its statistics were last reset.
+fn evalsha_calls(redis: &common::Redis) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// Checks `key` from `n` tasks at once; the (allowed, remaining) of each, sorted.
+async fn at_once(s: &Arc<RedisStore>, key: &str, alg: Algorithm, n: usize) -> Vec<(bool, u64)> {
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (s, key) = (s.clone(), key.to_string());
+            tokio::spawn(async move {
+                let d = s.check(&key, &alg, None).await.unwrap();
+                if !d.allowed {
+                    assert!(d.retry_after_ms > 0, "a refusal says when to come back");
+                }
+                (d.allowed, d.remaining)
+            })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for h in handles {
+        seen.push(h.await.unwrap());
+    }
+    seen.sort_unstable();
+    seen
+}
+
+/// Token-bucket checks of one bucket that are in flight together run as one script in Redis,
+/// and each caller still gets the answer it would have got alone: the remaining tokens count
+/// down one per check, checks past the burst are refused one by one, other buckets in the same
+/// write (other keys, another cost) are not mixed in, and a `NOSCRIPT` still loads the script.
+#[tokio::test]
+async fn checks_of_one_bucket_in_flight_together_run_as_one_script() {
+    let redis = common::Redis::start();
+    let s = store(redis.url(), Duration::from_secs(5));
+    // connected, and the script loaded (a joined call refused with NOSCRIPT goes alone)
+    s.check("warm", &bucket(1.0, 1), None).await.unwrap();
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+
+    // 50 checks of a bucket of 60 (refilled once in 1000 s): all admitted, as one script run
+    let hot = bucket(0.001, 60);
+    let seen = at_once(&s, "hot", hot, 50).await;
+    let want: Vec<_> = (10..60).map(|r| (true, r)).collect();
+    assert_eq!(seen, want);
+    let runs = evalsha_calls(&redis);
+    assert!(runs <= 3, "50 checks at once took {runs} script runs");
+
+    // 20 more: the joined call is refused, and the checks decided alone admit the last 10
+    let seen = at_once(&s, "hot", hot, 20).await;
+    let mut want: Vec<_> = (0..10).map(|r| (true, r)).collect();
+    want.splice(0..0, (0..10).map(|_| (false, 0)));
+    assert_eq!(seen, want);
+
+    // two keys and two costs in one write: each bucket counted on its own
+    let three = Algorithm::TokenBucket(
+        Bucket::new(
+            Rate::per_second(0.001).unwrap(),
+            NonZeroU32::new(30).unwrap(),
+            NonZeroU32::new(3).unwrap(),
+        )
+        .unwrap(),
+    );
+    let (a, b, c) = tokio::join!(
+        at_once(&s, "one", bucket(0.001, 30), 10),
+        at_once(&s, "two", bucket(0.001, 30), 10),
+        at_once(&s, "three", three, 10),
+    );
+    let want: Vec<_> = (20..30).map(|r| (true, r)).collect();
+    assert_eq!(a, want, "key one");
+    assert_eq!(b, want, "key two");
+    let want: Vec<_> = (0..10).map(|k| (true, 3 * k)).collect();
+    assert_eq!(c, want, "key three, cost 3");
+
+    // a joined call that meets NOSCRIPT: each check goes again alone, with the script's body
+    redis.cli(&["SCRIPT", "FLUSH"]);
+    let seen = at_once(&s, "flushed", bucket(0.001, 10), 10).await;
+    assert_eq!(seen, (0..10).map(|r| (true, r)).collect::<Vec<_>>());
+}
+
 /// `AUTH` (password alone, or ACL user and password) and the database come from the URL, on
 /// every new connection; a wrong password is an error that says so, not a hang.
 #[tokio::test]

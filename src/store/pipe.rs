@@ -13,6 +13,9 @@
 //! after an outage the first call after Redis is back succeeds. When the socket fails, every
 //! call waiting on it fails at once with the I/O error; nothing is retried, since a script may
 //! have run. `AUTH` and `SELECT` from the URL are sent on every new connection.
+//!
+//! Token-bucket checks of one bucket that are written together are sent as one call (see
+//! [`super::coalesce`]), and their reply shared out.
 
 use std::collections::VecDeque;
 use std::io;
@@ -25,6 +28,8 @@ use ::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
+
+use super::coalesce::{self, Join};
 
 /// Commands written with one `write` at most.
 const BATCH: usize = 256;
@@ -80,6 +85,42 @@ pub(crate) struct Pipe {
 struct Call {
     command: Vec<u8>,
     reply: oneshot::Sender<Reply>,
+    /// a token-bucket check that may be joined with the others of its bucket
+    join: Option<Join>,
+}
+
+/// What a command written to Redis is answered to.
+enum Waiting {
+    One(oneshot::Sender<Reply>),
+    /// a joined call: its members in order, kept whole to be sent again alone if it is refused
+    Joined(Vec<Call>),
+}
+
+/// One command of a batch: a call alone, or the calls of one bucket joined, the first first.
+enum Entry {
+    Alone(Call),
+    Joined(Vec<Call>),
+}
+
+impl Entry {
+    fn first(&self) -> &Call {
+        match self {
+            Entry::Alone(call) => call,
+            Entry::Joined(calls) => &calls[0],
+        }
+    }
+
+    fn push(&mut self, call: Call) {
+        match self {
+            Entry::Joined(calls) => calls.push(call),
+            Entry::Alone(_) => {
+                let Entry::Alone(first) = std::mem::replace(self, Entry::Joined(Vec::new())) else {
+                    unreachable!("matched as alone")
+                };
+                *self = Entry::Joined(vec![first, call]);
+            }
+        }
+    }
 }
 
 impl Pipe {
@@ -91,7 +132,8 @@ impl Pipe {
     }
 
     /// Sends one encoded command and waits for its reply; a server error reply is an `Err`.
-    pub(crate) async fn call(&self, command: Vec<u8>) -> Reply {
+    /// With `join`, the command may be sent joined with others of its bucket.
+    pub(crate) async fn call(&self, command: Vec<u8>, join: Option<Join>) -> Reply {
         let calls = self.calls.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(drive(self.endpoint.clone(), rx));
@@ -99,7 +141,11 @@ impl Pipe {
         });
         let (reply, answer) = oneshot::channel();
         calls
-            .send(Call { command, reply })
+            .send(Call {
+                command,
+                reply,
+                join,
+            })
             .map_err(|_| gone("the Redis connection task has stopped"))?;
         answer
             .await
@@ -221,7 +267,8 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     calls: &mut mpsc::UnboundedReceiver<Call>,
     batch: &mut Vec<Call>,
 ) -> bool {
-    let mut waiting: VecDeque<oneshot::Sender<Reply>> = VecDeque::with_capacity(BATCH);
+    let mut waiting: VecDeque<Waiting> = VecDeque::with_capacity(BATCH);
+    let mut entries = Vec::with_capacity(BATCH);
     let mut out = Vec::with_capacity(4096);
     let mut input = Vec::with_capacity(16 * 1024);
     loop {
@@ -239,13 +286,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 batch.push(call);
             }
             out.clear();
-            for call in batch.drain(..) {
-                if call.reply.is_closed() {
-                    continue; // given up: not sent, so no reply to wait for
-                }
-                out.extend_from_slice(&call.command);
-                waiting.push_back(call.reply);
-            }
+            queue(batch, &mut entries, &mut out, &mut waiting);
             if out.is_empty() {
                 // every call of the batch was given up
             } else if let Err(e) = stream.write_all(&out).await {
@@ -258,7 +299,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             read = stream.read_buf(&mut input) => {
                 let broken = match read {
                     Ok(0) => closed(),
-                    Ok(_) => match deliver(&mut input, &mut waiting) {
+                    Ok(_) => match deliver(&mut input, &mut waiting, batch) {
                         Ok(()) => continue,
                         Err(e) => e,
                     },
@@ -274,21 +315,72 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// Writes the calls of `batch` into `out`, the checks of one bucket joined into one command, and
+/// queues what each command is answered to. Calls given up already are not sent.
+fn queue(
+    batch: &mut Vec<Call>,
+    entries: &mut Vec<(u64, Entry)>,
+    out: &mut Vec<u8>,
+    waiting: &mut VecDeque<Waiting>,
+) {
+    let alone = batch.len() == 1;
+    for call in batch.drain(..) {
+        if call.reply.is_closed() {
+            continue; // given up: not sent, so no reply to wait for
+        }
+        let Some(join) = call.join.filter(|_| !alone) else {
+            entries.push((0, Entry::Alone(call)));
+            continue;
+        };
+        let head = &call.command[..join.head];
+        let hash = coalesce::hash(head);
+        let same = entries.iter_mut().find(|(h, entry)| {
+            let first = entry.first();
+            *h == hash && first.join.is_some_and(|j| first.command[..j.head] == *head)
+        });
+        match same {
+            Some((_, entry)) => entry.push(call),
+            None => entries.push((hash, Entry::Alone(call))),
+        }
+    }
+    for (_, entry) in entries.drain(..) {
+        match entry {
+            Entry::Alone(call) => {
+                out.extend_from_slice(&call.command);
+                waiting.push_back(Waiting::One(call.reply));
+            }
+            Entry::Joined(calls) => {
+                let first = &calls[0];
+                let head = first.join.map_or(0, |j| j.head);
+                let cost: u64 = calls.iter().filter_map(|c| c.join).map(|j| j.cost).sum();
+                out.extend_from_slice(&first.command[..head]);
+                bulk(out, crate::decimal::digits(cost, &mut [0; 20]).as_bytes());
+                waiting.push_back(Waiting::Joined(calls));
+            }
+        }
+    }
+}
+
 /// Hands every complete reply in `input` to the call waiting longest, and drops those bytes.
+/// The checks of a joined call that was refused go into `again`, to be sent alone.
 fn deliver(
     input: &mut Vec<u8>,
-    waiting: &mut VecDeque<oneshot::Sender<Reply>>,
+    waiting: &mut VecDeque<Waiting>,
+    again: &mut Vec<Call>,
 ) -> Result<(), RedisError> {
     let mut at = 0;
     let result = loop {
         match parse(&input[at..]) {
             Ok(Some((value, used))) => {
                 at += used;
-                let Some(reply) = waiting.pop_front() else {
-                    break Err(protocol("a reply to no command"));
-                };
                 // the caller may have given up (timed out): its reply is dropped
-                let _ = reply.send(value.extract_error());
+                match waiting.pop_front() {
+                    Some(Waiting::One(reply)) => {
+                        let _ = reply.send(value.extract_error());
+                    }
+                    Some(Waiting::Joined(calls)) => answer_joined(value, calls, again),
+                    None => break Err(protocol("a reply to no command")),
+                }
             }
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
@@ -298,10 +390,40 @@ fn deliver(
     result
 }
 
+/// Shares the reply of a joined call out among its checks, or, when it was refused, puts the
+/// checks into `again` to be decided one by one (see [`super::coalesce`]).
+fn answer_joined(value: Value, calls: Vec<Call>, again: &mut Vec<Call>) {
+    match value.extract_error() {
+        Ok(value) if coalesce::admitted(&value) => {
+            let mut after: u64 = calls.iter().filter_map(|c| c.join).map(|j| j.cost).sum();
+            for call in calls {
+                let Some(join) = call.join else { continue };
+                after -= join.cost;
+                let _ = call.reply.send(Ok(coalesce::share(&value, after, &join)));
+            }
+        }
+        Ok(_) => again.extend(calls.into_iter().map(|call| Call { join: None, ..call })),
+        Err(e) => {
+            for call in calls {
+                let _ = call.reply.send(Err(copy(&e)));
+            }
+        }
+    }
+}
+
 /// Fails every waiting call with (a copy of) `error`.
-fn fail(waiting: &mut VecDeque<oneshot::Sender<Reply>>, error: &RedisError) {
-    for reply in waiting.drain(..) {
-        let _ = reply.send(Err(copy(error)));
+fn fail(waiting: &mut VecDeque<Waiting>, error: &RedisError) {
+    for waiting in waiting.drain(..) {
+        match waiting {
+            Waiting::One(reply) => {
+                let _ = reply.send(Err(copy(error)));
+            }
+            Waiting::Joined(calls) => {
+                for call in calls {
+                    let _ = call.reply.send(Err(copy(error)));
+                }
+            }
+        }
     }
 }
 

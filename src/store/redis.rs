@@ -125,7 +125,7 @@ impl RedisStore {
                 Conn::Pipe(pipe) => {
                     let mut command = Vec::new();
                     pipe::encode_command(&mut command, &[b"PING"]);
-                    pipe.call(command).await.map(drop)
+                    pipe.call(command, None).await.map(drop)
                 }
                 Conn::Client(client) => {
                     let mut client = client.clone();
@@ -146,12 +146,12 @@ impl RedisStore {
             Conn::Pipe(pipe) => {
                 let eval = async {
                     let mut command = Vec::with_capacity(160);
-                    call.encode(&mut command, false);
-                    match pipe.call(command).await {
+                    let join = call.encode(&mut command, false);
+                    match pipe.call(command, join).await {
                         Err(e) if pipe::is_noscript(&e) => {
                             let mut command = Vec::new();
                             call.encode(&mut command, true);
-                            pipe.call(command).await
+                            pipe.call(command, None).await
                         }
                         result => result,
                     }

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 
 use ::redis::{Script, ScriptInvocation};
 
+use super::coalesce::Join;
 use super::pipe::{bulk, push_count};
 use crate::limit::{Algorithm, Millis, Pace, Window};
 
@@ -63,6 +64,9 @@ pub(crate) struct Call<'a> {
     key: &'a str,
     args: [Arg; MAX_ARGS],
     len: usize,
+    /// a token bucket on the server's clock: (cost, ms per token), so it may be joined with
+    /// the other checks of its bucket (see [`super::coalesce`])
+    joinable: Option<(u64, f64)>,
 }
 
 impl Scripts {
@@ -96,8 +100,12 @@ impl Scripts {
             Algorithm::SlidingWindow(w) => window(&self.sliding_window, key, w),
             Algorithm::SlidingWindowCounter(w) => window(&self.sliding_window_counter, key, w),
         };
-        if let Some(now) = now {
-            call = call.arg(Arg::Num(now));
+        match (now, alg) {
+            (Some(now), _) => call = call.arg(Arg::Num(now)),
+            (None, Algorithm::TokenBucket(b)) => {
+                call.joinable = Some((b.cost.get().into(), b.rate.interval_ms()));
+            }
+            (None, _) => {}
         }
         call
     }
@@ -133,6 +141,7 @@ impl<'a> Call<'a> {
             key,
             args: [Arg::Empty; MAX_ARGS],
             len: 0,
+            joinable: None,
         }
     }
 
@@ -161,7 +170,11 @@ impl<'a> Call<'a> {
 
     /// Appends the call to `out` as one RESP command: `EVALSHA sha 1 key args…`, or with
     /// `body`, `EVAL script 1 key args…` (which also loads the script into Redis's cache).
-    pub(crate) fn encode(&self, out: &mut Vec<u8>, body: bool) {
+    /// Returns how the `EVALSHA` may be joined with other checks of its bucket, if it may: its
+    /// cost is then its last argument.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>, body: bool) -> Option<Join> {
+        let start = out.len();
+        let mut head = 0;
         let mut num = Scratch::default();
         out.push(b'*');
         push_count(out, 4 + self.len as u64); // EVALSHA sha 1 key args…
@@ -174,6 +187,7 @@ impl<'a> Call<'a> {
         }
         bulk(out, self.key.as_bytes());
         for arg in self.args() {
+            head = out.len() - start;
             num.len = 0;
             match *arg {
                 Arg::Int(n) => push_digits(&mut num, n),
@@ -193,6 +207,14 @@ impl<'a> Call<'a> {
                 Arg::Empty => {}
             }
             bulk(out, num.as_bytes());
+        }
+        match self.joinable {
+            Some((cost, interval_ms)) if !body => Some(Join {
+                head,
+                cost,
+                interval_ms,
+            }),
+            _ => None,
         }
     }
 }
@@ -275,6 +297,37 @@ mod tests {
             text.ends_with("$3\r\n2.5\r\n$2\r\n10\r\n$1\r\n1\r\n"),
             "{text}"
         );
+
+        // a token bucket on the server's clock may be joined: its head is all but the cost,
+        // the last argument; with its own `now`, as `EVAL`, or another script, it may not
+        let mut out = Vec::new();
+        let join = scripts.check("k:1", &alg, None).encode(&mut out, false);
+        let join = join.expect("joinable");
+        assert_eq!((join.cost, join.interval_ms), (1, 400.0));
+        assert_eq!(&out[join.head..], b"$1\r\n1\r\n");
+        let mut again = vec![b'x'];
+        let same = scripts.check("k:1", &alg, None).encode(&mut again, false);
+        assert_eq!(
+            same,
+            Some(join),
+            "the head is measured from the command's start"
+        );
+        assert!(scripts
+            .check("k:1", &alg, Some(5.0))
+            .encode(&mut Vec::new(), false)
+            .is_none());
+        assert!(scripts
+            .check("k:1", &alg, None)
+            .encode(&mut Vec::new(), true)
+            .is_none());
+        let window = Algorithm::FixedWindow(Window {
+            limit: std::num::NonZeroU64::new(5).unwrap(),
+            window_ms: std::num::NonZeroU64::new(1000).unwrap(),
+        });
+        assert!(scripts
+            .check("k:1", &window, None)
+            .encode(&mut Vec::new(), false)
+            .is_none());
 
         // whole and fractional numbers are written as Display writes them
         for x in [

@@ -1,0 +1,170 @@
+//! Joining the token-bucket checks of one bucket that wait on the Redis connection at the same
+//! moment into one script run.
+//!
+//! Under load, many requests of one client (or every request under a limit keyed on the route
+//! alone) are checked at once, and each check is a script run in Redis: on the shared cores of
+//! the benchmark, Redis's own CPU per check is a third of the whole request's. Checks of one
+//! bucket that reach the connection's writer together are sent as one call whose cost is the sum
+//! of theirs.
+//!
+//! Why that is exact: run one after another at one instant, checks of costs c₁…cₙ are all
+//! admitted iff the bucket holds Σc then (a check admitted with fewer tokens left would admit
+//! every earlier one too), and they leave the bucket's TAT where one check of cost Σc leaves it.
+//! So when the joined call is admitted, every check is, and each gets the reply it would have
+//! got in its turn: check k leaves `remaining + (Σc − c₁ − … − c_k)` tokens, and its bucket is
+//! full again `(Σc − c₁ − … − c_k) · interval` sooner. When the joined call is refused, it took
+//! nothing (a refusal writes no state), and each check is sent again alone, so the checks at the
+//! edge of the burst are decided one by one as if they had never been joined, at the cost of one
+//! more round trip for them.
+//!
+//! Only token buckets on the server's clock are joined (`now` absent): the other scripts take no
+//! cost, and a check with its own `now` is a replay that must be run as given.
+
+use ::redis::Value;
+
+/// How a call may be joined with others of the same bucket: given by the call's encoding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Join {
+    /// length of the command before its last argument, the cost: commands with the same head
+    /// are the same script on the same key with the same rate and burst
+    pub(crate) head: usize,
+    /// tokens the check takes
+    pub(crate) cost: u64,
+    /// milliseconds per token (`1000 / rate`), to tell each check when its bucket is full
+    pub(crate) interval_ms: f64,
+}
+
+/// A cheap hash of a command's head, to find the calls with equal heads among a batch without
+/// comparing every pair byte by byte (heads are compared whole when the hashes match).
+pub(crate) fn hash(head: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15; // 2^64 / golden ratio: spreads the bits of each word
+    let mut h = head.len() as u64;
+    let mut words = head.chunks_exact(8);
+    for word in &mut words {
+        let word = u64::from_le_bytes(word.try_into().expect("chunks of 8 bytes"));
+        h = (h ^ word).wrapping_mul(K).rotate_left(29);
+    }
+    for &b in words.remainder() {
+        h = (h ^ u64::from(b)).wrapping_mul(K).rotate_left(29);
+    }
+    h
+}
+
+/// Whether the reply of a joined call admitted it: `{1, remaining, retry_after_ms, reset_ms}`.
+pub(crate) fn admitted(reply: &Value) -> bool {
+    matches!(reply, Value::Array(items) if items.len() == 4 && items[0] == Value::Int(1))
+}
+
+/// The reply one check of an admitted joined call would have got alone: `after` is the cost of
+/// the checks that took their tokens after it (the joined call's members are in order).
+pub(crate) fn share(reply: &Value, after: u64, join: &Join) -> Value {
+    let Value::Array(items) = reply else {
+        return reply.clone();
+    };
+    let [allowed, Value::Int(remaining), retry_after, Value::Int(reset)] = items.as_slice() else {
+        return reply.clone();
+    };
+    let later = i64::try_from(after).unwrap_or(i64::MAX);
+    // remaining = floor((tolerance − tat_after + ε) / interval): moving the TAT back by
+    // `after · interval` adds exactly `after` to it.
+    let remaining = remaining.saturating_add(later);
+    // reset = ceil(tat − now); ceil(x − d) ≤ ceil(x) − floor(d), so subtracting the whole
+    // milliseconds of `d` never tells a check its bucket is full sooner than it is (at most
+    // 1 ms later). The TAT stays ahead of now by at least this check's cost: reset ≥ 1.
+    let earlier = (after as f64 * join.interval_ms).floor();
+    let reset = if earlier >= *reset as f64 {
+        1
+    } else {
+        (*reset - earlier as i64).max(1)
+    };
+    Value::Array(vec![
+        allowed.clone(),
+        Value::Int(remaining),
+        retry_after.clone(),
+        Value::Int(reset),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(allowed: i64, remaining: i64, retry: i64, reset: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(allowed),
+            Value::Int(remaining),
+            Value::Int(retry),
+            Value::Int(reset),
+        ])
+    }
+
+    /// Each check of a joined call gets the remaining tokens and reset it would have got in its
+    /// turn: computed here from the same GCRA arithmetic as `lua/token_bucket.lua`.
+    #[test]
+    fn shares_match_the_replies_of_checks_run_in_turn() {
+        // rate 3/s (interval 333.33 ms), burst 10, cost 2 each, starting with `tat` ahead
+        let interval = 1000.0 / 3.0;
+        let tolerance = 10.0 * interval;
+        for start in [0.0, 100.0, 1000.0 / 3.0, 1234.5] {
+            let costs = [2u64, 1, 3, 1];
+            let total: u64 = costs.iter().sum();
+            let lua = |after: f64| {
+                reply(
+                    1,
+                    ((tolerance - after + 0.001) / interval).floor() as i64,
+                    0,
+                    after.ceil() as i64,
+                )
+            };
+            let joined = lua(start + total as f64 * interval);
+            let mut taken = 0;
+            for &cost in &costs {
+                taken += cost;
+                let join = Join {
+                    head: 0,
+                    cost,
+                    interval_ms: interval,
+                };
+                let alone = lua(start + taken as f64 * interval);
+                let shared = share(&joined, total - taken, &join);
+                let (Value::Array(a), Value::Array(s)) = (&alone, &shared) else {
+                    unreachable!()
+                };
+                assert_eq!(a[..3], s[..3], "start {start}, taken {taken}");
+                let (Value::Int(a), Value::Int(s)) = (&a[3], &s[3]) else {
+                    unreachable!()
+                };
+                assert!(*s == *a || *s == *a + 1, "reset {s} vs {a}");
+            }
+        }
+        assert!(admitted(&reply(1, 0, 0, 5)));
+        assert!(!admitted(&reply(0, 0, 7, 5)));
+        assert!(!admitted(&Value::Int(1)));
+        // an unexpected shape is handed on unchanged, for the decoder to report
+        assert_eq!(
+            share(
+                &Value::Int(1),
+                3,
+                &Join {
+                    head: 0,
+                    cost: 1,
+                    interval_ms: 1.0
+                }
+            ),
+            Value::Int(1)
+        );
+    }
+
+    /// Equal heads hash equal; a change anywhere in a head (the key's last byte, a rate digit)
+    /// changes the hash.
+    #[test]
+    fn heads_hash_by_every_byte() {
+        let a = b"*7\r\n$7\r\nEVALSHA\r\n$5\r\nabcde\r\n$1\r\n1\r\n$9\r\nkey:alice\r\n$2\r\n10";
+        for i in 0..a.len() {
+            let mut b = a.to_vec();
+            b[i] ^= 1;
+            assert_ne!(hash(a), hash(&b), "byte {i}");
+        }
+        assert_ne!(hash(&a[..a.len() - 1]), hash(a));
+    }
+}
