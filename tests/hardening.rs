@@ -872,6 +872,58 @@ async fn h2_garbage_after_preface_gets_goaway() {
     assert!(!seen_paths(&upstream).iter().any(|p| p == "/v1/even"));
 }
 
+/// The protocol is told from a connection's first bytes however they arrive: an h2c preface
+/// split across writes, the whole preface with the first frames, and an HTTP/1 request sent a
+/// byte at first are all served (and a request head arriving whole in one read is still
+/// bounded: see `oversized_heads_get_431`).
+#[tokio::test]
+async fn protocol_is_told_however_the_first_bytes_arrive() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    let mut request = PREFACE.to_vec();
+    request.extend(frame(SETTINGS, 0, 0, &[]));
+    request.extend(frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &get_block("/v1/h2-split"),
+    ));
+    for (name, split) in [("preface split", 5), ("preface whole", request.len())] {
+        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+        s.write_all(&request[..split]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        s.write_all(&request[split..]).await.unwrap();
+        let (frames, _) = read_frames(&mut s, Duration::from_millis(1500)).await;
+        assert!(
+            frames.iter().any(|f| f.0 == HEADERS && f.1 == 1),
+            "{name}: no response HEADERS on stream 1; frames {frames:?}"
+        );
+    }
+    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(b"G").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.write_all(b"ET /v1/h1-split HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer))
+        .await
+        .expect("HTTP/1 answer")
+        .unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    let seen = seen_paths(&upstream);
+    assert_eq!(
+        seen.iter().filter(|p| p.as_str() == "/v1/h2-split").count(),
+        2,
+        "{seen:?}"
+    );
+    assert!(seen.iter().any(|p| p == "/v1/h1-split"), "{seen:?}");
+}
+
 /// A well-behaved HTTP/2 client is served (a fresh h2c connection).
 async fn h2_healthy(proxy: &Proxy) {
     let stream = TcpStream::connect(proxy.addr).await.unwrap();

@@ -138,13 +138,13 @@ impl Server {
         let (stop_tx, stop_rx) = watch::channel(false);
         let graceful = Arc::new(GracefulShutdown::new());
         let config = self.shared.config();
-        let builder = Arc::new(http_builder(&config));
+        let http = Arc::new(http_builder(&config));
         let mut accepting = Vec::new();
         for listener in self.listeners {
             tracing::info!(addr = %listener.local_addr()?, "listening");
             let ctx = AcceptCtx {
                 shared: self.shared.clone(),
-                builder: builder.clone(),
+                http: http.clone(),
                 tls: self.tls.clone(),
                 handshake_timeout: config.timeouts.client_header,
             };

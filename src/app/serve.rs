@@ -1,6 +1,13 @@
-//! Accepting and serving client connections: TCP, optionally TLS (ALPN picks h2 or
-//! http/1.1), then hyper-util's auto builder (HTTP/1.1, or HTTP/2 by prior knowledge or ALPN)
-//! with the proxy as the service.
+//! Accepting and serving client connections: TCP, optionally TLS, then HTTP/1.1 or HTTP/2
+//! (by ALPN, or on cleartext by prior knowledge) with the proxy as the service.
+//!
+//! The protocol is chosen before hyper reads anything: by ALPN, or by peeking at a cleartext
+//! connection's first bytes (the HTTP/2 preface or not), so hyper's HTTP/1 reader gets the
+//! request from the socket whole. hyper-util's auto builder, which reads the first bytes itself
+//! and hands them over first, is left for the rare connection that cannot be told yet (a partial
+//! preface, TLS without ALPN): after its 24-byte first read hyper's read buffer grows from 8 to
+//! 16 KiB and keeps that size while the connection is idle (measured with massif), the largest
+//! part of an idle keep-alive connection's memory.
 //!
 //! Connection-level hardening lives here: each connection's task enforces `client_header` and
 //! `idle` ([`idle`]), drains on shutdown, and refuses ambiguous HTTP/1 framing before the
@@ -11,14 +18,17 @@ mod framing;
 mod idle;
 
 use std::convert::Infallible;
+use std::fmt::Display;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulConnection, GracefulShutdown};
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -33,12 +43,15 @@ use crate::proxy::{Conn, Proxy};
 /// The largest request head (request line and headers) an HTTP/1 connection buffers; larger
 /// gets 431. hyper's default is about 400 KiB, which thousands of half-sent heads would each
 /// hold; 64 KiB is Envoy's order (60 KiB) and twice nginx's default (4 x 8 KiB buffers).
+/// hyper's `max_buf_size` stops a head that is still arriving; its `max_header_size` also
+/// refuses a whole head over the limit that one read brought in (the read buffer can grow past
+/// `max_buf_size`). hyper-util's auto builder has only the first.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// What every connection of one listener needs.
 pub(super) struct AcceptCtx {
     pub(super) shared: Arc<Shared>,
-    pub(super) builder: Arc<auto::Builder<TokioExecutor>>,
+    pub(super) http: Arc<Http>,
     /// set when `tls` is configured: every listener terminates TLS
     pub(super) tls: Option<TlsAcceptor>,
     /// a TLS handshake must finish within this (as a request head must)
@@ -84,13 +97,31 @@ pub(super) async fn accept_loop(
                 peer,
                 tls: ctx.tls.is_some(),
             };
+            let accepted = Instant::now();
             match &ctx.tls {
-                None => serve(stream, conn, &ctx, deadlines, stop).await,
+                None => {
+                    // the first bytes are owed within client_header, as the rest of the head
+                    let mut waiting = stop.clone();
+                    let speaks = tokio::select! {
+                        speaks = tokio::time::timeout(deadlines.client_header, sniff(&stream)) => speaks,
+                        _ = waiting.wait_for(|stop| *stop) => return,
+                    };
+                    let Ok(Ok(speaks)) = speaks else {
+                        tracing::debug!(%peer, "no request bytes within client_header");
+                        return;
+                    };
+                    let io = (stream, accepted);
+                    serve(io, speaks, conn, &ctx, deadlines, stop).await
+                }
                 // boxed, so that plain connections' tasks are not sized for a TLS session
                 Some(acceptor) => {
                     let tls = async {
                         match handshake(acceptor, stream, ctx.handshake_timeout).await {
-                            Some(tls) => serve(tls, conn, &ctx, deadlines, stop).await,
+                            Some(tls) => {
+                                let speaks = alpn(&tls);
+                                let io = (tls, Instant::now());
+                                serve(io, speaks, conn, &ctx, deadlines, stop).await
+                            }
                             None => tracing::debug!(%peer, "TLS handshake failed or timed out"),
                         }
                     };
@@ -116,10 +147,47 @@ async fn handshake(
     }
 }
 
-/// Serves one connection until it closes, is cut off by its deadlines, or drains after
-/// `stop`.
+/// The HTTP/2 connection preface (RFC 9113 §3.4), which a client speaking HTTP/2 by prior
+/// knowledge sends first.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The protocol a connection speaks, when known before hyper reads from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Speaks {
+    Http1,
+    Http2,
+    /// not told yet: hyper-util's auto builder reads the first bytes and decides
+    Unknown,
+}
+
+/// The protocol of a cleartext connection, from its first bytes, peeked (left in the socket for
+/// hyper). Waits for the first bytes; `Http1` at end of stream (hyper then sees it closed).
+async fn sniff(stream: &TcpStream) -> std::io::Result<Speaks> {
+    let mut first = [0; H2_PREFACE.len()];
+    let n = stream.peek(&mut first).await?;
+    Ok(if first[..n] != H2_PREFACE[..n] || n == 0 {
+        Speaks::Http1
+    } else if n == H2_PREFACE.len() {
+        Speaks::Http2
+    } else {
+        Speaks::Unknown // a part of the preface so far: peeking again would spin
+    })
+}
+
+/// The protocol ALPN agreed on, if any.
+fn alpn(tls: &tokio_rustls::server::TlsStream<TcpStream>) -> Speaks {
+    match tls.get_ref().1.alpn_protocol() {
+        Some(b"h2") => Speaks::Http2,
+        Some(b"http/1.1") => Speaks::Http1,
+        _ => Speaks::Unknown,
+    }
+}
+
+/// Serves one connection (`io` and when it began to owe its first request head) until it
+/// closes, is cut off by its deadlines, or drains after `stop`.
 async fn serve<I>(
-    io: I,
+    (io, began): (I, Instant),
+    speaks: Speaks,
     conn: Conn,
     ctx: &AcceptCtx,
     deadlines: Deadlines,
@@ -127,7 +195,7 @@ async fn serve<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let activity = Activity::new(deadlines);
+    let activity = Activity::new(deadlines, began);
     let shared = ctx.shared.clone();
     let requests = activity.clone();
     // The proxy in force is loaded per request, so a reload applies to the next request of a
@@ -152,8 +220,31 @@ async fn serve<I>(
     let io = TokioIo::new(Tracked::new(io, activity.clone()));
     // boxed: the connection is most of a connection task's memory, and a future moved through
     // two async fns (and `pin!`) would otherwise hold it in several slots
-    let connection = Box::pin(ctx.builder.serve_connection_with_upgrades(io, service));
-    let ended = drive(connection, &activity, deadlines, stop).await;
+    let http = &ctx.http;
+    match speaks {
+        Speaks::Http1 => {
+            let connection = Box::pin(http.h1.serve_connection(io, service).with_upgrades());
+            let close = |c: Pin<&mut _>| http1::UpgradeableConnection::graceful_shutdown(c);
+            let ended = drive(connection, close, &activity, deadlines, stop).await;
+            report(ended, conn);
+        }
+        Speaks::Http2 => {
+            let connection = Box::pin(http.h2.serve_connection(io, service));
+            let close = |c: Pin<&mut _>| http2::Connection::graceful_shutdown(c);
+            let ended = drive(connection, close, &activity, deadlines, stop).await;
+            report(ended, conn);
+        }
+        Speaks::Unknown => {
+            let connection = Box::pin(http.auto.serve_connection_with_upgrades(io, service));
+            let close = |c: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(c);
+            let ended = drive(connection, close, &activity, deadlines, stop).await;
+            report(ended, conn);
+        }
+    }
+}
+
+/// Logs how a connection ended, when not by a clean close.
+fn report<E: Display>(ended: Ended<E>, conn: Conn) {
     match ended {
         Ended::Closed(Ok(())) => {}
         Ended::Closed(Err(e)) => {
@@ -176,16 +267,18 @@ enum Ended<E> {
 /// Runs `connection` under its deadlines: graceful shutdown on `stop` or after `idle`, cut off
 /// (dropped, closing the socket) when a head outlasts `client_header` or a graceful close does
 /// not finish within it.
-async fn drive<C>(
+async fn drive<C, E>(
     mut connection: Pin<Box<C>>,
+    graceful_shutdown: impl Fn(Pin<&mut C>),
     activity: &Activity,
     deadlines: Deadlines,
     mut stop: watch::Receiver<bool>,
-) -> Ended<C::Error>
+) -> Ended<E>
 where
-    C: GracefulConnection,
+    C: Future<Output = Result<(), E>>,
 {
-    let timer = tokio::time::sleep(deadlines.client_header);
+    let first_head = activity.check().unwrap_or_else(|_| Instant::now());
+    let timer = tokio::time::sleep_until(first_head);
     tokio::pin!(timer);
     // set once a graceful close began (shutdown, or idle): hyper finishes what is in flight
     let mut closing = false;
@@ -195,7 +288,7 @@ where
             ended = connection.as_mut() => return Ended::Closed(ended),
             _ = stop.wait_for(|stop| *stop), if !closing => {
                 closing = true;
-                connection.as_mut().graceful_shutdown();
+                graceful_shutdown(connection.as_mut());
             }
             () = activity.head_started() => {
                 let next = activity.arm().unwrap_or_else(|_| Instant::now());
@@ -206,7 +299,7 @@ where
                 Err(Expired::Head) => return Ended::HeadTimeout,
                 Err(Expired::Idle) if !closing => {
                     closing = true;
-                    connection.as_mut().graceful_shutdown();
+                    graceful_shutdown(connection.as_mut());
                     // an HTTP/2 client gets this long to acknowledge the GOAWAY
                     let grace = Instant::now() + deadlines.client_header;
                     activity.arm_at(grace);
@@ -218,21 +311,68 @@ where
     }
 }
 
-/// The HTTP server settings shared by every connection.
+/// The HTTP server settings shared by every connection: hyper's HTTP/1 and HTTP/2 builders, and
+/// hyper-util's auto builder with the same settings for connections whose protocol is not known
+/// before reading.
 ///
 /// hyper's `header_read_timeout` is off: it would also end keep-alive pauses at
 /// `client_header`; [`idle`] keeps both deadlines instead. hyper's other defaults already bound
 /// what a client can make a connection hold: 100 header lines per head, and for HTTP/2 200
 /// concurrent streams, 16 KiB of header list and 20 streams reset before being accepted (the
 /// rapid-reset defence, answered with GOAWAY).
-pub(super) fn http_builder(_config: &Config) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
+pub(super) struct Http {
+    h1: http1::Builder,
+    h2: http2::Builder<TokioExecutor>,
+    auto: auto::Builder<TokioExecutor>,
+}
+
+pub(super) fn http_builder(_config: &Config) -> Http {
+    let mut h1 = http1::Builder::new();
+    h1.timer(TokioTimer::new())
+        .header_read_timeout(None)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_header_size(MAX_HEAD_BYTES)
+        .keep_alive(true);
+    let mut h2 = http2::Builder::new(TokioExecutor::new());
+    h2.timer(TokioTimer::new());
+    let mut auto = auto::Builder::new(TokioExecutor::new());
+    auto.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(None)
         .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
-    builder
+    auto.http2().timer(TokioTimer::new());
+    Http { h1, h2, auto }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A connection's first bytes tell its protocol and stay in the socket for hyper: an
+    /// HTTP/1 request, the whole HTTP/2 preface, a part of it (not told yet), no bytes at all.
+    #[tokio::test]
+    async fn first_bytes_tell_the_protocol_and_stay_in_the_socket() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cases: [(&[u8], Speaks); 5] = [
+            (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", Speaks::Http1),
+            (b"PRX", Speaks::Http1),
+            (H2_PREFACE, Speaks::Http2),
+            (&H2_PREFACE[..9], Speaks::Unknown),
+            (b"", Speaks::Http1),
+        ];
+        for (sent, want) in cases {
+            let mut client = TcpStream::connect(addr).await.unwrap();
+            let (mut server, _) = listener.accept().await.unwrap();
+            client.write_all(sent).await.unwrap();
+            client.shutdown().await.unwrap();
+            let told = sniff(&server).await.unwrap();
+            assert_eq!(told, want, "{}", String::from_utf8_lossy(sent));
+            let mut left = Vec::new();
+            server.read_to_end(&mut left).await.unwrap();
+            assert_eq!(left, sent, "the bytes are still there to read");
+        }
+    }
 }

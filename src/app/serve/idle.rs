@@ -76,11 +76,12 @@ pub(super) struct Activity {
 }
 
 impl Activity {
-    /// A new connection: it owes its first request head from now on.
-    /// The first deadline is `limits.client_header` from now: arm the timer for it.
-    pub(super) fn new(limits: Deadlines) -> Arc<Activity> {
+    /// A new connection: it owes its first request head from `began` on (when it was
+    /// accepted, or its TLS handshake done). The first deadline is `limits.client_header`
+    /// from then: arm the timer for it.
+    pub(super) fn new(limits: Deadlines, began: Instant) -> Arc<Activity> {
         let activity = Activity {
-            origin: Instant::now(),
+            origin: began,
             limits,
             in_flight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
@@ -296,7 +297,7 @@ mod tests {
     /// deadlines; after it, idle runs; a read while idle starts a head's client_header.
     #[tokio::test(start_paused = true)]
     async fn deadlines_follow_the_connection() {
-        let a = Activity::new(LIMITS);
+        let a = Activity::new(LIMITS, Instant::now());
         tokio::time::advance(Duration::from_millis(1001)).await;
         assert_eq!(a.check(), Err(Expired::Head));
 
@@ -320,7 +321,7 @@ mod tests {
     /// A head wakes the timer only when its deadline comes before the one the timer is set for.
     #[tokio::test(start_paused = true)]
     async fn heads_wake_the_timer_only_when_sooner() {
-        let a = Activity::new(LIMITS);
+        let a = Activity::new(LIMITS, Instant::now());
         drop(InFlight::start(&a, Version::HTTP_11));
         // the timer is set for the idle deadline (5 s): a head (due in 1 s) must wake it
         assert!(a.arm().is_ok());
@@ -344,7 +345,7 @@ mod tests {
     /// After an HTTP/2 request, reads between requests (control frames) leave only `idle`.
     #[tokio::test(start_paused = true)]
     async fn http2_reads_between_requests_are_not_heads() {
-        let a = Activity::new(LIMITS);
+        let a = Activity::new(LIMITS, Instant::now());
         drop(InFlight::start(&a, Version::HTTP_2));
         a.note_read();
         tokio::time::advance(Duration::from_millis(4900)).await;
