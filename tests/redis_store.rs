@@ -351,6 +351,13 @@ async fn checks_of_one_bucket_in_flight_together_run_as_one_script() {
     want.splice(0..0, (0..10).map(|_| (false, 0)));
     assert_eq!(seen, want);
 
+    // 30 more at an empty bucket: the joined refusal proves each alone refused, one script run
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let seen = at_once(&s, "hot", hot, 30).await;
+    assert_eq!(seen, vec![(false, 0); 30]);
+    let runs = evalsha_calls(&redis);
+    assert!(runs <= 3, "30 refusals took {runs} script runs");
+
     // two keys and two costs in one write: each bucket counted on its own
     let three = Algorithm::TokenBucket(
         Bucket::new(

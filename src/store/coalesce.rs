@@ -15,7 +15,8 @@
 //! full again `(Σc − c₁ − … − c_k) · interval` sooner. When the joined call is refused, it took
 //! nothing (a refusal writes no state), and each check is sent again alone, so the checks at the
 //! edge of the burst are decided one by one as if they had never been joined, at the cost of one
-//! more round trip for them.
+//! more round trip for them — unless the refusal shows that each check alone is refused too (the
+//! usual case of a client past its limit): then each gets its own refusal at once.
 //!
 //! Only token buckets on the server's clock are joined (`now` absent): the other scripts take no
 //! cost, and a check with its own `now` is a replay that must be run as given.
@@ -83,6 +84,37 @@ pub(crate) fn share(reply: &Value, after: u64, join: &Join) -> Value {
         retry_after.clone(),
         Value::Int(reset),
     ])
+}
+
+/// The refusal one check of a refused joined call gets alone, when the joined reply proves it:
+/// `others` is the cost of the other checks joined with it.
+///
+/// The script refuses when `y = tat − now + cost · interval − tolerance − ε > 0` and answers
+/// `retry_after = max(1, ceil(y))`, so the joined call's `y` lies in `(retry_after − 1,
+/// retry_after]`. The check alone has `y' = y − others · interval`: when `retry_after ≥ 1 +
+/// others · interval`, `y' > 0` and it is refused too (a refusal writes nothing, so the order of
+/// the checks does not matter), with `retry_after' = ceil(retry_after − others · interval)`:
+/// never sooner than its own, at most 1 ms later. `None` when the reply does not prove it.
+pub(crate) fn refusal(reply: &Value, others: u64, join: &Join) -> Option<Value> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    let [Value::Int(0), remaining, Value::Int(retry_after), reset] = items.as_slice() else {
+        return None;
+    };
+    let freed = others as f64 * join.interval_ms;
+    let retry = *retry_after as f64;
+    // a microsecond of margin against rounding: unproven checks are sent alone
+    if retry < 1.0 + freed + 0.001 {
+        return None;
+    }
+    let own = ((retry - freed).ceil() as i64).max(1);
+    Some(Value::Array(vec![
+        Value::Int(0),
+        remaining.clone(),
+        Value::Int(own),
+        reset.clone(),
+    ]))
 }
 
 #[cfg(test)]
@@ -153,6 +185,53 @@ mod tests {
             ),
             Value::Int(1)
         );
+    }
+
+    /// A refusal is shared out only when it proves each check alone is refused, with a
+    /// `retry_after` never sooner than the check's own (computed as the script does).
+    #[test]
+    fn refusals_are_shared_only_when_proven() {
+        let interval = 1000.0 / 3.0;
+        let tolerance = 10.0 * interval;
+        let eps = 0.001;
+        let join = Join {
+            head: 0,
+            cost: 1,
+            interval_ms: interval,
+        };
+        // `tat − now` from a bucket with half a token to one overdrawn; 5 checks of cost 1
+        for ahead in [
+            tolerance - 2.5 * interval,
+            tolerance - 0.5 * interval,
+            tolerance,
+            tolerance + 0.2,
+        ] {
+            let lua = |cost: f64| {
+                let y = ahead + cost * interval - tolerance - eps;
+                (y > 0.0).then(|| reply(0, 0, (y.ceil() as i64).max(1), ahead.ceil() as i64))
+            };
+            let Some(joined) = lua(5.0) else {
+                unreachable!("5 checks never fit")
+            };
+            match (refusal(&joined, 4, &join), lua(1.0)) {
+                (Some(shared), Some(alone)) => {
+                    let (Value::Array(s), Value::Array(a)) = (&shared, &alone) else {
+                        unreachable!()
+                    };
+                    assert_eq!((&s[..2], &s[3]), (&a[..2], &a[3]), "ahead {ahead}");
+                    let (Value::Int(s), Value::Int(a)) = (&s[2], &a[2]) else {
+                        unreachable!()
+                    };
+                    assert!(*s == *a || *s == *a + 1, "retry {s} vs {a}");
+                }
+                (Some(_), None) => panic!("ahead {ahead}: a check that fits was refused"),
+                (None, _) => assert!(
+                    ahead < tolerance,
+                    "ahead {ahead}: an empty bucket not proven"
+                ),
+            }
+        }
+        assert_eq!(refusal(&reply(1, 3, 0, 9), 0, &join), None);
     }
 
     /// Equal heads hash equal; a change anywhere in a head (the key's last byte, a rate digit)

@@ -390,8 +390,9 @@ fn deliver(
     result
 }
 
-/// Shares the reply of a joined call out among its checks, or, when it was refused, puts the
-/// checks into `again` to be decided one by one (see [`super::coalesce`]).
+/// Shares the reply of a joined call out among its checks; when it was refused, refuses each
+/// check if the reply proves it would be refused alone, or else puts the checks into `again` to
+/// be decided one by one (see [`super::coalesce`]).
 fn answer_joined(value: Value, calls: Vec<Call>, again: &mut Vec<Call>) {
     match value.extract_error() {
         Ok(value) if coalesce::admitted(&value) => {
@@ -402,7 +403,22 @@ fn answer_joined(value: Value, calls: Vec<Call>, again: &mut Vec<Call>) {
                 let _ = call.reply.send(Ok(coalesce::share(&value, after, &join)));
             }
         }
-        Ok(_) => again.extend(calls.into_iter().map(|call| Call { join: None, ..call })),
+        Ok(value) => {
+            let total: u64 = calls.iter().filter_map(|c| c.join).map(|j| j.cost).sum();
+            let own = |call: &Call| {
+                let join = call.join?;
+                coalesce::refusal(&value, total - join.cost, &join)
+            };
+            if calls.iter().all(|call| own(call).is_some()) {
+                for call in calls {
+                    if let Some(refused) = own(&call) {
+                        let _ = call.reply.send(Ok(refused));
+                    }
+                }
+            } else {
+                again.extend(calls.into_iter().map(|call| Call { join: None, ..call }));
+            }
+        }
         Err(e) => {
             for call in calls {
                 let _ = call.reply.send(Err(copy(&e)));
