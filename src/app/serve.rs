@@ -5,7 +5,7 @@
 //! connection's first bytes (the HTTP/2 preface or not), so hyper's HTTP/1 reader gets the
 //! request from the socket whole. hyper-util's auto builder, which reads the first bytes itself
 //! and hands them over first, is left for the rare connection that cannot be told yet (a partial
-//! preface, TLS without ALPN): after its 24-byte first read hyper's read buffer grows from 8 to
+//! preface on cleartext): after its 24-byte first read hyper's read buffer grows from 8 to
 //! 16 KiB and keeps that size while the connection is idle (measured with massif), the largest
 //! part of an idle keep-alive connection's memory.
 //!
@@ -45,7 +45,8 @@ use crate::proxy::{Conn, Proxy};
 /// hold; 64 KiB is Envoy's order (60 KiB) and twice nginx's default (4 x 8 KiB buffers).
 /// hyper's `max_buf_size` stops a head that is still arriving; its `max_header_size` also
 /// refuses a whole head over the limit that one read brought in (the read buffer can grow past
-/// `max_buf_size`). hyper-util's auto builder has only the first.
+/// `max_buf_size`); it also bounds chunked trailers (hyper's default there is 16 KiB).
+/// hyper-util's auto builder has only the first.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// What every connection of one listener needs.
@@ -174,12 +175,12 @@ async fn sniff(stream: &TcpStream) -> std::io::Result<Speaks> {
     })
 }
 
-/// The protocol ALPN agreed on, if any.
+/// The protocol ALPN agreed on: HTTP/2 over TLS is only ever chosen by ALPN (RFC 9113 §3.3),
+/// so without it the connection speaks HTTP/1.
 fn alpn(tls: &tokio_rustls::server::TlsStream<TcpStream>) -> Speaks {
     match tls.get_ref().1.alpn_protocol() {
         Some(b"h2") => Speaks::Http2,
-        Some(b"http/1.1") => Speaks::Http1,
-        _ => Speaks::Unknown,
+        _ => Speaks::Http1,
     }
 }
 
