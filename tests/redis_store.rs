@@ -384,6 +384,88 @@ async fn checks_of_one_bucket_in_flight_together_run_as_one_script() {
     assert_eq!(seen, (0..10).map(|r| (true, r)).collect::<Vec<_>>());
 }
 
+/// Pacing checks of `key` from `n` tasks at once: (admitted, delay in µs) of each, sorted.
+async fn paced_at_once(
+    s: &Arc<RedisStore>,
+    key: &str,
+    pace: Algorithm,
+    n: usize,
+) -> Vec<(bool, u64)> {
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (s, key) = (s.clone(), key.to_string());
+            tokio::spawn(async move {
+                let d = s.check(&key, &pace, None).await.unwrap();
+                (d.allowed, d.delay_us)
+            })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for h in handles {
+        seen.push(h.await.unwrap());
+    }
+    seen.sort_unstable();
+    seen
+}
+
+/// Leaky-bucket (pacing) checks of one schedule in flight together run as one script, and each
+/// gets the slot it would have got in its turn: exactly one interval apart; at the edge of
+/// `max_delay` they are decided alone, and past it all are refused by one script run.
+#[tokio::test]
+async fn pacing_checks_in_flight_together_take_consecutive_slots() {
+    let redis = common::Redis::start();
+    let s = store(redis.url(), Duration::from_secs(5));
+    let pace = |max_ms: Option<u64>| {
+        Algorithm::LeakyBucket(
+            Pace::new(
+                Rate::per_second(10.0).unwrap(),
+                max_ms.map(Duration::from_millis),
+            )
+            .unwrap(),
+        )
+    };
+    s.check("warm", &pace(None), None).await.unwrap();
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+
+    // an idle schedule, no bound: slots 0, 100, …, 900 ms, one script run
+    let seen = paced_at_once(&s, "idle", pace(None), 10).await;
+    let want: Vec<_> = (0..10).map(|k| (true, k * 100_000)).collect();
+    assert_eq!(seen, want);
+    assert!(
+        evalsha_calls(&redis) <= 3,
+        "{} script runs",
+        evalsha_calls(&redis)
+    );
+
+    // max_delay 2 s: 15 fit (0 … 1.4 s); then 10 more reach the bound: those that fit are
+    // admitted in turn, the rest refused; then 10 more are all past it
+    let bounded = pace(Some(2000));
+    let seen = paced_at_once(&s, "bounded", bounded, 15).await;
+    assert!(seen.iter().all(|d| d.0), "{seen:?}");
+    let delays: Vec<u64> = seen.iter().map(|d| d.1).collect();
+    assert_eq!(delays, (0..15).map(|k| k * 100_000).collect::<Vec<_>>());
+    let seen = paced_at_once(&s, "bounded", bounded, 10).await;
+    let admitted: Vec<u64> = seen.iter().filter(|d| d.0).map(|d| d.1).collect();
+    assert!((6..=7).contains(&admitted.len()), "{seen:?}");
+    assert!(admitted.iter().all(|&d| d <= 2_000_000), "{seen:?}");
+    // decided alone, microseconds apart: each slot one interval after the one before
+    for pair in admitted.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            (99_000..=100_000).contains(&gap),
+            "slots one interval apart: {seen:?}"
+        );
+    }
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let seen = paced_at_once(&s, "bounded", bounded, 10).await;
+    assert!(seen.iter().all(|d| !d.0), "{seen:?}");
+    assert!(
+        evalsha_calls(&redis) <= 3,
+        "10 refusals took {} script runs",
+        evalsha_calls(&redis)
+    );
+}
+
 /// `AUTH` (password alone, or ACL user and password) and the database come from the URL, on
 /// every new connection; a wrong password is an error that says so, not a hang.
 #[tokio::test]

@@ -18,21 +18,140 @@
 //! more round trip for them — unless the refusal shows that each check alone is refused too (the
 //! usual case of a client past its limit): then each gets its own refusal at once.
 //!
-//! Only token buckets on the server's clock are joined (`now` absent): the other scripts take no
-//! cost, and a check with its own `now` is a replay that must be run as given.
+//! Leaky-bucket checks (pacing) of one schedule are joined the same way: n checks run one after
+//! another at one instant get the slots `s, s + i, …, s + (n−1)·i` (i = 1/rate; s the first free
+//! slot) and leave the next free slot at `s + n·i`, which is what one call at rate `rate/n` does
+//! (it moves the schedule by `1000 / (rate/n)`). All are admitted iff the last fits `max_delay`,
+//! so the joined call is given `max_delay − (n−1)·i`; check k is told `delay + k·i`. A refusal
+//! whose delay is past `max_delay` itself refuses each alone (the schedule is unchanged); any
+//! other refusal sends them again alone.
+//!
+//! Only checks on the server's clock are joined (`now` absent): a check with its own `now` is a
+//! replay that must be run as given. The window scripts take no cost and are not joined.
 
 use ::redis::Value;
+
+use super::pipe::bulk;
 
 /// How a call may be joined with others of the same bucket: given by the call's encoding.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Join {
-    /// length of the command before its last argument, the cost: commands with the same head
-    /// are the same script on the same key with the same rate and burst
+    /// length of the command before the arguments a joined call changes (the cost of a token
+    /// bucket; rate and `max_delay` of a leaky bucket)
     pub(crate) head: usize,
-    /// tokens the check takes
-    pub(crate) cost: u64,
-    /// milliseconds per token (`1000 / rate`), to tell each check when its bucket is full
+    /// length of the command that must be the same for calls to be joined: the same script on
+    /// the same key with the same parameters
+    pub(crate) same: usize,
+    /// milliseconds per token or slot (`1000 / rate`)
     pub(crate) interval_ms: f64,
+    pub(crate) kind: Kind,
+}
+
+/// What a joined call adds up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Kind {
+    /// a token bucket: the cost, its last argument; the joined call takes the sum
+    Tokens { cost: u64 },
+    /// a leaky bucket: one slot each, at `rate` per second, each waiting at most `max_delay_ms`
+    Slots {
+        rate: f64,
+        max_delay_ms: Option<f64>,
+    },
+}
+
+impl Join {
+    fn cost(&self) -> u64 {
+        match self.kind {
+            Kind::Tokens { cost } => cost,
+            Kind::Slots { .. } => 1,
+        }
+    }
+}
+
+/// Writes the one command of the calls `joins` (in order; `first` is the first call's command)
+/// into `out`; false, writing nothing, when they cannot be joined (more slots than `max_delay`
+/// holds even from an idle schedule).
+pub(crate) fn encode(first: &[u8], joins: &[Join], out: &mut Vec<u8>) -> bool {
+    let Some(join) = joins.first() else {
+        return false;
+    };
+    let total: u64 = joins.iter().map(Join::cost).sum();
+    match join.kind {
+        Kind::Tokens { .. } => {
+            out.extend_from_slice(&first[..join.head]);
+            bulk(out, crate::decimal::digits(total, &mut [0; 20]).as_bytes());
+        }
+        Kind::Slots { rate, max_delay_ms } => {
+            let later = (total - 1) as f64 * join.interval_ms;
+            let max_delay = max_delay_ms.map(|max| max - later);
+            if max_delay.is_some_and(|max| max < 0.0) {
+                return false;
+            }
+            out.extend_from_slice(&first[..join.head]);
+            bulk(out, (rate / total as f64).to_string().as_bytes());
+            bulk(
+                out,
+                max_delay
+                    .map(|m| m.to_string())
+                    .unwrap_or_default()
+                    .as_bytes(),
+            );
+        }
+    }
+    true
+}
+
+/// The reply of each joined call in `joins` (in order), from the joined call's `reply`; `None`
+/// when each must be sent again alone.
+pub(crate) fn answer(reply: &Value, joins: &[Join]) -> Option<Vec<Value>> {
+    let total: u64 = joins.iter().map(Join::cost).sum();
+    let mut after = total;
+    match joins.first()?.kind {
+        Kind::Tokens { .. } if admitted(reply) => Some(
+            joins
+                .iter()
+                .map(|join| {
+                    after -= join.cost();
+                    share(reply, after, join)
+                })
+                .collect(),
+        ),
+        Kind::Tokens { .. } => joins
+            .iter()
+            .map(|join| refusal(reply, total - join.cost(), join))
+            .collect(),
+        Kind::Slots { max_delay_ms, .. } => slots(reply, joins, max_delay_ms),
+    }
+}
+
+/// Each check's reply from a joined leaky-bucket call: `{1, delay + k·interval}`, or each
+/// refused when the delay is past `max_delay` itself.
+fn slots(reply: &Value, joins: &[Join], max_delay_ms: Option<f64>) -> Option<Vec<Value>> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    let [Value::Int(admitted), delay] = items.as_slice() else {
+        return None;
+    };
+    let delay_us = super::reply::micros(delay)?;
+    match admitted {
+        1 => Some(
+            (0..joins.len())
+                .map(|k| {
+                    let later = (k as f64 * joins[k].interval_ms * 1000.0).round() as u64;
+                    let us = delay_us + later;
+                    let text = format!("{}.{:03}", us / 1000, us % 1000);
+                    Value::Array(vec![Value::Int(1), Value::BulkString(text.into_bytes())])
+                })
+                .collect(),
+        ),
+        // refused past max_delay itself (with a microsecond of margin for the rounding of the
+        // delay's text): each alone finds the same schedule and is refused with the same delay
+        0 if max_delay_ms.is_some_and(|max| delay_us as f64 > (max + 0.001) * 1000.0 + 1.0) => {
+            Some(vec![reply.clone(); joins.len()])
+        }
+        _ => None,
+    }
 }
 
 /// A cheap hash of a command's head, to find the calls with equal heads among a batch without
@@ -154,7 +273,8 @@ mod tests {
                 taken += cost;
                 let join = Join {
                     head: 0,
-                    cost,
+                    same: 0,
+                    kind: Kind::Tokens { cost },
                     interval_ms: interval,
                 };
                 let alone = lua(start + taken as f64 * interval);
@@ -179,7 +299,8 @@ mod tests {
                 3,
                 &Join {
                     head: 0,
-                    cost: 1,
+                    same: 0,
+                    kind: Kind::Tokens { cost: 1 },
                     interval_ms: 1.0
                 }
             ),
@@ -196,7 +317,8 @@ mod tests {
         let eps = 0.001;
         let join = Join {
             head: 0,
-            cost: 1,
+            same: 0,
+            kind: Kind::Tokens { cost: 1 },
             interval_ms: interval,
         };
         // `tat − now` from a bucket with half a token to one overdrawn; 5 checks of cost 1
@@ -232,6 +354,52 @@ mod tests {
             }
         }
         assert_eq!(refusal(&reply(1, 3, 0, 9), 0, &join), None);
+    }
+
+    /// n pacing checks are written as one call at rate/n whose `max_delay` leaves room for the
+    /// last slot; when not even an idle schedule holds them all, they are not joined.
+    #[test]
+    fn slots_join_as_one_call_at_a_fraction_of_the_rate() {
+        let first = b"HEAD$2\r\n10\r\n$3\r\n550\r\n";
+        let join = |max| Join {
+            head: 4,
+            same: first.len(),
+            interval_ms: 100.0,
+            kind: Kind::Slots {
+                rate: 10.0,
+                max_delay_ms: max,
+            },
+        };
+        let mut out = Vec::new();
+        assert!(encode(first, &[join(Some(550.0)); 4], &mut out));
+        assert_eq!(out, b"HEAD$3\r\n2.5\r\n$3\r\n250\r\n");
+        let mut out = Vec::new();
+        assert!(encode(first, &[join(None); 3], &mut out));
+        assert_eq!(out, b"HEAD$18\r\n3.3333333333333335\r\n$0\r\n\r\n");
+        let mut out = Vec::new();
+        assert!(!encode(first, &[join(Some(550.0)); 7], &mut out));
+        assert!(out.is_empty());
+        // admitted: each its own slot; refused past max_delay itself: each refused
+        let reply = |admitted: i64, delay: &str| {
+            Value::Array(vec![
+                Value::Int(admitted),
+                Value::BulkString(delay.as_bytes().to_vec()),
+            ])
+        };
+        assert_eq!(
+            answer(&reply(1, "12.345"), &[join(Some(550.0)); 3]),
+            Some(vec![
+                reply(1, "12.345"),
+                reply(1, "112.345"),
+                reply(1, "212.345")
+            ])
+        );
+        let past = reply(0, "551.000");
+        assert_eq!(
+            answer(&past, &[join(Some(550.0)); 2]),
+            Some(vec![past.clone(), past])
+        );
+        assert_eq!(answer(&reply(0, "400.000"), &[join(Some(550.0)); 2]), None);
     }
 
     /// Equal heads hash equal; a change anywhere in a head (the key's last byte, a rate digit)

@@ -85,7 +85,7 @@ pub(crate) struct Pipe {
 struct Call {
     command: Vec<u8>,
     reply: oneshot::Sender<Reply>,
-    /// a token-bucket check that may be joined with the others of its bucket
+    /// a check that may be joined with the others of its bucket
     join: Option<Join>,
 }
 
@@ -332,11 +332,11 @@ fn queue(
             entries.push((0, Entry::Alone(call)));
             continue;
         };
-        let head = &call.command[..join.head];
+        let head = &call.command[..join.same];
         let hash = coalesce::hash(head);
         let same = entries.iter_mut().find(|(h, entry)| {
             let first = entry.first();
-            *h == hash && first.join.is_some_and(|j| first.command[..j.head] == *head)
+            *h == hash && first.join.is_some_and(|j| first.command[..j.same] == *head)
         });
         match same {
             Some((_, entry)) => entry.push(call),
@@ -350,12 +350,15 @@ fn queue(
                 waiting.push_back(Waiting::One(call.reply));
             }
             Entry::Joined(calls) => {
-                let first = &calls[0];
-                let head = first.join.map_or(0, |j| j.head);
-                let cost: u64 = calls.iter().filter_map(|c| c.join).map(|j| j.cost).sum();
-                out.extend_from_slice(&first.command[..head]);
-                bulk(out, crate::decimal::digits(cost, &mut [0; 20]).as_bytes());
-                waiting.push_back(Waiting::Joined(calls));
+                let joins: Vec<Join> = calls.iter().filter_map(|c| c.join).collect();
+                if coalesce::encode(&calls[0].command, &joins, out) {
+                    waiting.push_back(Waiting::Joined(calls));
+                } else {
+                    for call in calls {
+                        out.extend_from_slice(&call.command);
+                        waiting.push_back(Waiting::One(call.reply));
+                    }
+                }
             }
         }
     }
@@ -395,28 +398,15 @@ fn deliver(
 /// be decided one by one (see [`super::coalesce`]).
 fn answer_joined(value: Value, calls: Vec<Call>, again: &mut Vec<Call>) {
     match value.extract_error() {
-        Ok(value) if coalesce::admitted(&value) => {
-            let mut after: u64 = calls.iter().filter_map(|c| c.join).map(|j| j.cost).sum();
-            for call in calls {
-                let Some(join) = call.join else { continue };
-                after -= join.cost;
-                let _ = call.reply.send(Ok(coalesce::share(&value, after, &join)));
-            }
-        }
         Ok(value) => {
-            let total: u64 = calls.iter().filter_map(|c| c.join).map(|j| j.cost).sum();
-            let own = |call: &Call| {
-                let join = call.join?;
-                coalesce::refusal(&value, total - join.cost, &join)
-            };
-            if calls.iter().all(|call| own(call).is_some()) {
-                for call in calls {
-                    if let Some(refused) = own(&call) {
-                        let _ = call.reply.send(Ok(refused));
+            let joins: Vec<Join> = calls.iter().filter_map(|c| c.join).collect();
+            match coalesce::answer(&value, &joins) {
+                Some(replies) => {
+                    for (call, reply) in calls.into_iter().zip(replies) {
+                        let _ = call.reply.send(Ok(reply));
                     }
                 }
-            } else {
-                again.extend(calls.into_iter().map(|call| Call { join: None, ..call }));
+                None => again.extend(calls.into_iter().map(|call| Call { join: None, ..call })),
             }
         }
         Err(e) => {

@@ -48,7 +48,7 @@ fn int(v: &Value) -> Option<u64> {
 }
 
 /// A decimal string of milliseconds with at most 3 decimals ("12.500") as whole microseconds.
-fn micros(v: &Value) -> Option<u64> {
+pub(super) fn micros(v: &Value) -> Option<u64> {
     let Value::BulkString(bytes) = v else {
         return None;
     };

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use ::redis::{Script, ScriptInvocation};
 
-use super::coalesce::Join;
+use super::coalesce::{Join, Kind};
 use super::pipe::{bulk, push_count};
 use crate::limit::{Algorithm, Millis, Pace, Window};
 
@@ -64,9 +64,9 @@ pub(crate) struct Call<'a> {
     key: &'a str,
     args: [Arg; MAX_ARGS],
     len: usize,
-    /// a token bucket on the server's clock: (cost, ms per token), so it may be joined with
-    /// the other checks of its bucket (see [`super::coalesce`])
-    joinable: Option<(u64, f64)>,
+    /// a token or leaky bucket on the server's clock: what it takes and the ms per token or
+    /// slot, so it may be joined with the other checks of its bucket (see [`super::coalesce`])
+    joinable: Option<(Kind, f64)>,
 }
 
 impl Scripts {
@@ -103,7 +103,15 @@ impl Scripts {
         match (now, alg) {
             (Some(now), _) => call = call.arg(Arg::Num(now)),
             (None, Algorithm::TokenBucket(b)) => {
-                call.joinable = Some((b.cost.get().into(), b.rate.interval_ms()));
+                let cost = b.cost.get().into();
+                call.joinable = Some((Kind::Tokens { cost }, b.rate.interval_ms()));
+            }
+            (None, Algorithm::LeakyBucket(p)) => {
+                let kind = Kind::Slots {
+                    rate: p.rate.per_sec(),
+                    max_delay_ms: p.max_delay_ms,
+                };
+                call.joinable = Some((kind, p.rate.interval_ms()));
             }
             (None, _) => {}
         }
@@ -170,11 +178,10 @@ impl<'a> Call<'a> {
 
     /// Appends the call to `out` as one RESP command: `EVALSHA sha 1 key args…`, or with
     /// `body`, `EVAL script 1 key args…` (which also loads the script into Redis's cache).
-    /// Returns how the `EVALSHA` may be joined with other checks of its bucket, if it may: its
-    /// cost is then its last argument.
+    /// Returns how the `EVALSHA` may be joined with other checks of its bucket, if it may.
     pub(crate) fn encode(&self, out: &mut Vec<u8>, body: bool) -> Option<Join> {
         let start = out.len();
-        let mut head = 0;
+        let mut last = 0;
         let mut num = Scratch::default();
         out.push(b'*');
         push_count(out, 4 + self.len as u64); // EVALSHA sha 1 key args…
@@ -186,8 +193,9 @@ impl<'a> Call<'a> {
             out.extend_from_slice(&self.lua.evalsha_head);
         }
         bulk(out, self.key.as_bytes());
+        let args_at = out.len() - start;
         for arg in self.args() {
-            head = out.len() - start;
+            last = out.len() - start;
             num.len = 0;
             match *arg {
                 Arg::Int(n) => push_digits(&mut num, n),
@@ -208,14 +216,19 @@ impl<'a> Call<'a> {
             }
             bulk(out, num.as_bytes());
         }
-        match self.joinable {
-            Some((cost, interval_ms)) if !body => Some(Join {
-                head,
-                cost,
-                interval_ms,
-            }),
-            _ => None,
-        }
+        let (kind, interval_ms) = self.joinable.filter(|_| !body)?;
+        let (head, same) = match kind {
+            // the cost, last, is what a joined call changes
+            Kind::Tokens { .. } => (last, last),
+            // rate and max_delay change; every argument must be the same to join
+            Kind::Slots { .. } => (args_at, out.len() - start),
+        };
+        Some(Join {
+            head,
+            same,
+            interval_ms,
+            kind,
+        })
     }
 }
 
@@ -303,8 +316,32 @@ mod tests {
         let mut out = Vec::new();
         let join = scripts.check("k:1", &alg, None).encode(&mut out, false);
         let join = join.expect("joinable");
-        assert_eq!((join.cost, join.interval_ms), (1, 400.0));
+        assert_eq!(
+            (join.kind, join.interval_ms),
+            (Kind::Tokens { cost: 1 }, 400.0)
+        );
         assert_eq!(&out[join.head..], b"$1\r\n1\r\n");
+        assert_eq!(join.same, join.head);
+        // a leaky bucket: rate and max_delay change when joined, and all of it must be equal
+        let pace = Algorithm::LeakyBucket(
+            crate::limit::Pace::new(
+                Rate::per_second(4.0).unwrap(),
+                Some(std::time::Duration::from_millis(1000)),
+            )
+            .unwrap(),
+        );
+        let mut out = Vec::new();
+        let slots = scripts.check("p", &pace, None).encode(&mut out, false);
+        let slots = slots.expect("joinable");
+        assert_eq!(&out[slots.head..], b"$1\r\n4\r\n$4\r\n1000\r\n");
+        assert_eq!(slots.same, out.len());
+        assert_eq!(
+            slots.kind,
+            Kind::Slots {
+                rate: 4.0,
+                max_delay_ms: Some(1000.0)
+            }
+        );
         let mut again = vec![b'x'];
         let same = scripts.check("k:1", &alg, None).encode(&mut again, false);
         assert_eq!(
