@@ -7,7 +7,7 @@ use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::limit::{Algorithm, Bucket, Pace, Rate, Window};
+use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Window};
 use tollgate::store::{RedisStore, RedisTarget, Store, StoreError};
 
 fn bucket(rate: f64, burst: u32) -> Algorithm {
@@ -303,8 +303,14 @@ fn evalsha_calls(redis: &common::Redis) -> u64 {
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
-/// Checks `key` from `n` tasks at once; the (allowed, remaining) of each, sorted.
-async fn at_once(s: &Arc<RedisStore>, key: &str, alg: Algorithm, n: usize) -> Vec<(bool, u64)> {
+/// Checks `key` from `n` tasks at once; what `seen` picks of each decision, sorted.
+async fn decided_at_once(
+    s: &Arc<RedisStore>,
+    key: &str,
+    alg: Algorithm,
+    n: usize,
+    seen: fn(&Decision) -> (bool, u64),
+) -> Vec<(bool, u64)> {
     let handles: Vec<_> = (0..n)
         .map(|_| {
             let (s, key) = (s.clone(), key.to_string());
@@ -313,16 +319,31 @@ async fn at_once(s: &Arc<RedisStore>, key: &str, alg: Algorithm, n: usize) -> Ve
                 if !d.allowed {
                     assert!(d.retry_after_ms > 0, "a refusal says when to come back");
                 }
-                (d.allowed, d.remaining)
+                seen(&d)
             })
         })
         .collect();
-    let mut seen = Vec::new();
+    let mut all = Vec::new();
     for h in handles {
-        seen.push(h.await.unwrap());
+        all.push(h.await.unwrap());
     }
-    seen.sort_unstable();
-    seen
+    all.sort_unstable();
+    all
+}
+
+/// Checks `key` from `n` tasks at once: (allowed, remaining) of each, sorted.
+async fn at_once(s: &Arc<RedisStore>, key: &str, alg: Algorithm, n: usize) -> Vec<(bool, u64)> {
+    decided_at_once(s, key, alg, n, |d| (d.allowed, d.remaining)).await
+}
+
+/// Pacing checks of `key` from `n` tasks at once: (admitted, delay in µs) of each, sorted.
+async fn paced_at_once(
+    s: &Arc<RedisStore>,
+    key: &str,
+    pace: Algorithm,
+    n: usize,
+) -> Vec<(bool, u64)> {
+    decided_at_once(s, key, pace, n, |d| (d.allowed, d.delay_us)).await
 }
 
 /// Token-bucket checks of one bucket that are in flight together run as one script in Redis,
@@ -382,30 +403,6 @@ async fn checks_of_one_bucket_in_flight_together_run_as_one_script() {
     redis.cli(&["SCRIPT", "FLUSH"]);
     let seen = at_once(&s, "flushed", bucket(0.001, 10), 10).await;
     assert_eq!(seen, (0..10).map(|r| (true, r)).collect::<Vec<_>>());
-}
-
-/// Pacing checks of `key` from `n` tasks at once: (admitted, delay in µs) of each, sorted.
-async fn paced_at_once(
-    s: &Arc<RedisStore>,
-    key: &str,
-    pace: Algorithm,
-    n: usize,
-) -> Vec<(bool, u64)> {
-    let handles: Vec<_> = (0..n)
-        .map(|_| {
-            let (s, key) = (s.clone(), key.to_string());
-            tokio::spawn(async move {
-                let d = s.check(&key, &pace, None).await.unwrap();
-                (d.allowed, d.delay_us)
-            })
-        })
-        .collect();
-    let mut seen = Vec::new();
-    for h in handles {
-        seen.push(h.await.unwrap());
-    }
-    seen.sort_unstable();
-    seen
 }
 
 /// Leaky-bucket (pacing) checks of one schedule in flight together run as one script, and each
