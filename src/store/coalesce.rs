@@ -1,5 +1,5 @@
-//! Joining the token-bucket checks of one bucket that wait on the Redis connection at the same
-//! moment into one script run.
+//! Joining the checks of one bucket (token bucket) or schedule (leaky bucket, pacing) that wait
+//! on the Redis connection at the same moment into one script run.
 //!
 //! Under load, many requests of one client (or every request under a limit keyed on the route
 //! alone) are checked at once, and each check is a script run in Redis: on the shared cores of
@@ -105,14 +105,13 @@ pub(crate) fn encode(first: &[u8], joins: &[Join], out: &mut Vec<u8>) -> bool {
 /// when each must be sent again alone.
 pub(crate) fn answer(reply: &Value, joins: &[Join]) -> Option<Vec<Value>> {
     let total: u64 = joins.iter().map(Join::cost).sum();
-    let mut after = total;
     match joins.first()?.kind {
         Kind::Tokens { .. } if admitted(reply) => Some(
             joins
                 .iter()
-                .map(|join| {
-                    after -= join.cost();
-                    share(reply, after, join)
+                .scan(total, |after, join| {
+                    *after -= join.cost();
+                    Some(share(reply, *after, join))
                 })
                 .collect(),
         ),
@@ -136,9 +135,11 @@ fn slots(reply: &Value, joins: &[Join], max_delay_ms: Option<f64>) -> Option<Vec
     let delay_us = super::reply::micros(delay)?;
     match admitted {
         1 => Some(
-            (0..joins.len())
-                .map(|k| {
-                    let later = (k as f64 * joins[k].interval_ms * 1000.0).round() as u64;
+            joins
+                .iter()
+                .enumerate()
+                .map(|(k, join)| {
+                    let later = (k as f64 * join.interval_ms * 1000.0).round() as u64;
                     let us = delay_us + later;
                     let text = format!("{}.{:03}", us / 1000, us % 1000);
                     Value::Array(vec![Value::Int(1), Value::BulkString(text.into_bytes())])
@@ -171,13 +172,13 @@ pub(crate) fn hash(head: &[u8]) -> u64 {
 }
 
 /// Whether the reply of a joined call admitted it: `{1, remaining, retry_after_ms, reset_ms}`.
-pub(crate) fn admitted(reply: &Value) -> bool {
+fn admitted(reply: &Value) -> bool {
     matches!(reply, Value::Array(items) if items.len() == 4 && items[0] == Value::Int(1))
 }
 
 /// The reply one check of an admitted joined call would have got alone: `after` is the cost of
 /// the checks that took their tokens after it (the joined call's members are in order).
-pub(crate) fn share(reply: &Value, after: u64, join: &Join) -> Value {
+fn share(reply: &Value, after: u64, join: &Join) -> Value {
     let Value::Array(items) = reply else {
         return reply.clone();
     };
@@ -214,7 +215,7 @@ pub(crate) fn share(reply: &Value, after: u64, join: &Join) -> Value {
 /// others · interval`, `y' > 0` and it is refused too (a refusal writes nothing, so the order of
 /// the checks does not matter), with `retry_after' = ceil(retry_after − others · interval)`:
 /// never sooner than its own, at most 1 ms later. `None` when the reply does not prove it.
-pub(crate) fn refusal(reply: &Value, others: u64, join: &Join) -> Option<Value> {
+fn refusal(reply: &Value, others: u64, join: &Join) -> Option<Value> {
     let Value::Array(items) = reply else {
         return None;
     };

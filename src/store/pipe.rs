@@ -14,8 +14,8 @@
 //! call waiting on it fails at once with the I/O error; nothing is retried, since a script may
 //! have run. `AUTH` and `SELECT` from the URL are sent on every new connection.
 //!
-//! Token-bucket checks of one bucket that are written together are sent as one call (see
-//! [`super::coalesce`]), and their reply shared out.
+//! Checks of one bucket or pacing schedule that are written together are sent as one call
+//! (see [`super::coalesce`]), and its reply shared out.
 
 use std::collections::VecDeque;
 use std::io;
