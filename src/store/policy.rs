@@ -159,7 +159,7 @@ impl GuardedStore {
                     // later than now: counting it from now keeps the cached Retry-After from
                     // ever being early (counting from before the call would make it early by
                     // the round trip, up to the whole timeout).
-                    self.deny_cache.insert(key, alg, d, Instant::now());
+                    self.deny_cache.insert(key, alg, d, started, Instant::now());
                 }
             }
             Err(e) => self.breaker.failure(permit, self.breaker.now(), e),
@@ -355,6 +355,8 @@ struct DenyCache {
 struct Denied {
     until: Instant,
     reset_at: Instant,
+    /// when the answer arrived
+    since: Instant,
     /// the limit that denied: after a reload changes it, the entry no longer applies
     alg: Algorithm,
 }
@@ -395,19 +397,34 @@ impl DenyCache {
         ))
     }
 
-    fn insert(&self, key: &str, alg: &Algorithm, d: &Decision, now: Instant) {
+    /// Caches the refusal `d` of a call sent at `sent` and answered at `now`.
+    ///
+    /// Each answer's `until` is late by its own round trip (see `call`). Calls in flight
+    /// together were refused in one denied spell, whose end no admission can move (a refusal
+    /// writes nothing and nothing is admitted before it), so the earliest `until` among them
+    /// is the truest: an answer to a call sent before the cached one arrived does not push the
+    /// entry later, else a client told to come back at the earlier time would be refused
+    /// then by this cache. An answer to a call sent later replaces the entry.
+    fn insert(&self, key: &str, alg: &Algorithm, d: &Decision, sent: Instant, now: Instant) {
         // `Instant + Duration` panics on overflow (platform dependent): a wait too long to
         // represent is not cached.
         let at = |ms: u64| now.checked_add(Duration::from_millis(ms));
-        let (Some(until), Some(reset_at)) = (at(d.retry_after_ms), at(d.reset_ms)) else {
+        let (Some(mut until), Some(mut reset_at)) = (at(d.retry_after_ms), at(d.reset_ms)) else {
             return;
         };
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cached) = shard.peek(key) {
+            if cached.alg == *alg && cached.until > now && cached.since >= sent {
+                until = until.min(cached.until);
+                reset_at = reset_at.min(cached.reset_at);
+            }
+        }
         let denied = Denied {
             until,
             reset_at,
+            since: now,
             alg: *alg,
         };
-        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         shard.put(key.into(), denied);
     }
 }

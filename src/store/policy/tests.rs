@@ -206,6 +206,41 @@ async fn deny_cache_counts_retry_after_from_the_answer() {
     assert_eq!(store.stats().deny_cache_hits.load(Ordering::Relaxed), 1);
 }
 
+/// Answers to calls in flight together do not push the cached refusal later: a client told to
+/// come back at the earliest time one of them named is not refused then by the cache. An
+/// answer to a call sent after the entry was made replaces it.
+#[test]
+fn deny_cache_keeps_the_earliest_end_of_calls_in_flight_together() {
+    let cache = DenyCache::new();
+    let alg = bucket(1);
+    let refused = |retry| Decision::counted(false, 0, retry, retry);
+    let ms = Duration::from_millis;
+    let t0 = Instant::now();
+    let retry_at = |now: Instant| cache.get("k", &alg, now).map(|d| d.retry_after_ms);
+    // sent together at t0; answered at +10 ms, and at +30 ms (decided a little later)
+    cache.insert("k", &alg, &refused(1000), t0, t0 + ms(10));
+    cache.insert("k", &alg, &refused(990), t0, t0 + ms(30));
+    assert_eq!(
+        retry_at(t0 + ms(30)),
+        Some(980),
+        "the first answer's end stands"
+    );
+    assert_eq!(retry_at(t0 + ms(1009)), Some(1));
+    assert_eq!(
+        retry_at(t0 + ms(1010)),
+        None,
+        "asked again when the first answer said"
+    );
+    // a call sent after the entry was made: newer news, it replaces the entry
+    cache.insert("k", &alg, &refused(500), t0, t0 + ms(10));
+    cache.insert("k", &alg, &refused(700), t0 + ms(20), t0 + ms(40));
+    assert_eq!(retry_at(t0 + ms(40)), Some(700));
+    // an entry already over does not bound a new one
+    cache.insert("k", &alg, &refused(100), t0, t0 + ms(10));
+    cache.insert("k", &alg, &refused(300), t0, t0 + ms(200));
+    assert_eq!(retry_at(t0 + ms(200)), Some(300));
+}
+
 /// A caller that passes its own `now` (a replay) is never answered from the real-time cache.
 #[tokio::test]
 async fn given_now_bypasses_the_deny_cache() {
