@@ -92,11 +92,10 @@ fn config_failure(err: &ConfigError) -> ExitCode {
 }
 
 fn serve(config: tollgate::config::Config, path: PathBuf) -> anyhow::Result<()> {
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = config.workers {
-        runtime.worker_threads(n.get());
-    }
-    let runtime = runtime.enable_all().build()?;
+    // worker 0: the server's own thread; the server starts the other workers (app::workers)
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         // Take over SIGHUP before anything is listening: its default action kills the process,
         // and a reload signal sent right after start-up must not. (Tokio keeps its handler

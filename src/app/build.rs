@@ -13,7 +13,7 @@ use crate::config::{self, Backend, Config};
 use crate::limit::Algorithm;
 use crate::metrics::Metrics;
 use crate::proxy::{
-    HeaderStyle, Limit, Pacer, Proxy, Route, Settings, Targets, Upstream, UpstreamClient,
+    HeaderStyle, Limit, Pacer, Proxy, Route, Settings, Targets, Upstream, UpstreamClients,
 };
 use crate::routing::{PathMatch, RouteTable};
 use crate::store::{
@@ -61,11 +61,11 @@ pub async fn build_store(
     Ok(Arc::new(guarded))
 }
 
-/// The proxy for `config`, over an existing store and upstream client (both survive reloads).
+/// The proxy for `config`, over an existing store and upstream clients (both survive reloads).
 pub fn build_proxy(
     config: &Config,
     store: Arc<dyn Store>,
-    client: UpstreamClient,
+    clients: UpstreamClients,
     metrics: Metrics,
     tunnels: TaskTracker,
 ) -> anyhow::Result<Proxy> {
@@ -124,7 +124,7 @@ pub fn build_proxy(
         tunnels,
         routes: RouteTable::new(routes),
         store,
-        client,
+        clients,
         settings: Settings {
             trusted_proxies: config.trusted_proxies.clone(),
             headers,

@@ -7,6 +7,7 @@
 mod build;
 mod reload;
 mod serve;
+mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -22,11 +23,12 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
 use serve::{accept_loop, http_builder, AcceptCtx};
+use workers::Workers;
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
 use crate::metrics::Metrics;
-use crate::proxy::{self, Proxy, UpstreamClient};
+use crate::proxy::{Proxy, UpstreamClients};
 use crate::store::Store;
 use crate::tls;
 
@@ -41,6 +43,8 @@ pub struct Server {
     admin: Option<TcpListener>,
     /// TLS termination for every listener, when `tls` is set
     tls: Option<TlsAcceptor>,
+    /// the threads that serve connections
+    workers: Arc<Workers>,
 }
 
 /// What the listeners, the reloader and the admin endpoints share.
@@ -52,8 +56,9 @@ struct Shared {
     /// `store` is unchanged keeps the store (and its connections and in-process state).
     /// A std mutex: held only to read or replace, never across an `.await`.
     current: Mutex<(Config, Arc<dyn Store>)>,
-    /// The pooled upstream client, kept across reloads so pooled connections survive.
-    client: UpstreamClient,
+    /// The pooled upstream clients (one per worker), kept across reloads so pooled
+    /// connections survive.
+    clients: UpstreamClients,
     /// One registry for the whole process, across reloads.
     metrics: Metrics,
     /// Set when shutdown starts: `/readyz` then answers 503 so balancers stop sending.
@@ -68,12 +73,16 @@ impl Server {
     pub async fn bind(config: Config) -> anyhow::Result<Server> {
         let metrics = Metrics::new();
         let store = build_store(&config.store, &metrics).await?;
-        let client = proxy::client(config.timeouts.upstream_connect, config.timeouts.idle);
+        let clients = UpstreamClients::new(
+            config.worker_count(),
+            config.timeouts.upstream_connect,
+            config.timeouts.idle,
+        );
         let tunnels = TaskTracker::new();
         let proxy = build_proxy(
             &config,
             store.clone(),
-            client.clone(),
+            clients.clone(),
             metrics.clone(),
             tunnels.clone(),
         )?;
@@ -93,10 +102,11 @@ impl Server {
             ),
             None => None,
         };
+        let workers = Workers::start(config.worker_count()).context("cannot start workers")?;
         let shared = Arc::new(Shared {
             proxy: ArcSwap::from_pointee(proxy),
             current: Mutex::new((config, store)),
-            client,
+            clients,
             metrics,
             draining: AtomicBool::new(false),
             tunnels,
@@ -106,6 +116,7 @@ impl Server {
             listeners,
             admin,
             tls,
+            workers: Arc::new(workers),
         })
     }
 
@@ -139,6 +150,8 @@ impl Server {
         let graceful = Arc::new(GracefulShutdown::new());
         let config = self.shared.config();
         let http = Arc::new(http_builder(&config));
+        let workers = self.workers;
+        tracing::info!(workers = workers.count(), "worker threads");
         let mut accepting = Vec::new();
         for listener in self.listeners {
             tracing::info!(addr = %listener.local_addr()?, "listening");
@@ -148,7 +161,13 @@ impl Server {
                 tls: self.tls.clone(),
                 handshake_timeout: config.timeouts.client_header,
             };
-            let loop_ = accept_loop(listener, ctx, graceful.clone(), stop_rx.clone());
+            let loop_ = accept_loop(
+                listener,
+                ctx,
+                graceful.clone(),
+                workers.clone(),
+                stop_rx.clone(),
+            );
             accepting.push(tokio::spawn(loop_));
         }
         let (admin_stop, admin_stopped) = watch::channel(false);
@@ -181,6 +200,8 @@ impl Server {
                 tracing::warn!(after = ?drain, "drain timed out; closing remaining connections");
             }
         }
+        // what is left on the worker threads (after a drain that timed out) ends with them
+        workers.stop().await;
         // the admin listener outlives the drain, so /readyz can say "draining" meanwhile
         let _ = admin_stop.send(true);
         if let Some(admin) = admin {

@@ -47,7 +47,7 @@ impl Reloader {
         let proxy = build_proxy(
             &config,
             store.clone(),
-            self.shared.client.clone(),
+            self.shared.clients.clone(),
             self.shared.metrics.clone(),
             self.shared.tunnels.clone(),
         )?;
@@ -56,8 +56,11 @@ impl Reloader {
             .current
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if current.0.listen != config.listen || current.0.tls != config.tls {
-            tracing::warn!("listen and tls changes take effect at the next restart");
+        if current.0.listen != config.listen
+            || current.0.tls != config.tls
+            || current.0.workers != config.workers
+        {
+            tracing::warn!("listen, tls and workers changes take effect at the next restart");
         }
         self.shared.proxy.store(Arc::new(proxy));
         *current = (config, store);

@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use self::idle::{Activity, Deadlines, Expired, Guarded, InFlight, Tracked};
+use super::workers::Workers;
 use super::Shared;
 use crate::config::Config;
 use crate::proxy::{Conn, Proxy};
@@ -66,6 +67,7 @@ pub(super) async fn accept_loop(
     listener: TcpListener,
     ctx: AcceptCtx,
     graceful: Arc<GracefulShutdown>,
+    workers: Arc<Workers>,
     mut stop: watch::Receiver<bool>,
 ) {
     let timeouts = ctx.shared.config().timeouts;
@@ -92,11 +94,12 @@ pub(super) async fn accept_loop(
         let watcher = graceful.watcher();
         let stop = stop.clone();
         // the handshake runs in the connection's task, so a slow client never holds up accept
-        tokio::spawn(async move {
+        workers.spawn(stream, move |stream, worker| async move {
             let _counted_until_closed = watcher;
             let conn = Conn {
                 peer,
                 tls: ctx.tls.is_some(),
+                worker,
             };
             let accepted = Instant::now();
             match &ctx.tls {

@@ -45,6 +45,14 @@ impl Config {
     pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
         self.upstreams.iter().find(|u| u.name == name)
     }
+
+    /// The number of worker threads: `workers`, or one per core.
+    pub fn worker_count(&self) -> usize {
+        match self.workers {
+            Some(n) => n.get(),
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
 }
 
 /// `tls`: a certificate chain and its private key, PEM files.

@@ -9,6 +9,7 @@
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -27,6 +28,24 @@ use super::{Body, BoxError, ProxyError};
 
 /// The pooled upstream client: keep-alive connections per target, shared by every route.
 pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Body>;
+
+/// One pooled client per worker thread (`app::workers`): a client connection's requests go out
+/// over the pool of the thread that serves it, so an upstream connection is only ever driven by
+/// the thread whose requests use it (no cross-thread wake-up per request).
+#[derive(Clone)]
+pub struct UpstreamClients(Arc<[UpstreamClient]>);
+
+impl UpstreamClients {
+    /// `workers` clients, each as [`client`] makes them.
+    pub fn new(workers: usize, connect: Duration, idle: Duration) -> UpstreamClients {
+        UpstreamClients((0..workers.max(1)).map(|_| client(connect, idle)).collect())
+    }
+
+    /// The client of worker `worker`.
+    pub fn of(&self, worker: usize) -> &UpstreamClient {
+        &self.0[worker % self.0.len()]
+    }
+}
 
 /// A client whose connections time out after `connect` and idle out after `idle`.
 /// Targets may be `http://` or `https://` (verified against the bundled and system roots).

@@ -32,7 +32,7 @@ use crate::metrics::Metrics;
 use crate::routing::{normalize_path, strip_prefix, PathMatch, RequestParts, RouteTable};
 use crate::store::{Store, StoreError};
 
-pub use forward::{client, Targets, UpstreamClient};
+pub use forward::{client, Targets, UpstreamClient, UpstreamClients};
 pub use limits::Limit;
 pub use pacing::Pacer;
 pub use respond::HeaderStyle;
@@ -86,8 +86,8 @@ pub struct Proxy {
     pub routes: RouteTable<Route>,
     /// limiter state (Redis behind its failure policy, or memory)
     pub store: Arc<dyn Store>,
-    /// the pooled upstream client
-    pub client: UpstreamClient,
+    /// the pooled upstream clients, one per worker thread
+    pub clients: UpstreamClients,
     /// request-wide settings
     pub settings: Settings,
     /// the metrics every request records into
@@ -222,6 +222,8 @@ pub struct Conn {
     pub peer: SocketAddr,
     /// came over TLS
     pub tls: bool,
+    /// the worker thread serving the connection: its requests use that worker's upstream pool
+    pub worker: usize,
 }
 
 /// What one request did, filled in by the phases: the metrics and the access log line.
@@ -312,7 +314,7 @@ impl Proxy {
             max_body_size: self.settings.max_body_size,
             tunnels: &self.tunnels,
         };
-        let mut resp = forward::forward(&self.client, req, &f).await?;
+        let mut resp = forward::forward(self.clients.of(conn.worker), req, &f).await?;
         if let Some(pacer) = &route.upstream.pacer {
             pacer
                 .back_pressure(&*self.store, resp.status(), resp.headers())

@@ -1,0 +1,91 @@
+//! Worker threads (`workers`): each serves its share of the connections, requests in flight on
+//! every worker finish during the drain, and the threads are gone when the server has stopped.
+//! (Its own test binary: it counts the process's threads by name.)
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{get, Proxy, Upstream};
+
+/// Threads of this process named as tollgate's worker threads (`tollgate-w<k>`).
+fn worker_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("tollgate-w"))
+        .count()
+}
+
+/// The number of worker threads once it is `expected`, or after `limit`.
+async fn threads_within(expected: usize, limit: Duration) -> usize {
+    let deadline = Instant::now() + limit;
+    while worker_threads() != expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    worker_threads()
+}
+
+#[tokio::test]
+async fn every_worker_serves_and_drains_and_stops_with_the_server() {
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+workers: 3
+timeouts: {{shutdown: 5s}}
+upstreams:
+  api:
+    targets: [{u}]
+routes:
+  - name: all
+    upstream: api
+"#,
+        u = upstream.url()
+    );
+    assert_eq!(worker_threads(), 0);
+    let proxy = Proxy::start(&yaml).await;
+    // (a thread takes its name once it runs)
+    assert_eq!(
+        threads_within(2, Duration::from_secs(5)).await,
+        2,
+        "workers 1 and 2 (worker 0 is the server's own)"
+    );
+    // connections are handed out in turn: twelve reach every worker four times, and each is
+    // answered by the upstream
+    for i in 0..12 {
+        let answer = get(&proxy.url(&format!("/n{i}")), &[]).await;
+        assert_eq!(answer.status, 200, "connection {i}: {}", answer.body);
+    }
+    // one slow request in flight on each worker when shutdown starts: all of them finish
+    let in_flight: Vec<_> = (0..3)
+        .map(|i| {
+            let url = proxy.url(&format!("/slow/{}", 500 + i));
+            tokio::spawn(async move { get(&url, &[]).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let started = Instant::now();
+    proxy.shutdown().await;
+    for (i, answer) in in_flight.into_iter().enumerate() {
+        let answer = answer.await.expect("request task");
+        assert_eq!(
+            answer.status, 200,
+            "in flight on worker {i}: {}",
+            answer.body
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "drain ended when the requests did: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        threads_within(0, Duration::from_secs(5)).await,
+        0,
+        "the worker threads ended with the server"
+    );
+    let seen: Vec<String> = upstream.seen().iter().map(|s| s.uri.clone()).collect();
+    for i in 0..3 {
+        assert!(seen.contains(&format!("/slow/{}", 500 + i)), "{seen:?}");
+    }
+}
