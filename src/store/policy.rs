@@ -353,10 +353,13 @@ struct DenyCache {
 
 #[derive(Clone, Copy)]
 struct Denied {
+    /// the latest the denied spell can end: the answer's `retry_after` counted from when it
+    /// arrived (the store decided no later)
     until: Instant,
+    /// the earliest it can end: `retry_after` counted from when the call was sent (the store
+    /// decided no earlier)
+    after: Instant,
     reset_at: Instant,
-    /// when the answer arrived
-    since: Instant,
     /// the limit that denied: after a reload changes it, the entry no longer applies
     alg: Algorithm,
 }
@@ -399,30 +402,43 @@ impl DenyCache {
 
     /// Caches the refusal `d` of a call sent at `sent` and answered at `now`.
     ///
-    /// Each answer's `until` is late by its own round trip (see `call`). Calls in flight
-    /// together were refused in one denied spell, whose end no admission can move (a refusal
-    /// writes nothing and nothing is admitted before it), so the earliest `until` among them
-    /// is the truest: an answer to a call sent before the cached one arrived does not push the
-    /// entry later, else a client told to come back at the earlier time would be refused
-    /// then by this cache. An answer to a call sent later replaces the entry.
+    /// The store decided somewhere between `sent` and `now`, so the denied spell ends in
+    /// `[sent + retry_after, now + retry_after]`; the entry denies until the latter, never
+    /// early. Calls in flight together may be answered out of order: when a cached entry's
+    /// range and the new one overlap they can be the same spell, and the entry keeps the
+    /// intersection (its `until` the earlier of the two, so a client told to come back at the
+    /// earlier time is not refused then by this cache; early by at most a round trip if they
+    /// were in fact two spells); when they do not overlap they are two spells, and the later
+    /// one stands (an answer to an old call arriving late does not shorten a newer spell).
     fn insert(&self, key: &str, alg: &Algorithm, d: &Decision, sent: Instant, now: Instant) {
         // `Instant + Duration` panics on overflow (platform dependent): a wait too long to
         // represent is not cached.
-        let at = |ms: u64| now.checked_add(Duration::from_millis(ms));
-        let (Some(mut until), Some(mut reset_at)) = (at(d.retry_after_ms), at(d.reset_ms)) else {
+        let retry = Duration::from_millis(d.retry_after_ms);
+        let (Some(mut until), Some(mut after), Some(mut reset_at)) = (
+            now.checked_add(retry),
+            sent.checked_add(retry),
+            now.checked_add(Duration::from_millis(d.reset_ms)),
+        ) else {
             return;
         };
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         if let Some(cached) = shard.peek(key) {
-            if cached.alg == *alg && cached.until > now && cached.since >= sent {
-                until = until.min(cached.until);
-                reset_at = reset_at.min(cached.reset_at);
+            if cached.alg == *alg && cached.until > now {
+                if cached.until < after {
+                    // an earlier spell, over before this one can end: replaced
+                } else if until < cached.after {
+                    return; // a late answer from before the cached spell
+                } else {
+                    until = until.min(cached.until);
+                    after = after.max(cached.after);
+                    reset_at = reset_at.min(cached.reset_at);
+                }
             }
         }
         let denied = Denied {
             until,
+            after,
             reset_at,
-            since: now,
             alg: *alg,
         };
         shard.put(key.into(), denied);

@@ -208,16 +208,18 @@ async fn deny_cache_counts_retry_after_from_the_answer() {
 
 /// Answers to calls in flight together do not push the cached refusal later: a client told to
 /// come back at the earliest time one of them named is not refused then by the cache. An
-/// answer to a call sent after the entry was made replaces it.
+/// answer that must belong to a later spell replaces the entry; a late answer from an earlier
+/// spell is ignored.
 #[test]
-fn deny_cache_keeps_the_earliest_end_of_calls_in_flight_together() {
+fn deny_cache_keeps_the_earliest_end_of_one_spell() {
     let cache = DenyCache::new();
     let alg = bucket(1);
     let refused = |retry| Decision::counted(false, 0, retry, retry);
     let ms = Duration::from_millis;
     let t0 = Instant::now();
     let retry_at = |now: Instant| cache.get("k", &alg, now).map(|d| d.retry_after_ms);
-    // sent together at t0; answered at +10 ms, and at +30 ms (decided a little later)
+    // sent together at t0; answered at +10 ms (ends in [1000, 1010]) and at +30 ms, decided a
+    // little later ([990, 1020]): one spell, the earlier end stands
     cache.insert("k", &alg, &refused(1000), t0, t0 + ms(10));
     cache.insert("k", &alg, &refused(990), t0, t0 + ms(30));
     assert_eq!(
@@ -231,14 +233,16 @@ fn deny_cache_keeps_the_earliest_end_of_calls_in_flight_together() {
         None,
         "asked again when the first answer said"
     );
-    // a call sent after the entry was made: newer news, it replaces the entry
+    // a spell that cannot be the cached one ([720, 740] after [500, 510]): it replaces it
     cache.insert("k", &alg, &refused(500), t0, t0 + ms(10));
     cache.insert("k", &alg, &refused(700), t0 + ms(20), t0 + ms(40));
     assert_eq!(retry_at(t0 + ms(40)), Some(700));
-    // an entry already over does not bound a new one
-    cache.insert("k", &alg, &refused(100), t0, t0 + ms(10));
-    cache.insert("k", &alg, &refused(300), t0, t0 + ms(200));
-    assert_eq!(retry_at(t0 + ms(200)), Some(300));
+    // a late answer of a call sent before the spell ([600, 650]): ignored
+    cache.insert("k", &alg, &refused(600), t0, t0 + ms(50));
+    assert_eq!(retry_at(t0 + ms(50)), Some(690));
+    // an entry already over does not bound a new one, though their ranges meet
+    cache.insert("k", &alg, &refused(300), t0, t0 + ms(800));
+    assert_eq!(retry_at(t0 + ms(800)), Some(300));
 }
 
 /// A caller that passes its own `now` (a replay) is never answered from the real-time cache.
