@@ -51,11 +51,18 @@ routes:
         "workers 1 and 2 (worker 0 is the server's own)"
     );
     // connections are handed out in turn: twelve reach every worker four times, and each is
-    // answered by the upstream
+    // answered by the upstream, over the upstream connections of the worker serving it (one
+    // each, kept alive between the requests of that worker: one only, were every client
+    // connection served by the same worker)
     for i in 0..12 {
         let answer = get(&proxy.url(&format!("/n{i}")), &[]).await;
         assert_eq!(answer.status, 200, "connection {i}: {}", answer.body);
     }
+    let pools = upstream.connections();
+    assert!(
+        (3..=6).contains(&pools),
+        "{pools} upstream connections for three workers' pools"
+    );
     // one slow request in flight on each worker when shutdown starts: all of them finish
     let in_flight: Vec<_> = (0..3)
         .map(|i| {

@@ -73,8 +73,9 @@ impl Server {
     pub async fn bind(config: Config) -> anyhow::Result<Server> {
         let metrics = Metrics::new();
         let store = build_store(&config.store, &metrics).await?;
+        let workers = config.worker_count();
         let clients = UpstreamClients::new(
-            config.worker_count(),
+            workers,
             config.timeouts.upstream_connect,
             config.timeouts.idle,
         );
@@ -102,7 +103,7 @@ impl Server {
             ),
             None => None,
         };
-        let workers = Workers::start(config.worker_count()).context("cannot start workers")?;
+        let workers = Workers::start(workers).context("cannot start the worker threads")?;
         let shared = Arc::new(Shared {
             proxy: ArcSwap::from_pointee(proxy),
             current: Mutex::new((config, store)),
@@ -200,7 +201,8 @@ impl Server {
                 tracing::warn!(after = ?drain, "drain timed out; closing remaining connections");
             }
         }
-        // what is left on the worker threads (after a drain that timed out) ends with them
+        // what is left on the other workers (after a drain that timed out) ends with them; on
+        // worker 0, with the runtime
         workers.stop().await;
         // the admin listener outlives the drain, so /readyz can say "draining" meanwhile
         let _ = admin_stop.send(true);

@@ -8,15 +8,21 @@
 //! worker, the same single thread served 1.35x the requests per second (BENCHMARKS.md).
 //!
 //! What is process-wide stays on worker 0: the accept loops, the admin server, the reloader,
-//! the store's Redis connection. Connections are handed out round robin.
+//! the store's own Redis connection (`store::pipe`; redis-rs's TLS connection re-spawns its
+//! driver on the worker whose request found it broken). Connections are handed out round robin,
+//! worker 0 included.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
+
+/// How long a stopping worker waits for the blocking work its tasks started.
+const STOP_BLOCKING: Duration = Duration::from_millis(500);
 
 /// The worker threads of one server.
 pub(super) struct Workers {
@@ -34,21 +40,37 @@ impl Workers {
         let mut others = Vec::new();
         let mut threads = Vec::new();
         for k in 1..count.max(1) {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            others.push(runtime.handle().clone());
+            // The runtime is built on its own thread (a runtime must not be dropped inside
+            // another's async context, as it would be here if the thread failed to start).
+            let (handle_tx, handle_rx) = std::sync::mpsc::channel();
             let mut stopped = stopped.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("tollgate-w{k}"))
                 .spawn(move || {
-                    // the runtime runs its connections' tasks while this waits; dropping it
-                    // afterwards cancels whatever is left (after the drain)
+                    let runtime = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(runtime) => runtime,
+                        Err(e) => {
+                            let _ = handle_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = handle_tx.send(Ok(runtime.handle().clone()));
+                    // the runtime runs its connections' tasks while this waits
                     runtime.block_on(async move {
                         let _ = stopped.wait_for(|stop| *stop).await;
                     });
+                    // whatever is left after the drain is cancelled; blocking work it started
+                    // (a DNS lookup) is not waited for long
+                    runtime.shutdown_timeout(STOP_BLOCKING);
                 })?;
             threads.push(thread);
+            let handle = handle_rx.recv().map_err(|_| {
+                std::io::Error::other("a worker thread ended before its runtime started")
+            })??;
+            others.push(handle);
         }
         Ok(Workers {
             others,

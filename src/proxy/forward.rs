@@ -36,9 +36,12 @@ pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Body>;
 pub struct UpstreamClients(Arc<[UpstreamClient]>);
 
 impl UpstreamClients {
-    /// `workers` clients, each as [`client`] makes them.
+    /// `workers` clients whose connections time out after `connect` and idle out after
+    /// `idle`, over one connector (one TLS configuration, its roots read once).
     pub fn new(workers: usize, connect: Duration, idle: Duration) -> UpstreamClients {
-        UpstreamClients((0..workers.max(1)).map(|_| client(connect, idle)).collect())
+        let connector = crate::tls::upstream_connector(connect);
+        let clients = (0..workers.max(1)).map(|_| pooled(connector.clone(), idle));
+        UpstreamClients(clients.collect())
     }
 
     /// The client of worker `worker`.
@@ -47,10 +50,9 @@ impl UpstreamClients {
     }
 }
 
-/// A client whose connections time out after `connect` and idle out after `idle`.
-/// Targets may be `http://` or `https://` (verified against the bundled and system roots).
-pub fn client(connect: Duration, idle: Duration) -> UpstreamClient {
-    let connector = crate::tls::upstream_connector(connect);
+/// A client over `connector` (`tls::upstream_connector`: `http://` and `https://` targets,
+/// verified against the bundled and system roots) whose connections idle out after `idle`.
+fn pooled(connector: HttpsConnector<HttpConnector>, idle: Duration) -> UpstreamClient {
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(idle)

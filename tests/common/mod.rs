@@ -225,6 +225,8 @@ pub struct Seen {
 pub struct Upstream {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<Seen>>>,
+    /// connections accepted
+    connections: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -328,11 +330,14 @@ impl Upstream {
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let seen2 = seen.clone();
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let accepted = connections.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let seen = seen2.clone();
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
@@ -345,7 +350,12 @@ impl Upstream {
                 });
             }
         });
-        Upstream { addr, seen, task }
+        Upstream {
+            addr,
+            seen,
+            connections,
+            task,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -354,6 +364,12 @@ impl Upstream {
 
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// The connections it has accepted so far.
+    #[allow(dead_code)] // not every test binary counts them
+    pub fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -367,10 +383,13 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Starts tollgate with `yaml` (which should `listen: 127.0.0.1:0`).
+    /// Starts tollgate with `yaml` (which should `listen: 127.0.0.1:0`). Without `workers` it
+    /// runs two, whatever the machine's cores: the hand-over of connections between threads is
+    /// exercised on every machine, and a large one does not start dozens of threads per test.
     pub async fn start(yaml: &str) -> Proxy {
-        let loaded = tollgate::config::parse(yaml, "test.yaml", &|_| None)
+        let mut loaded = tollgate::config::parse(yaml, "test.yaml", &|_| None)
             .unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
+        loaded.config.workers = loaded.config.workers.or(std::num::NonZeroUsize::new(2));
         let server = tollgate::app::Server::bind(loaded.config)
             .await
             .expect("bind");
