@@ -39,10 +39,29 @@ def load(path):
             if notes and notes not in r["notes"]:
                 r["notes"].append(notes)
     for r in rows.values():
+        r["notes"] = merge_notes(r["notes"])
         r["rounds"] = len(r["rps"])
         for k in ("rps", "p50", "p99"):
             r[k] = median(r[k])
     return rows
+
+
+def merge_notes(notes):
+    """The distinct notes of a row's rounds as one: figures of the same label become a range
+    ("Redis calls/req 0.08–0.09"); notes that are not "label number, ..." are joined as they are."""
+    figures = OrderedDict()
+    for note in notes:
+        for item in note.split(", "):
+            label, _, value = item.rpartition(" ")
+            try:
+                figures.setdefault(label, []).append(float(value))
+            except ValueError:
+                return notes
+    merged = []
+    for label, values in figures.items():
+        lo, hi = min(values), max(values)
+        merged.append(f"{label} {lo:.2f}" if lo == hi else f"{label} {lo:.2f}–{hi:.2f}")
+    return [", ".join(merged)] if merged else []
 
 
 def ms(us):
