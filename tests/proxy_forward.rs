@@ -633,6 +633,38 @@ async fn slow_upstream_is_504_after_the_response_timeout() {
     assert_eq!(a.status, 200, "{a:?}");
 }
 
+/// A target that accepts connections but never answers is left out of the rotation after its
+/// first 504 (as nginx's `max_fails` counts a timeout): the requests after it go to the target
+/// that answers, instead of every other one waiting out the timeout.
+#[tokio::test]
+async fn silent_target_is_left_out_after_a_response_timeout() {
+    let upstream = Upstream::start().await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            open.push(stream); // read nothing, answer nothing
+        }
+    });
+    let top = "workers: 1\ntimeouts:\n  upstream_response: 300ms";
+    let proxy = Proxy::start(&config(&[silent_url, upstream.url()], top, "", "")).await;
+    // round robin starts at the silent target
+    let a = get(&proxy.url("/v1/first"), &[]).await;
+    assert_eq!(a.status, 504, "{a:?}");
+    for i in 0..6 {
+        let started = Instant::now();
+        let a = get(&proxy.url(&format!("/v1/after/{i}")), &[]).await;
+        assert_eq!(a.status, 200, "request {i} after the timeout: {a:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(250),
+            "request {i} took {:?}",
+            started.elapsed()
+        );
+    }
+    held.abort();
+}
+
 /// A body over `max_body_size` announced by Content-Length: 413 with a JSON body, and the
 /// upstream is not even contacted; a body at the limit passes.
 #[tokio::test]

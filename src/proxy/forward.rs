@@ -60,9 +60,10 @@ fn pooled(connector: HttpsConnector<HttpConnector>, idle: Duration) -> UpstreamC
         .build(connector)
 }
 
-/// One upstream's targets, picked round robin. A target that could not be connected to is left
-/// out of the rotation for [`EJECT_FOR`] (a passive health check, as nginx's `max_fails=1`),
-/// unless every target is out; and a request without a body that could not be connected goes
+/// One upstream's targets, picked round robin. A target that could not be connected to, or
+/// sent no response head within `upstream_response`, is left out of the rotation for
+/// [`EJECT_FOR`] (a passive health check, as nginx's `max_fails=1`, which counts errors and
+/// timeouts), unless every target is out; and a request without a body that could not be connected goes
 /// once to another target (nothing of it was sent: as nginx's `proxy_next_upstream error`).
 #[derive(Debug)]
 pub struct Targets {
@@ -73,7 +74,8 @@ pub struct Targets {
     clock: Instant,
 }
 
-/// How long a target that refused (or timed out) a connection is left out of the rotation.
+/// How long a target that refused (or timed out) a connection, or did not answer in time, is
+/// left out of the rotation.
 pub const EJECT_FOR: Duration = Duration::from_secs(2);
 
 impl Targets {
@@ -124,12 +126,13 @@ impl Targets {
             .find(|&i| self.is_up(i, now))
     }
 
-    /// Target `i` could not be connected to: leave it out for [`EJECT_FOR`].
-    fn failed(&self, i: usize, upstream: &str) {
+    /// Target `i` could not be connected to (or did not answer, `why`): leave it out for
+    /// [`EJECT_FOR`].
+    fn failed(&self, i: usize, upstream: &str, why: &str) {
         let until = self.now_ms() + EJECT_FOR.as_millis() as u64;
         if self.down_until[i].swap(until, Ordering::Relaxed) == 0 {
             tracing::warn!(upstream, target = %self.targets[i].1,
-                "upstream target unreachable: left out of the rotation for {EJECT_FOR:?} at a time");
+                "upstream target {why}: left out of the rotation for {EJECT_FOR:?} at a time");
         }
     }
 
@@ -143,6 +146,9 @@ impl Targets {
         }
     }
 }
+
+/// Why a target that could not be connected to is left out (for the log).
+const UNREACHABLE: &str = "unreachable";
 
 /// What the forward phase needs to know about the request beyond the request itself.
 pub struct Forward<'a> {
@@ -192,13 +198,16 @@ pub async fn forward(
     let resendable = f.targets.targets.len() > 1 && hyper::body::Body::is_end_stream(req.body());
     let (upstream_req, host_is_target) = rewrite(req, f, upgrade, target)?;
     let again = resendable.then(|| Resend::of(&upstream_req, host_is_target));
+    // the target of the attempt under way, for a timeout
+    let trying = AtomicUsize::new(target);
     let attempts = async {
         match client.request(upstream_req).await {
             Err(e) if e.is_connect() => {
                 let Some((again, other)) = again.zip(f.targets.pick_other(target)) else {
                     return (target, Err(e));
                 };
-                f.targets.failed(target, f.upstream);
+                f.targets.failed(target, f.upstream, UNREACHABLE);
+                trying.store(other, Ordering::Relaxed);
                 (other, client.request(again.to(f.targets, other)).await)
             }
             result => (target, result),
@@ -206,14 +215,17 @@ pub async fn forward(
     };
     let mut resp = match tokio::time::timeout(f.response_timeout, attempts).await {
         Err(_) => {
+            let silent = trying.load(Ordering::Relaxed);
+            f.targets
+                .failed(silent, f.upstream, "sent no response head in time");
             return Err(ProxyError::UpstreamTimeout {
                 upstream: f.upstream.to_string(),
                 after: f.response_timeout,
-            })
+            });
         }
         Ok((used, Err(e))) => {
             if e.is_connect() {
-                f.targets.failed(used, f.upstream);
+                f.targets.failed(used, f.upstream, UNREACHABLE);
             }
             return Err(upstream_error(f.upstream, e));
         }
@@ -595,13 +607,13 @@ mod tests {
         let t = Targets::new(&uris);
         let picks: Vec<usize> = (0..6).filter_map(|_| t.pick()).collect();
         assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
-        t.failed(1, "api");
+        t.failed(1, "api", UNREACHABLE);
         let picks: Vec<usize> = (0..6).filter_map(|_| t.pick()).collect();
         assert!(!picks.contains(&1), "{picks:?}");
         assert_eq!(t.pick_other(0), Some(2));
         assert_eq!(t.pick_other(2), Some(0));
-        t.failed(0, "api");
-        t.failed(2, "api");
+        t.failed(0, "api", UNREACHABLE);
+        t.failed(2, "api", UNREACHABLE);
         assert_eq!(t.pick_other(0), None);
         let picks: Vec<usize> = (0..3).filter_map(|_| t.pick()).collect();
         assert_eq!(picks.len(), 3, "all out: the rotation goes on");
