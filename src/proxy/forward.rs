@@ -61,7 +61,7 @@ fn pooled(connector: HttpsConnector<HttpConnector>, idle: Duration) -> UpstreamC
 }
 
 /// One upstream's targets, picked round robin. A target that could not be connected to, or
-/// sent no response head within `upstream_response`, is left out of the rotation for
+/// sent no response head to a request without a body within `upstream_response`, is left out of the rotation for
 /// [`EJECT_FOR`] (a passive health check, as nginx's `max_fails=1`, which counts errors and
 /// timeouts), unless every target is out; and a request without a body that could not be connected goes
 /// once to another target (nothing of it was sent: as nginx's `proxy_next_upstream error`).
@@ -195,7 +195,8 @@ pub async fn forward(
     // Without a body the request can be sent again, to another target, when no connection
     // could be made to the first: nothing of it reached that target. (Its head is kept for
     // that only when there is another target.)
-    let resendable = f.targets.targets.len() > 1 && hyper::body::Body::is_end_stream(req.body());
+    let bodiless = hyper::body::Body::is_end_stream(req.body());
+    let resendable = f.targets.targets.len() > 1 && bodiless;
     let (upstream_req, host_is_target) = rewrite(req, f, upgrade, target)?;
     let again = resendable.then(|| Resend::of(&upstream_req, host_is_target));
     // the target of the attempt under way, for a timeout
@@ -215,9 +216,12 @@ pub async fn forward(
     };
     let mut resp = match tokio::time::timeout(f.response_timeout, attempts).await {
         Err(_) => {
-            let silent = trying.load(Ordering::Relaxed);
-            f.targets
-                .failed(silent, f.upstream, "sent no response head in time");
+            // (with a body, the time may have gone in the client's slow upload)
+            if bodiless {
+                let silent = trying.load(Ordering::Relaxed);
+                f.targets
+                    .failed(silent, f.upstream, "sent no response head in time");
+            }
             return Err(ProxyError::UpstreamTimeout {
                 upstream: f.upstream.to_string(),
                 after: f.response_timeout,
