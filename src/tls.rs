@@ -7,7 +7,7 @@
 //!
 //! Does not own the accept loop, the HTTP serving, or the Redis connection (the redis crate
 //! brings its own rustls setup for `rediss://`): `app` wires the acceptor into the listener and
-//! `proxy::forward` builds its pooled client on [`upstream_connector`].
+//! `proxy::pool` connects to upstreams through [`upstream_connector`].
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -145,7 +145,7 @@ pub fn negotiated_h2(conn: &tokio_rustls::server::TlsStream<TcpStream>) -> bool 
 /// the first of the usual Linux bundle paths that parses). TCP_NODELAY on, connect timeout
 /// `connect_timeout`, TCP keepalive, and HTTP/1.1 only (ALPN offers just `http/1.1`).
 ///
-/// Fits `Client::builder(TokioExecutor::new()).build(upstream_connector(..))`.
+/// A `tower_service::Service<Uri>` yielding the connection (`proxy::pool` calls it).
 pub fn upstream_connector(connect_timeout: Duration) -> HttpsConnector<HttpConnector> {
     connector(connect_timeout, default_roots())
 }

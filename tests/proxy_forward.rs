@@ -573,6 +573,110 @@ async fn upstream_connections_are_pooled_and_kept_alive() {
     );
 }
 
+/// An HTTP/1.1 upstream written by hand: answers `200 ok` to each bodiless request, closes each
+/// connection `close_after` after answering when set (keep-alive announced all the same, as a
+/// server whose keep-alive timeout is short does), and counts connections and those the proxy
+/// closed.
+struct RawUpstream {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    closed_by_proxy: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RawUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RawUpstream {
+    async fn start(close_after: Option<Duration>) -> RawUpstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let closed_by_proxy = Arc::new(AtomicUsize::new(0));
+        let (count, closed) = (accepted.clone(), closed_by_proxy.clone());
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let closed = closed.clone();
+                connections.spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let n = stream.read(&mut chunk).await.unwrap_or(0);
+                        if n == 0 {
+                            closed.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            if stream.write_all(answer).await.is_err() {
+                                return;
+                            }
+                            if let Some(after) = close_after {
+                                tokio::time::sleep(after).await;
+                                return; // closed by the upstream
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        RawUpstream {
+            addr,
+            accepted,
+            closed_by_proxy,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// An idle upstream connection the upstream has closed is not used: the next request goes out
+/// on a new connection and is answered.
+#[tokio::test]
+async fn upstream_connections_closed_by_the_upstream_are_not_reused() {
+    let upstream = RawUpstream::start(Some(Duration::from_millis(20))).await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "workers: 1", "", "")).await;
+    for i in 0..8 {
+        let a = get(&proxy.url(&format!("/v1/n{i}")), &[]).await;
+        assert_eq!(a.status, 200, "request {i}: {a:?}");
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    assert_eq!(upstream.accepted.load(Ordering::SeqCst), 8);
+}
+
+/// Pooled upstream connections close after `timeouts.idle` without a request; the next
+/// request opens a new one.
+#[tokio::test]
+async fn idle_upstream_connections_close_after_idle() {
+    let upstream = RawUpstream::start(None).await;
+    let top = "workers: 1\ntimeouts:\n  idle: 300ms";
+    let proxy = Proxy::start(&config(&[upstream.url()], top, "", "")).await;
+    for i in 0..3 {
+        assert_eq!(get(&proxy.url(&format!("/v1/a{i}")), &[]).await.status, 200);
+    }
+    assert_eq!(upstream.accepted.load(Ordering::SeqCst), 1, "kept alive");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while upstream.closed_by_proxy.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the idle upstream connection is still open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get(&proxy.url("/v1/again"), &[]).await.status, 200);
+    assert_eq!(upstream.accepted.load(Ordering::SeqCst), 2);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. errors tollgate answers itself
 

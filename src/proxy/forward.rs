@@ -1,4 +1,4 @@
-//! Forwarding to the upstream: the pooled hyper-util client, the request rewritten for the
+//! Forwarding to the upstream: the worker's connection pool (`pool`), the request rewritten for the
 //! upstream (target, path, hop-by-hop headers removed, `X-Forwarded-*` added), the response
 //! streamed back. Bodies stream both ways and are never buffered whole. `Upgrade` requests
 //! (WebSocket) that the upstream accepts with 101 become a byte tunnel between the two
@@ -18,16 +18,15 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio_util::task::TaskTracker;
 
+use super::pool::{Pool, UpstreamError};
 use super::{Body, BoxError, ProxyError};
 
-/// The pooled upstream client: keep-alive connections per target, shared by every route.
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Body>;
+/// The pooled upstream client of one worker: keep-alive connections per target, shared by
+/// every route.
+pub type UpstreamClient = Pool;
 
 /// One pooled client per worker thread (`app::workers`): a client connection's requests go out
 /// over the pool of the thread that serves it, so an upstream connection is only ever driven by
@@ -40,7 +39,7 @@ impl UpstreamClients {
     /// `idle`, over one connector (one TLS configuration, its roots read once).
     pub fn new(workers: usize, connect: Duration, idle: Duration) -> UpstreamClients {
         let connector = crate::tls::upstream_connector(connect);
-        let clients = (0..workers.max(1)).map(|_| pooled(connector.clone(), idle));
+        let clients = (0..workers.max(1)).map(|_| Pool::new(connector.clone(), idle));
         UpstreamClients(clients.collect())
     }
 
@@ -48,16 +47,6 @@ impl UpstreamClients {
     pub fn of(&self, worker: usize) -> &UpstreamClient {
         &self.0[worker % self.0.len()]
     }
-}
-
-/// A client over `connector` (`tls::upstream_connector`: `http://` and `https://` targets,
-/// verified against the bundled and system roots) whose connections idle out after `idle`.
-fn pooled(connector: HttpsConnector<HttpConnector>, idle: Duration) -> UpstreamClient {
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(idle)
-        .pool_max_idle_per_host(1024)
-        .build(connector)
 }
 
 /// One upstream's targets, picked round robin. A target that could not be connected to, or
@@ -340,7 +329,7 @@ async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, name: String) {
     }
 }
 
-fn upstream_error(upstream: &str, e: hyper_util::client::legacy::Error) -> ProxyError {
+fn upstream_error(upstream: &str, e: UpstreamError) -> ProxyError {
     let upstream = upstream.to_string();
     // a request body over max_body_size, or one the client sent malformed or cut short,
     // surfaces as the error of the body hyper was sending ("user body", with its cause)

@@ -13,6 +13,7 @@
 pub mod forward;
 mod limits;
 pub mod pacing;
+pub mod pool;
 pub mod respond;
 
 use std::borrow::Cow;
@@ -140,7 +141,7 @@ pub enum ProxyError {
         /// upstream name
         upstream: String,
         /// the client's error
-        source: hyper_util::client::legacy::Error,
+        source: pool::UpstreamError,
     },
     /// the upstream connection failed after connecting
     #[error("upstream {upstream}: {source}")]
@@ -148,7 +149,7 @@ pub enum ProxyError {
         /// upstream name
         upstream: String,
         /// the client's error
-        source: hyper_util::client::legacy::Error,
+        source: pool::UpstreamError,
     },
     /// no response head within `timeouts.upstream_response`
     #[error("upstream {upstream}: no response within {after:?}")]

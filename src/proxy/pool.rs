@@ -1,0 +1,274 @@
+//! tollgate's own pool of upstream connections, one per worker thread, over hyper's low-level
+//! HTTP/1 client (`hyper::client::conn::http1`).
+//!
+//! A worker's requests only ever use its own pool, so the pool is a small map from target to a
+//! stack of idle connections behind a mutex nobody else contends for. A connection goes back
+//! on the stack when the response body has been read to its end (not before: HTTP/1 carries one
+//! response at a time), is taken most-recently-used first, and is dropped when it has idled
+//! past `idle` (checked on checkout, and by a reaper task while connections idle). A request
+//! that a just-closed idle connection did not take (hyper hands it back unsent) goes out on the
+//! next connection, as hyper-util's pool does.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use http::{Request, Response, StatusCode, Uri};
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use tower_service::Service;
+
+use super::{Body, BoxError};
+
+/// Idle connections kept per target and worker (as hyper-util's `pool_max_idle_per_host` was).
+const MAX_IDLE: usize = 1024;
+
+type Key = (Scheme, Authority);
+type Sender = http1::SendRequest<Body>;
+
+/// One worker's upstream connections.
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connector: HttpsConnector<HttpConnector>,
+    idle_for: Duration,
+    idle: Mutex<HashMap<Key, Vec<Idle>, foldhash::fast::RandomState>>,
+    reaping: AtomicBool,
+}
+
+struct Idle {
+    sender: Sender,
+    since: Instant,
+}
+
+/// Why an upstream exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// no connection could be made (refused, timed out, TLS handshake failed)
+    #[error("{0}")]
+    Connect(#[source] BoxError),
+    /// the connection failed while sending the request or reading the response head
+    #[error("{0}")]
+    Http(#[source] hyper::Error),
+    /// the request's URI names no target
+    #[error("request URI without an authority")]
+    NoAuthority,
+}
+
+impl UpstreamError {
+    /// Nothing reached the target: it could not be connected to.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, UpstreamError::Connect(_))
+    }
+}
+
+impl Pool {
+    /// A pool connecting through `connector`; connections idle for longer than `idle` close.
+    pub fn new(connector: HttpsConnector<HttpConnector>, idle: Duration) -> Pool {
+        Pool {
+            inner: Arc::new(Inner {
+                connector,
+                idle_for: idle,
+                idle: Mutex::new(HashMap::default()),
+                reaping: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Sends `req` (absolute URI: its scheme and authority name the target) over an idle
+    /// connection to the target, or a new one; the response's body hands the connection back
+    /// when it has been read to the end.
+    pub async fn request(&self, mut req: Request<Body>) -> Result<Response<Pooled>, UpstreamError> {
+        let uri = req.uri().clone();
+        let key = (
+            uri.scheme().cloned().unwrap_or(Scheme::HTTP),
+            uri.authority().cloned().ok_or(UpstreamError::NoAuthority)?,
+        );
+        // HTTP/1 sends the URI as it is: origin form
+        *req.uri_mut() = uri
+            .path_and_query()
+            .cloned()
+            .map_or_else(|| Uri::from_static("/"), Uri::from);
+        while let Some(mut sender) = self.checkout(&key) {
+            match sender.try_send_request(req).await {
+                Ok(resp) => return Ok(self.inner.pooled(resp, key, sender)),
+                Err(mut e) => match e.take_message() {
+                    // closed before the request was written: it goes out on the next one
+                    Some(unsent) => req = unsent,
+                    None => return Err(UpstreamError::Http(e.into_error())),
+                },
+            }
+        }
+        let mut sender = self.connect(uri).await?;
+        match sender.send_request(req).await {
+            Ok(resp) => Ok(self.inner.pooled(resp, key, sender)),
+            Err(e) => Err(UpstreamError::Http(e)),
+        }
+    }
+
+    /// The most recently used idle connection to `key` that is still open and ready.
+    fn checkout(&self, key: &Key) -> Option<Sender> {
+        loop {
+            let idle = {
+                let mut map = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner());
+                map.get_mut(key)?.pop()?
+            };
+            if idle.since.elapsed() >= self.inner.idle_for || idle.sender.is_closed() {
+                continue;
+            }
+            let mut sender = idle.sender;
+            if sender.is_ready() {
+                return Some(sender);
+            }
+            // Still finishing its last exchange (a request body the upstream answered before
+            // reading, say): it comes back when it is ready, and this request does not wait.
+            let pool = Arc::downgrade(&self.inner);
+            let key = key.clone();
+            tokio::spawn(async move {
+                if sender.ready().await.is_ok() {
+                    if let Some(pool) = pool.upgrade() {
+                        pool.put(key, sender);
+                    }
+                }
+            });
+        }
+    }
+
+    /// A new connection to the target of `uri`, driven by a task of this worker.
+    async fn connect(&self, uri: Uri) -> Result<Sender, UpstreamError> {
+        let mut connector = self.inner.connector.clone();
+        std::future::poll_fn(|cx| connector.poll_ready(cx))
+            .await
+            .map_err(UpstreamError::Connect)?;
+        let io = connector.call(uri).await.map_err(UpstreamError::Connect)?;
+        let (sender, connection) = http1::handshake(io).await.map_err(UpstreamError::Http)?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+impl Inner {
+    /// `resp` with a body that hands `sender` back when it ends (at once when it is empty); a
+    /// switched (upgraded) connection is not the pool's any more.
+    fn pooled(
+        self: &Arc<Inner>,
+        resp: Response<Incoming>,
+        key: Key,
+        sender: Sender,
+    ) -> Response<Pooled> {
+        let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+        let mut back = (!switched).then(|| Back {
+            pool: Arc::downgrade(self),
+            key,
+            sender,
+        });
+        if resp.body().is_end_stream() {
+            if let Some(back) = back.take() {
+                back.give();
+            }
+        }
+        resp.map(|body| Pooled { body, back })
+    }
+
+    fn put(self: &Arc<Inner>, key: Key, sender: Sender) {
+        {
+            let mut map = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let stack = map.entry(key).or_default();
+            if stack.len() >= MAX_IDLE {
+                return;
+            }
+            stack.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
+        }
+        if !self.reaping.swap(true, Ordering::Relaxed) {
+            tokio::spawn(reap(Arc::downgrade(self), self.idle_for));
+        }
+    }
+}
+
+/// Closes connections idle past `idle_for`, until the pool is gone.
+async fn reap(pool: Weak<Inner>, idle_for: Duration) {
+    let every = (idle_for / 2).max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        let mut map = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
+        for stack in map.values_mut() {
+            stack.retain(|idle| idle.since.elapsed() < idle_for && !idle.sender.is_closed());
+        }
+        map.retain(|_, stack| !stack.is_empty());
+    }
+}
+
+/// A connection to hand back to its pool.
+struct Back {
+    pool: Weak<Inner>,
+    key: Key,
+    sender: Sender,
+}
+
+impl Back {
+    fn give(self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.put(self.key, self.sender);
+        }
+    }
+}
+
+/// An upstream response body that hands its connection back to the pool once read to the end
+/// (dropped before that, the connection closes with it).
+pub struct Pooled {
+    body: Incoming,
+    back: Option<Back>,
+}
+
+impl HttpBody for Pooled {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
+        let ended = match &frame {
+            None => true,
+            Some(Ok(_)) => self.body.is_end_stream(),
+            Some(Err(_)) => {
+                self.back = None;
+                false
+            }
+        };
+        if ended {
+            if let Some(back) = self.back.take() {
+                back.give();
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
