@@ -573,7 +573,8 @@ async fn upstream_connections_are_pooled_and_kept_alive() {
     );
 }
 
-/// An HTTP/1.1 upstream written by hand: answers `200 ok` to each bodiless request, closes each
+/// An HTTP/1.1 upstream written by hand: answers `200 ok` to each bodiless request (chunked,
+/// with a trailer, when `trailers`), closes each
 /// connection `close_after` after answering when set (keep-alive announced all the same, as a
 /// server whose keep-alive timeout is short does), and counts connections and those the proxy
 /// closed.
@@ -592,6 +593,10 @@ impl Drop for RawUpstream {
 
 impl RawUpstream {
     async fn start(close_after: Option<Duration>) -> RawUpstream {
+        RawUpstream::serving(close_after, false).await
+    }
+
+    async fn serving(close_after: Option<Duration>, trailers: bool) -> RawUpstream {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -614,7 +619,11 @@ impl RawUpstream {
                         buf.extend_from_slice(&chunk[..n]);
                         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                             buf.drain(..end + 4);
-                            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            let answer: &[u8] = if trailers {
+                                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n2\r\nok\r\n0\r\nx-sum: 1\r\n\r\n"
+                            } else {
+                                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                            };
                             if stream.write_all(answer).await.is_err() {
                                 return;
                             }
@@ -652,6 +661,19 @@ async fn upstream_connections_closed_by_the_upstream_are_not_reused() {
         tokio::time::sleep(Duration::from_millis(120)).await;
     }
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 8);
+}
+
+/// A chunked response with trailers hands its upstream connection back too: sequential
+/// requests share one connection.
+#[tokio::test]
+async fn upstream_connections_are_reused_after_responses_with_trailers() {
+    let upstream = RawUpstream::serving(None, true).await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "workers: 1", "", "")).await;
+    for i in 0..5 {
+        let a = get(&proxy.url(&format!("/v1/t{i}")), &[]).await;
+        assert_eq!((a.status, a.body.as_str()), (200, "ok"), "request {i}");
+    }
+    assert_eq!(upstream.accepted.load(Ordering::SeqCst), 1);
 }
 
 /// Pooled upstream connections close after `timeouts.idle` without a request; the next

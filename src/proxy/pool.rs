@@ -186,9 +186,15 @@ impl Inner {
     fn put(self: &Arc<Inner>, key: Key, sender: Sender) {
         {
             let mut map = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            if sender.is_closed() {
+                return;
+            }
             let stack = map.entry(key).or_default();
             if stack.len() >= MAX_IDLE {
-                return;
+                stack.retain(|idle| !idle.sender.is_closed());
+                if stack.len() >= MAX_IDLE {
+                    return;
+                }
             }
             stack.push(Idle {
                 sender,
@@ -250,7 +256,9 @@ impl HttpBody for Pooled {
         let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
         let ended = match &frame {
             None => true,
-            Some(Ok(_)) => self.body.is_end_stream(),
+            // trailers end a chunked body, whose length never tells (the server side may not
+            // poll past them)
+            Some(Ok(frame)) => frame.is_trailers() || self.body.is_end_stream(),
             Some(Err(_)) => {
                 self.back = None;
                 false
