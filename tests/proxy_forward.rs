@@ -653,12 +653,13 @@ impl RawUpstream {
 /// on a new connection and is answered.
 #[tokio::test]
 async fn upstream_connections_closed_by_the_upstream_are_not_reused() {
-    let upstream = RawUpstream::start(Some(Duration::from_millis(20))).await;
+    let upstream = RawUpstream::start(Some(Duration::from_millis(10))).await;
     let proxy = Proxy::start(&config(&[upstream.url()], "workers: 1", "", "")).await;
     for i in 0..8 {
         let a = get(&proxy.url(&format!("/v1/n{i}")), &[]).await;
         assert_eq!(a.status, 200, "request {i}: {a:?}");
-        tokio::time::sleep(Duration::from_millis(120)).await;
+        // well past the upstream's close, on a busy machine too
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 8);
 }
@@ -785,15 +786,10 @@ async fn silent_target_is_left_out_after_a_response_timeout() {
     assert_eq!(get(&proxy.url("/v1/second"), &[]).await.status, 200);
     let a = get(&proxy.url("/v1/third"), &[]).await;
     assert_eq!(a.status, 504, "{a:?}");
+    // (a request sent to the silent target would be a 504: the status tells where each went)
     for i in 0..6 {
-        let started = Instant::now();
         let a = get(&proxy.url(&format!("/v1/after/{i}")), &[]).await;
         assert_eq!(a.status, 200, "request {i} after the timeout: {a:?}");
-        assert!(
-            started.elapsed() < Duration::from_millis(250),
-            "request {i} took {:?}",
-            started.elapsed()
-        );
     }
     held.abort();
 }

@@ -4,8 +4,8 @@
 //! no cross-thread wake-up between a client connection and its upstream connection.
 //!
 //! Worker 0 is the runtime that runs the server (the one `main` builds, or a test's); the
-//! others are threads started here. Measured against tokio's multi-thread scheduler with one
-//! worker, the same single thread served 1.35x the requests per second (BENCHMARKS.md).
+//! others are threads started here. Against tokio's multi-thread scheduler, two workers took
+//! 1.3–1.6x less CPU per request; one worker about the same (BENCHMARKS.md).
 //!
 //! What is process-wide stays on worker 0: the accept loops, the admin server, the reloader,
 //! the store's own Redis connection (`store::pipe`; redis-rs's TLS connection re-spawns its

@@ -24,15 +24,11 @@ use tokio_util::task::TaskTracker;
 use super::pool::{Pool, UpstreamError};
 use super::{Body, BoxError, ProxyError};
 
-/// The pooled upstream client of one worker: keep-alive connections per target, shared by
-/// every route.
-pub type UpstreamClient = Pool;
-
 /// One pooled client per worker thread (`app::workers`): a client connection's requests go out
 /// over the pool of the thread that serves it, so an upstream connection is only ever driven by
 /// the thread whose requests use it (no cross-thread wake-up per request).
 #[derive(Clone)]
-pub struct UpstreamClients(Arc<[UpstreamClient]>);
+pub struct UpstreamClients(Arc<[Pool]>);
 
 impl UpstreamClients {
     /// `workers` clients whose connections time out after `connect` and idle out after
@@ -43,17 +39,18 @@ impl UpstreamClients {
         UpstreamClients(clients.collect())
     }
 
-    /// The client of worker `worker`.
-    pub fn of(&self, worker: usize) -> &UpstreamClient {
+    /// The pool of worker `worker`: keep-alive connections per target, shared by every route.
+    pub fn of(&self, worker: usize) -> &Pool {
         &self.0[worker % self.0.len()]
     }
 }
 
 /// One upstream's targets, picked round robin. A target that could not be connected to, or
-/// sent no response head to a request without a body within `upstream_response`, is left out of the rotation for
-/// [`EJECT_FOR`] (a passive health check, as nginx's `max_fails=1`, which counts errors and
-/// timeouts), unless every target is out; and a request without a body that could not be connected goes
-/// once to another target (nothing of it was sent: as nginx's `proxy_next_upstream error`).
+/// sent no response head to a request without a body within `upstream_response`, is left out
+/// of the rotation for [`EJECT_FOR`] (a passive health check, as nginx's `max_fails=1`, which
+/// counts errors and timeouts), unless every target is out; and a request without a body that
+/// could not be connected goes once to another target (nothing of it was sent: as nginx's
+/// `proxy_next_upstream error`).
 #[derive(Debug)]
 pub struct Targets {
     targets: Vec<(Scheme, Authority)>,
@@ -170,7 +167,7 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// Sends `req` to a target of the upstream and returns its response, body streaming.
 pub async fn forward(
-    client: &UpstreamClient,
+    client: &Pool,
     mut req: Request<Incoming>,
     f: &Forward<'_>,
 ) -> Result<Response<Body>, ProxyError> {

@@ -33,7 +33,7 @@ use crate::metrics::Metrics;
 use crate::routing::{normalize_path, strip_prefix, PathMatch, RequestParts, RouteTable};
 use crate::store::{Store, StoreError};
 
-pub use forward::{Targets, UpstreamClient, UpstreamClients};
+pub use forward::{Targets, UpstreamClients};
 pub use limits::Limit;
 pub use pacing::Pacer;
 pub use respond::HeaderStyle;

@@ -125,19 +125,19 @@ impl Pool {
             if idle.since.elapsed() >= self.inner.idle_for || idle.sender.is_closed() {
                 continue;
             }
-            let mut sender = idle.sender;
-            if sender.is_ready() {
-                return Some(sender);
+            if idle.sender.is_ready() {
+                return Some(idle.sender);
             }
             // Still finishing its last exchange (a request body the upstream answered before
             // reading, say): it comes back when it is ready, and this request does not wait.
-            let pool = Arc::downgrade(&self.inner);
-            let key = key.clone();
+            let mut back = Back {
+                pool: Arc::downgrade(&self.inner),
+                key: key.clone(),
+                sender: idle.sender,
+            };
             tokio::spawn(async move {
-                if sender.ready().await.is_ok() {
-                    if let Some(pool) = pool.upgrade() {
-                        pool.put(key, sender);
-                    }
+                if back.sender.ready().await.is_ok() {
+                    back.give();
                 }
             });
         }
