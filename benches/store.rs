@@ -63,7 +63,7 @@ fn start_redis() -> (Option<Server>, String) {
 
 async fn redis_bench(url: &str, callers: usize, secs: f64) -> f64 {
     let store = Arc::new(
-        RedisStore::connect(&RedisTarget::Single(url.into()), Duration::from_secs(1)).unwrap(),
+        RedisStore::connect(&RedisTarget::Single(url.into()), Duration::from_secs(1), 1).unwrap(),
     );
     store.ping().await.expect("redis answers");
     let alg = never_denying();

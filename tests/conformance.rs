@@ -69,7 +69,7 @@ async fn both(redis: &RedisStore, alg: &Algorithm, times: &[f64]) -> Vec<Decisio
 }
 
 fn redis_store(redis: &common::Redis) -> RedisStore {
-    RedisStore::connect(&RedisTarget::Single(redis.url()), Duration::from_secs(2)).unwrap()
+    RedisStore::connect(&RedisTarget::Single(redis.url()), Duration::from_secs(2), 1).unwrap()
 }
 
 fn allowed(d: &[Decision]) -> Vec<bool> {

@@ -39,7 +39,7 @@ fn all_five() -> [Algorithm; 5] {
 }
 
 fn store(url: String, timeout: Duration) -> Arc<RedisStore> {
-    Arc::new(RedisStore::connect(&RedisTarget::Single(url), timeout).unwrap())
+    Arc::new(RedisStore::connect(&RedisTarget::Single(url), timeout, 1).unwrap())
 }
 
 /// Calls `check` from `tasks` concurrent tasks, `per_task` times each; counts admissions.
@@ -601,6 +601,7 @@ async fn cluster_limits_keys_on_every_node() {
     let s = RedisStore::connect(
         &RedisTarget::Cluster(cluster.urls()),
         Duration::from_secs(5),
+        1,
     )
     .unwrap();
     let algs = [

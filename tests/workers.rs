@@ -96,3 +96,48 @@ routes:
         assert!(seen.contains(&format!("/slow/{}", 500 + i)), "{seen:?}");
     }
 }
+
+/// Each worker checks its limits over its own Redis connection (driven by its own runtime, so a
+/// check wakes no other thread), and every worker's checks take from the same bucket.
+#[tokio::test]
+async fn each_worker_has_its_own_redis_connection_onto_one_bucket() {
+    let redis = common::Redis::start();
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+workers: 3
+rate_limit_headers: legacy
+store: {{backend: redis, url: "{r}", timeout: 2s}}
+upstreams:
+  api:
+    targets: [{u}]
+routes:
+  - name: all
+    upstream: api
+    limits:
+      - {{name: per-client, algorithm: token_bucket, key: ip, rate: 1/min, burst: 100}}
+"#,
+        r = redis.url(),
+        u = upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    // twelve connections, handed out in turn: four on each worker, one after another
+    for i in 0..12 {
+        let answer = get(&proxy.url(&format!("/n{i}")), &[]).await;
+        assert_eq!(answer.status, 200, "request {i}: {}", answer.body);
+        let remaining = answer.header("x-ratelimit-remaining");
+        assert_eq!(
+            remaining,
+            Some((99 - i).to_string().as_str()),
+            "request {i}: one bucket across the workers"
+        );
+    }
+    let clients = redis.cli(&["CLIENT", "LIST"]);
+    // (the redis-cli asking is a client too)
+    let proxy_clients = clients
+        .lines()
+        .filter(|l| !l.contains("cmd=client"))
+        .count();
+    assert_eq!(proxy_clients, 3, "one connection per worker:\n{clients}");
+    proxy.shutdown().await;
+}

@@ -36,9 +36,11 @@ impl StoreObserver for StoreMetrics {
     }
 }
 
-/// The store the config asks for: memory, or Redis behind the failure policy.
+/// The store the config asks for: memory, or Redis behind the failure policy, with a
+/// connection for each of `workers` worker threads.
 pub async fn build_store(
     config: &config::StoreConfig,
+    workers: usize,
     metrics: &Metrics,
 ) -> anyhow::Result<Arc<dyn Store>> {
     let target = match &config.backend {
@@ -46,7 +48,7 @@ pub async fn build_store(
         Backend::Redis { url } => RedisTarget::Single(url.clone()),
         Backend::Cluster { urls } => RedisTarget::Cluster(urls.clone()),
     };
-    let redis = RedisStore::connect(&target, config.timeout).context("redis store")?;
+    let redis = RedisStore::connect(&target, config.timeout, workers).context("redis store")?;
     if let Err(e) = redis.ping().await {
         tracing::warn!(error = %e, on_error = ?config.on_error,
             "redis is not answering; limiting falls back to on_error until it does");

@@ -72,8 +72,8 @@ impl Server {
     /// be bound (in use, not local) or the Redis URL is malformed.
     pub async fn bind(config: Config) -> anyhow::Result<Server> {
         let metrics = Metrics::new();
-        let store = build_store(&config.store, &metrics).await?;
         let workers = config.worker_count();
+        let store = build_store(&config.store, workers, &metrics).await?;
         let clients = UpstreamClients::new(
             workers,
             config.timeouts.upstream_connect,

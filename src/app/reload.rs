@@ -42,7 +42,9 @@ impl Reloader {
             old_store
         } else {
             tracing::info!("store settings changed: building a new store");
-            build_store(&config.store, &self.shared.metrics).await?
+            // (the workers running, which a reload does not change)
+            let workers = self.shared.clients.workers();
+            build_store(&config.store, workers, &self.shared.metrics).await?
         };
         let proxy = build_proxy(
             &config,

@@ -7,10 +7,11 @@
 //! others are threads started here. Against tokio's multi-thread scheduler, two workers took
 //! 1.3–1.6x less CPU per request; one worker about the same (BENCHMARKS.md).
 //!
-//! What is process-wide stays on worker 0: the accept loops, the admin server, the reloader,
-//! the store's own Redis connection (`store::pipe`; redis-rs's TLS connection re-spawns its
-//! driver on the worker whose request found it broken). Connections are handed out round robin,
-//! worker 0 included.
+//! What is process-wide stays on worker 0: the accept loops, the admin server, the reloader.
+//! Each worker has its own Redis connection too ([`crate::store::set_worker`]), driven by its
+//! own runtime (redis-rs's TLS and Cluster connections are shared: their drivers run on the
+//! worker whose request started them). Connections are handed out round robin, worker 0
+//! included.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -58,6 +59,7 @@ impl Workers {
                         }
                     };
                     let _ = handle_tx.send(Ok(runtime.handle().clone()));
+                    crate::store::set_worker(k);
                     // the runtime runs its connections' tasks while this waits
                     runtime.block_on(async move {
                         let _ = stopped.wait_for(|stop| *stop).await;

@@ -39,6 +39,11 @@ impl UpstreamClients {
         UpstreamClients(clients.collect())
     }
 
+    /// How many workers there are pools for.
+    pub fn workers(&self) -> usize {
+        self.0.len()
+    }
+
     /// The pool of worker `worker`: keep-alive connections per target, shared by every route.
     pub fn of(&self, worker: usize) -> &Pool {
         &self.0[worker % self.0.len()]

@@ -28,6 +28,12 @@ pub use policy::{GuardedStore, OnError};
 pub use redis::{RedisStore, RedisTarget};
 pub use reply::decode;
 
+/// Marks the calling thread as worker `worker` (`app::workers`): its Redis calls go over the
+/// store's connection for that worker, driven by the worker's own runtime.
+pub fn set_worker(worker: usize) {
+    pipe::set_thread_lane(worker);
+}
+
 /// The future a store call returns.
 pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'a>>;
 

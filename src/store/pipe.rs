@@ -16,7 +16,13 @@
 //!
 //! Checks of one bucket or pacing schedule that are written together are sent as one call
 //! (see [`super::coalesce`]), and its reply shared out.
+//!
+//! A pipe has one such connection per worker thread (its *lanes*; see [`set_thread_lane`]):
+//! the calls of a worker's requests go over a connection whose driver runs on that worker's
+//! runtime, so neither the call nor its reply wakes another thread (a cross-thread wake-up is
+//! a syscall on each side). Calls made on any other thread use lane 0.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
@@ -75,11 +81,23 @@ pub(crate) enum Addr {
     Unix(PathBuf),
 }
 
-/// A handle on the connection; the driver task starts with the first call (so a store can be
-/// built outside a runtime) and ends when the handle is dropped.
+/// A handle on the connections, one per lane; each lane's driver task starts with the lane's
+/// first call (so a store can be built outside a runtime), on the calling thread's runtime, and
+/// ends when the handle is dropped.
 pub(crate) struct Pipe {
     endpoint: Endpoint,
-    calls: OnceLock<mpsc::UnboundedSender<Call>>,
+    lanes: Box<[OnceLock<mpsc::UnboundedSender<Call>>]>,
+}
+
+thread_local! {
+    /// The lane of every pipe that calls on this thread use.
+    static LANE: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Makes calls on this thread use lane `lane` of every pipe (modulo its lane count): set once
+/// by each worker thread, whose runtime then drives that lane's connection.
+pub(crate) fn set_thread_lane(lane: usize) {
+    LANE.with(|l| l.set(lane));
 }
 
 struct Call {
@@ -124,17 +142,19 @@ impl Entry {
 }
 
 impl Pipe {
-    pub(crate) fn new(endpoint: Endpoint) -> Pipe {
+    /// A pipe with `lanes` connections (at least one).
+    pub(crate) fn new(endpoint: Endpoint, lanes: usize) -> Pipe {
         Pipe {
             endpoint,
-            calls: OnceLock::new(),
+            lanes: (0..lanes.max(1)).map(|_| OnceLock::new()).collect(),
         }
     }
 
     /// Sends one encoded command and waits for its reply; a server error reply is an `Err`.
     /// With `join`, the command may be sent joined with others of its bucket.
     pub(crate) async fn call(&self, command: Vec<u8>, join: Option<Join>) -> Reply {
-        let calls = self.calls.get_or_init(|| {
+        let lane = LANE.with(Cell::get) % self.lanes.len();
+        let calls = self.lanes[lane].get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(drive(self.endpoint.clone(), rx));
             tx

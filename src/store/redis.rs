@@ -60,8 +60,14 @@ enum Client {
 
 impl RedisStore {
     /// Connects lazily: the store is usable at once, and calls fail with a [`StoreError`]
-    /// until Redis answers. `timeout` bounds every call.
-    pub fn connect(target: &RedisTarget, timeout: Duration) -> Result<RedisStore, StoreError> {
+    /// until Redis answers. `timeout` bounds every call. On one Redis over TCP or a unix
+    /// socket, the store keeps `lanes` connections: one per worker thread (see
+    /// [`super::set_worker`]); over TLS and on a Cluster, redis-rs's one per node.
+    pub fn connect(
+        target: &RedisTarget,
+        timeout: Duration,
+        lanes: usize,
+    ) -> Result<RedisStore, StoreError> {
         // `rediss://` goes through rustls's process-wide provider: make it ring, the only one
         // built in (an error only means a provider was installed already).
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -82,13 +88,14 @@ impl RedisStore {
                 };
                 if let Some(addr) = addr {
                     let settings = info.redis_settings();
-                    Conn::Pipe(Pipe::new(Endpoint {
+                    let endpoint = Endpoint {
                         addr,
                         username: settings.username().map(str::to_owned),
                         password: settings.password().map(str::to_owned),
                         db: settings.db(),
                         connect_timeout,
-                    }))
+                    };
+                    Conn::Pipe(Pipe::new(endpoint, lanes))
                 } else {
                     Conn::Client(Client::Single(managed(
                         info.set_tcp_settings(tcp),
