@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -21,7 +21,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio_util::task::TaskTracker;
 
-use super::pool::{Pool, UpstreamError};
+use super::pool::{Key, Pool, Pooled, UpstreamError};
 use super::{Body, BoxError, ProxyError};
 
 /// One pooled client per worker thread (`app::workers`): a client connection's requests go out
@@ -58,7 +58,9 @@ impl UpstreamClients {
 /// `proxy_next_upstream error`).
 #[derive(Debug)]
 pub struct Targets {
-    targets: Vec<(Scheme, Authority)>,
+    targets: Vec<Key>,
+    /// per target: its authority as a `Host` value
+    hosts: Vec<HeaderValue>,
     next: AtomicUsize,
     /// per target: ms on [`Targets::now_ms`] until which it is left out; 0: in the rotation
     down_until: Vec<AtomicU64>,
@@ -73,12 +75,17 @@ impl Targets {
     /// Targets from their URIs (`http://host:port`); entries without scheme or authority are
     /// refused by config validation before this point and skipped here.
     pub fn new(uris: &[Uri]) -> Targets {
-        let targets: Vec<(Scheme, Authority)> = uris
+        let targets: Vec<Key> = uris
             .iter()
             .filter_map(|u| Some((u.scheme()?.clone(), u.authority()?.clone())))
+            .filter(|(_, authority)| HeaderValue::from_str(authority.as_str()).is_ok())
             .collect();
         Targets {
             down_until: targets.iter().map(|_| AtomicU64::new(0)).collect(),
+            hosts: targets
+                .iter()
+                .filter_map(|(_, a)| HeaderValue::from_str(a.as_str()).ok())
+                .collect(),
             targets,
             next: AtomicUsize::new(0),
             clock: Instant::now(),
@@ -165,7 +172,7 @@ pub struct Forward<'a> {
     pub tunnels: &'a TaskTracker,
 }
 
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub(super) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -192,19 +199,7 @@ pub async fn forward(
     let again = resendable.then(|| Resend::of(&upstream_req, host_is_target));
     // the target of the attempt under way, for a timeout
     let trying = AtomicUsize::new(target);
-    let attempts = async {
-        match client.request(upstream_req).await {
-            Err(e) if e.is_connect() => {
-                let Some((again, other)) = again.zip(f.targets.pick_other(target)) else {
-                    return (target, Err(e));
-                };
-                f.targets.failed(target, f.upstream, UNREACHABLE);
-                trying.store(other, Ordering::Relaxed);
-                (other, client.request(again.to(f.targets, other)).await)
-            }
-            result => (target, result),
-        }
-    };
+    let attempts = attempts(client, f, target, upstream_req, again, &trying);
     let mut resp = match tokio::time::timeout(f.response_timeout, attempts).await {
         Err(_) => {
             // (with a body, the time may have gone in the client's slow upload)
@@ -252,6 +247,33 @@ pub async fn forward(
     ))
 }
 
+/// Sends `req` to `target`; when no connection could be made and the request can be sent
+/// again (`again`), to another target once. Which target answered, and how; `trying` tells which
+/// target the attempt under way went to.
+async fn attempts(
+    client: &Pool,
+    f: &Forward<'_>,
+    target: usize,
+    req: Request<Body>,
+    again: Option<Resend>,
+    trying: &AtomicUsize,
+) -> (usize, Result<Response<Pooled>, UpstreamError>) {
+    match client.request(&f.targets.targets[target], req).await {
+        Err(e) if e.is_connect() => {
+            let Some((again, other)) = again.zip(f.targets.pick_other(target)) else {
+                return (target, Err(e));
+            };
+            f.targets.failed(target, f.upstream, UNREACHABLE);
+            trying.store(other, Ordering::Relaxed);
+            let again = again.to(f.targets, other);
+            // boxed: the rare second attempt would make every request's future larger
+            let second = Box::pin(client.request(&f.targets.targets[other], again));
+            (other, second.await)
+        }
+        result => (target, result),
+    }
+}
+
 /// The head of a request without a body, to send it again to another target.
 struct Resend {
     method: http::Method,
@@ -273,19 +295,14 @@ impl Resend {
 
     /// The same request, for target `i`, with an empty body.
     fn to(self, targets: &Targets, i: usize) -> Request<Body> {
-        let (scheme, authority) = &targets.targets[i];
-        let mut parts = self.uri.into_parts();
-        parts.scheme = Some(scheme.clone());
-        parts.authority = Some(authority.clone());
         let mut req = Request::new(http_body_util::Empty::new().map_err(BoxError::from).boxed());
         *req.method_mut() = self.method;
-        *req.uri_mut() = Uri::from_parts(parts).unwrap_or_default();
+        *req.uri_mut() = self.uri;
         *req.version_mut() = Version::HTTP_11;
         *req.headers_mut() = self.headers;
         if self.host_is_target {
-            if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-                req.headers_mut().insert(header::HOST, host);
-            }
+            req.headers_mut()
+                .insert(header::HOST, targets.hosts[i].clone());
         }
         req
     }
@@ -362,9 +379,10 @@ fn upstream_error(upstream: &str, e: UpstreamError) -> ProxyError {
     }
 }
 
-/// The upstream request for target number `target`: target URI, HTTP/1.1, headers cleaned and
-/// `X-Forwarded-*` added; with `upgrade`, the `Upgrade` handshake headers kept. Also whether
-/// its `Host` is the target's authority (rather than the client's host).
+/// The upstream request for target number `target`: origin-form URI (the pool is told the
+/// target), HTTP/1.1, headers cleaned and `X-Forwarded-*` added; with `upgrade`, the `Upgrade`
+/// handshake headers kept. Also whether its `Host` is the target's authority (rather than the
+/// client's host).
 fn rewrite(
     req: Request<Incoming>,
     f: &Forward<'_>,
@@ -377,9 +395,9 @@ fn rewrite(
             return Err(ProxyError::BodyTooLarge);
         }
     }
-    let (scheme, authority) = f
+    let target_host = f
         .targets
-        .targets
+        .hosts
         .get(target)
         .ok_or_else(|| ProxyError::NoTarget(f.upstream.to_string()))?;
     // An absolute-form target's authority wins over Host (RFC 9112 §3.2.2); for HTTP/2 the
@@ -389,17 +407,16 @@ fn rewrite(
         .authority()
         .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         .or_else(|| parts.headers.get(header::HOST).cloned());
-    let path_and_query = match parts.uri.query() {
-        Some(q) => PathAndQuery::try_from(format!("{}?{q}", f.path)),
-        None => PathAndQuery::try_from(f.path),
-    }
-    .map_err(|_| ProxyError::BadPath)?;
-    parts.uri = Uri::builder()
-        .scheme(scheme.clone())
-        .authority(authority.clone())
-        .path_and_query(path_and_query)
-        .build()
-        .map_err(|_| ProxyError::BadPath)?;
+    // the client's path and query as they came when the path is sent unchanged (no copy)
+    let path_and_query = match parts.uri.path_and_query() {
+        Some(pq) if pq.path() == f.path => pq.clone(),
+        _ => match parts.uri.query() {
+            Some(q) => PathAndQuery::try_from(format!("{}?{q}", f.path)),
+            None => PathAndQuery::try_from(f.path),
+        }
+        .map_err(|_| ProxyError::BadPath)?,
+    };
+    parts.uri = Uri::from(path_and_query);
     if parts.version == Version::HTTP_2 {
         join_cookies(&mut parts.headers);
     }
@@ -417,10 +434,7 @@ fn rewrite(
     }
     let (host, host_is_target) = match (&client_host, f.preserve_host) {
         (Some(h), true) => (h.clone(), false),
-        _ => (
-            HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::BadPath)?,
-            true,
-        ),
+        _ => (target_host.clone(), true),
     };
     headers.insert(header::HOST, host);
     let body: Body = match f.max_body_size {
@@ -477,16 +491,26 @@ fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
     }
 }
 
-/// A header that never crosses a hop by its name alone (headers named by `Connection` are the
-/// others).
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == header::CONNECTION
-        || name == header::TE
-        || name == header::TRAILER
-        || name == header::TRANSFER_ENCODING
-        || name == header::UPGRADE
-        || name == KEEP_ALIVE
-        || name.as_str().starts_with("proxy-")
+/// The headers that never cross a hop by their name alone (headers named by `Connection` are
+/// the others), as bits: which of them a message carries is one pass over its names.
+fn hop_by_hop_bit(name: &HeaderName) -> u8 {
+    if name == header::CONNECTION {
+        1
+    } else if name == header::TE {
+        2
+    } else if name == header::TRAILER {
+        4
+    } else if name == header::TRANSFER_ENCODING {
+        8
+    } else if name == header::UPGRADE {
+        16
+    } else if name == KEEP_ALIVE {
+        32
+    } else if name.as_str().starts_with("proxy-") {
+        64
+    } else {
+        0
+    }
 }
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1): `Connection` and every header it names,
@@ -494,30 +518,54 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Hot path: one pass of cheap name comparisons; most messages carry no hop-by-hop header
     // but `Connection`, and none at all over HTTP/2. Removing by name hashes, so only the
-    // names actually present are removed, each once.
-    if !headers.keys().any(is_hop_by_hop) {
+    // names present are removed, and nothing is allocated unless `Connection` has several
+    // lines.
+    let present = headers
+        .keys()
+        .fold(0, |bits, name| bits | hop_by_hop_bit(name));
+    if present == 0 {
         return;
     }
-    let doomed: Vec<HeaderName> = {
-        // the names `Connection` lists, compared without allocating a `HeaderName` for each
-        let listed: Vec<&str> = headers
-            .get_all(header::CONNECTION)
+    if present & 1 != 0 {
+        let mut lines = match headers.entry(header::CONNECTION) {
+            header::Entry::Occupied(e) => e.remove_entry_mult().1,
+            header::Entry::Vacant(_) => unreachable!("Connection was seen among the names"),
+        };
+        let first = lines.next();
+        let rest: Vec<HeaderValue> = lines.collect();
+        let listed = first
             .iter()
+            .chain(&rest)
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .collect();
-        headers
+            .filter(|t| !t.is_empty());
+        for name in listed {
+            // (a token that is no header name removes nothing)
+            headers.remove(name);
+        }
+    }
+    let named = [
+        (2, &header::TE),
+        (4, &header::TRAILER),
+        (8, &header::TRANSFER_ENCODING),
+        (16, &header::UPGRADE),
+        (32, &KEEP_ALIVE),
+    ];
+    for (bit, name) in named {
+        if present & bit != 0 {
+            headers.remove(name);
+        }
+    }
+    if present & 64 != 0 {
+        let proxy: Vec<HeaderName> = headers
             .keys()
-            .filter(|k| {
-                is_hop_by_hop(k) || listed.iter().any(|t| t.eq_ignore_ascii_case(k.as_str()))
-            })
+            .filter(|k| k.as_str().starts_with("proxy-"))
             .cloned()
-            .collect()
-    };
-    for name in doomed {
-        headers.remove(name);
+            .collect();
+        for name in proxy {
+            headers.remove(name);
+        }
     }
 }
 

@@ -284,7 +284,7 @@ impl Proxy {
         outcome.route = Some(route.name.clone());
         outcome.upstream = Some(route.upstream.name.clone());
         // 2. identify
-        let xff = req.headers().get_all("x-forwarded-for");
+        let xff = req.headers().get_all(&forward::X_FORWARDED_FOR);
         let ip = identity::client_ip(conn.peer.ip(), xff.iter(), &self.settings.trusted_proxies);
         outcome.client = Some(ip);
         // 3. limit

@@ -30,7 +30,8 @@ use super::{Body, BoxError};
 /// Idle connections kept per target and worker (as hyper-util's `pool_max_idle_per_host` was).
 const MAX_IDLE: usize = 1024;
 
-type Key = (Scheme, Authority);
+/// A target: scheme and authority.
+pub type Key = (Scheme, Authority);
 type Sender = http1::SendRequest<Body>;
 
 /// One worker's upstream connections.
@@ -59,8 +60,8 @@ pub enum UpstreamError {
     /// the connection failed while sending the request or reading the response head
     #[error("{0}")]
     Http(#[source] hyper::Error),
-    /// the request's URI names no target
-    #[error("request URI without an authority")]
+    /// the target's scheme and authority make no URI to connect to
+    #[error("target is not a URI")]
     NoAuthority,
 }
 
@@ -84,23 +85,17 @@ impl Pool {
         }
     }
 
-    /// Sends `req` (absolute URI: its scheme and authority name the target) over an idle
-    /// connection to the target, or a new one; the response's body hands the connection back
-    /// when it has been read to the end.
-    pub async fn request(&self, mut req: Request<Body>) -> Result<Response<Pooled>, UpstreamError> {
-        let uri = req.uri().clone();
-        let key = (
-            uri.scheme().cloned().unwrap_or(Scheme::HTTP),
-            uri.authority().cloned().ok_or(UpstreamError::NoAuthority)?,
-        );
-        // HTTP/1 sends the URI as it is: origin form
-        *req.uri_mut() = uri
-            .path_and_query()
-            .cloned()
-            .map_or_else(|| Uri::from_static("/"), Uri::from);
-        while let Some(mut sender) = self.checkout(&key) {
+    /// Sends `req` (origin-form URI, as HTTP/1 sends it) to `target` over an idle connection
+    /// to it, or a new one; the response's body hands the connection back when it has been
+    /// read to the end.
+    pub async fn request(
+        &self,
+        target: &Key,
+        mut req: Request<Body>,
+    ) -> Result<Response<Pooled>, UpstreamError> {
+        while let Some(mut sender) = self.checkout(target) {
             match sender.try_send_request(req).await {
-                Ok(resp) => return Ok(self.inner.pooled(resp, key, sender)),
+                Ok(resp) => return Ok(self.inner.pooled(resp, target.clone(), sender)),
                 Err(mut e) => match e.take_message() {
                     // closed before the request was written: it goes out on the next one
                     Some(unsent) => req = unsent,
@@ -108,9 +103,11 @@ impl Pool {
                 },
             }
         }
-        let mut sender = self.connect(uri).await?;
+        // boxed: a new connection is the rare case, and its future (TLS session and all)
+        // would otherwise make every request's future, and its allocation, kilobytes larger
+        let mut sender = Box::pin(self.connect(target)).await?;
         match sender.send_request(req).await {
-            Ok(resp) => Ok(self.inner.pooled(resp, key, sender)),
+            Ok(resp) => Ok(self.inner.pooled(resp, target.clone(), sender)),
             Err(e) => Err(UpstreamError::Http(e)),
         }
     }
@@ -143,8 +140,14 @@ impl Pool {
         }
     }
 
-    /// A new connection to the target of `uri`, driven by a task of this worker.
-    async fn connect(&self, uri: Uri) -> Result<Sender, UpstreamError> {
+    /// A new connection to `target`, driven by a task of this worker.
+    async fn connect(&self, (scheme, authority): &Key) -> Result<Sender, UpstreamError> {
+        let uri = Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|_| UpstreamError::NoAuthority)?;
         let mut connector = self.inner.connector.clone();
         std::future::poll_fn(|cx| connector.poll_ready(cx))
             .await

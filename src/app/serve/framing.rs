@@ -94,7 +94,24 @@ fn check_host(headers: &HeaderMap, required: bool) -> Result<(), FramingError> {
 /// `uri-host [":" port]` (RFC 9110 §7.2): an authority without userinfo. Empty is refused, as
 /// nginx refuses it.
 fn is_host(value: &HeaderValue) -> bool {
-    Authority::try_from(value.as_bytes()).is_ok_and(|a| !a.as_str().contains('@'))
+    plain_host(value.as_bytes())
+        || Authority::try_from(value.as_bytes()).is_ok_and(|a| !a.as_str().contains('@'))
+}
+
+/// The usual host: a name or IPv4 address (letters, digits, `-`, `.`), with a port of at most
+/// five digits or none; checked without the copy that parsing an `Authority` makes. Every such
+/// value is an authority; whatever else goes to the full parse.
+fn plain_host(host: &[u8]) -> bool {
+    let (name, port) = match host.iter().rposition(|&b| b == b':') {
+        Some(colon) => (&host[..colon], &host[colon + 1..]),
+        None => (host, &b"0"[..]),
+    };
+    !name.is_empty()
+        && name
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'.')
+        && (1..=5).contains(&port.len())
+        && port.iter().all(u8::is_ascii_digit)
 }
 
 fn check_length(headers: &HeaderMap) -> Result<(), FramingError> {
@@ -170,6 +187,40 @@ mod tests {
                 Err(InvalidHost),
                 "{bad:?}"
             );
+        }
+    }
+
+    /// The quick check of a plain host never accepts what the full parse refuses, and takes
+    /// the usual hosts without it.
+    #[test]
+    fn plain_hosts_are_authorities() {
+        let samples = [
+            "a",
+            "a.example",
+            "a.example:8080",
+            "a:",
+            "a:1",
+            "a:65535",
+            "a:99999",
+            "a:123456",
+            "10.0.0.1",
+            "10.0.0.1:80",
+            ":80",
+            "a-b.c",
+            "a_b",
+            "a..b",
+            "-a",
+            "a:b",
+            "a::1",
+            "",
+        ];
+        for host in samples {
+            if plain_host(host.as_bytes()) {
+                assert!(Authority::try_from(host).is_ok(), "{host:?}");
+            }
+        }
+        for usual in ["a.example", "a.example:8080", "10.0.0.1:80", "localhost"] {
+            assert!(plain_host(usual.as_bytes()), "{usual}");
         }
     }
 
