@@ -75,17 +75,17 @@ impl Targets {
     /// Targets from their URIs (`http://host:port`); entries without scheme or authority are
     /// refused by config validation before this point and skipped here.
     pub fn new(uris: &[Uri]) -> Targets {
-        let targets: Vec<Key> = uris
+        let (targets, hosts): (Vec<Key>, Vec<HeaderValue>) = uris
             .iter()
-            .filter_map(|u| Some((u.scheme()?.clone(), u.authority()?.clone())))
-            .filter(|(_, authority)| HeaderValue::from_str(authority.as_str()).is_ok())
-            .collect();
+            .filter_map(|u| {
+                let (scheme, authority) = (u.scheme()?, u.authority()?);
+                let host = HeaderValue::from_str(authority.as_str()).ok()?;
+                Some((Key::new(scheme.clone(), authority.clone()), host))
+            })
+            .unzip();
         Targets {
             down_until: targets.iter().map(|_| AtomicU64::new(0)).collect(),
-            hosts: targets
-                .iter()
-                .filter_map(|(_, a)| HeaderValue::from_str(a.as_str()).ok())
-                .collect(),
+            hosts,
             targets,
             next: AtomicUsize::new(0),
             clock: Instant::now(),
@@ -129,7 +129,7 @@ impl Targets {
     fn failed(&self, i: usize, upstream: &str, why: &str) {
         let until = self.now_ms() + EJECT_FOR.as_millis() as u64;
         if self.down_until[i].swap(until, Ordering::Relaxed) == 0 {
-            tracing::warn!(upstream, target = %self.targets[i].1,
+            tracing::warn!(upstream, target = %self.targets[i].authority(),
                 "upstream target {why}: left out of the rotation for {EJECT_FOR:?} at a time");
         }
     }
@@ -139,7 +139,7 @@ impl Targets {
         if self.down_until[i].load(Ordering::Relaxed) != 0
             && self.down_until[i].swap(0, Ordering::Relaxed) != 0
         {
-            tracing::info!(upstream, target = %self.targets[i].1,
+            tracing::info!(upstream, target = %self.targets[i].authority(),
                 "upstream target reachable again");
         }
     }

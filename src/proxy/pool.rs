@@ -10,6 +10,7 @@
 //! next connection, as hyper-util's pool does.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -30,8 +31,45 @@ use super::{Body, BoxError};
 /// Idle connections kept per target and worker (as hyper-util's `pool_max_idle_per_host` was).
 const MAX_IDLE: usize = 1024;
 
-/// A target: scheme and authority.
-pub type Key = (Scheme, Authority);
+/// A target: scheme and authority, hashed once (an `Authority` hashes case-insensitively,
+/// byte by byte, and the pool looks a target up twice per request).
+#[derive(Debug, Clone)]
+pub struct Key {
+    scheme: Scheme,
+    authority: Authority,
+    hash: u64,
+}
+
+impl Key {
+    /// The target at `scheme://authority`.
+    pub fn new(scheme: Scheme, authority: Authority) -> Key {
+        let hash = foldhash::fast::FixedState::default().hash_one((&scheme, &authority));
+        Key {
+            scheme,
+            authority,
+            hash,
+        }
+    }
+
+    /// Its authority (`host:port`).
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.hash == other.hash && self.scheme == other.scheme && self.authority == other.authority
+    }
+}
+
+impl Eq for Key {}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
 type Sender = http1::SendRequest<Body>;
 
 /// One worker's upstream connections.
@@ -141,10 +179,10 @@ impl Pool {
     }
 
     /// A new connection to `target`, driven by a task of this worker.
-    async fn connect(&self, (scheme, authority): &Key) -> Result<Sender, UpstreamError> {
+    async fn connect(&self, target: &Key) -> Result<Sender, UpstreamError> {
         let uri = Uri::builder()
-            .scheme(scheme.clone())
-            .authority(authority.clone())
+            .scheme(target.scheme.clone())
+            .authority(target.authority.clone())
             .path_and_query("/")
             .build()
             .map_err(|_| UpstreamError::NoAuthority)?;
@@ -281,5 +319,25 @@ impl HttpBody for Pooled {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(scheme: Scheme, authority: &str) -> Key {
+        Key::new(scheme, authority.parse().expect("test authority"))
+    }
+
+    /// A target is one key whatever the case of its host (its hash is made once, as the
+    /// authority compares); scheme and port tell targets apart.
+    #[test]
+    fn keys_compare_as_their_targets() {
+        let mut map: HashMap<Key, u32, foldhash::fast::RandomState> = HashMap::default();
+        map.insert(key(Scheme::HTTP, "api.example:8080"), 1);
+        assert_eq!(map.get(&key(Scheme::HTTP, "API.Example:8080")), Some(&1));
+        assert_eq!(map.get(&key(Scheme::HTTPS, "api.example:8080")), None);
+        assert_eq!(map.get(&key(Scheme::HTTP, "api.example:8081")), None);
     }
 }
