@@ -519,7 +519,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Hot path: one pass of cheap name comparisons; most messages carry no hop-by-hop header
     // but `Connection`, and none at all over HTTP/2. Removing by name hashes, so only the
     // names present are removed, and nothing is allocated unless `Connection` has several
-    // lines.
+    // lines or `Proxy-*` headers came.
     let present = headers
         .keys()
         .fold(0, |bits, name| bits | hop_by_hop_bit(name));

@@ -99,7 +99,8 @@ thread_local! {
 }
 
 /// Makes calls on this thread use lane `lane` of every pipe (modulo its lane count): set once
-/// by each worker thread, whose runtime then drives that lane's connection.
+/// by each worker thread but the first, whose runtime then drives that lane's connection.
+/// Every other thread (worker 0, the blocking pool, a test's runtime) uses lane 0.
 pub(crate) fn set_thread_lane(lane: usize) {
     LANE.with(|l| l.set(lane));
 }

@@ -1,9 +1,10 @@
 //! The Redis store: each check is one `EVALSHA` of the algorithm's script on the key's node.
 //!
-//! One multiplexed connection per node, so concurrent checks pipeline on it, reconnected after
-//! Redis restarts. On one Redis over TCP or a unix socket that is the store's own connection
-//! ([`super::pipe`]), made for this one command; over TLS (`rediss://`) and on a Cluster it is
-//! redis-rs's (`ConnectionManager`, or the cluster client's per-node connections). A `NOSCRIPT`
+//! Multiplexed connections, so concurrent checks pipeline on them, reconnected after Redis
+//! restarts. On one Redis over TCP or a unix socket they are the store's own ([`super::pipe`]),
+//! made for this one command, one per worker thread; over TLS (`rediss://`) and on a Cluster
+//! it is redis-rs's, one per node shared by every worker (`ConnectionManager`, or the cluster
+//! client's per-node connections). A `NOSCRIPT`
 //! answer (Redis restarted, failed over, or `SCRIPT FLUSH`) sends the call again with the
 //! script's body, once. Every call is bounded by `timeout`; past it the caller gets
 //! [`StoreError::Timeout`].
