@@ -96,11 +96,7 @@ pub(super) async fn accept_loop(
         // the handshake runs in the connection's task, so a slow client never holds up accept
         workers.spawn(stream, move |stream, worker| async move {
             let _counted_until_closed = watcher;
-            let conn = Conn {
-                peer,
-                tls: ctx.tls.is_some(),
-                worker,
-            };
+            let conn = Conn::new(peer, ctx.tls.is_some(), worker);
             let accepted = Instant::now();
             match &ctx.tls {
                 None => {
@@ -204,9 +200,11 @@ async fn serve<I>(
     let requests = activity.clone();
     // The proxy in force is loaded per request, so a reload applies to the next request of a
     // kept-alive connection.
+    let service_conn = conn.clone();
     let service = service_fn(move |req| {
         let in_flight = InFlight::start(&requests, req.version());
         let proxy: Arc<Proxy> = shared.proxy.load_full();
+        let conn = service_conn.clone();
         // Boxed: hyper keeps a slot the size of this future for the whole life of the
         // connection; boxed, the slot is a pointer and the request's state is freed when it
         // is answered, so an idle keep-alive connection holds none of it.

@@ -7,7 +7,6 @@
 //! Does not own routing, limits or the error responses: it reports a [`ProxyError`] and
 //! `respond` turns it into a status.
 
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -161,7 +160,7 @@ pub struct Forward<'a> {
     /// the address appended to X-Forwarded-For: the TCP peer tollgate heard the request from
     /// (RFC 7239 §5.2 semantics, as nginx's `$proxy_add_x_forwarded_for`), not the client
     /// identity derived from X-Forwarded-For, which is already in the list
-    pub client_ip: IpAddr,
+    pub client: Option<&'a HeaderValue>,
     /// `https` when the client came over TLS
     pub proto: &'static str,
     /// past this without a response head: 504
@@ -427,7 +426,9 @@ fn rewrite(
     if let Some(proto) = upgrade {
         set_upgrade(headers, proto);
     }
-    append_forwarded_for(headers, f.client_ip);
+    if let Some(client) = f.client {
+        append_forwarded_for(headers, client);
+    }
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(f.proto));
     if let Some(host) = &client_host {
         headers.insert(X_FORWARDED_HOST.clone(), host.clone());
@@ -472,7 +473,8 @@ fn join_cookies(headers: &mut HeaderMap) {
 }
 
 /// `X-Forwarded-For: <existing>, <client>` (RFC 7239 §5.2 style list; existing lines joined).
-fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
+/// Without an existing list, the client's value is used as it is (no copy).
+fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
     let mut value = String::new();
     for v in headers.get_all(&X_FORWARDED_FOR) {
         if let Ok(s) = v.to_str() {
@@ -482,10 +484,12 @@ fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
             value.push_str(s);
         }
     }
-    if !value.is_empty() {
-        value.push_str(", ");
+    if value.is_empty() {
+        headers.insert(X_FORWARDED_FOR.clone(), client.clone());
+        return;
     }
-    crate::identity::push_ip(&mut value, ip);
+    value.push_str(", ");
+    value.push_str(client.to_str().unwrap_or_default());
     if let Ok(v) = HeaderValue::try_from(value) {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
@@ -519,7 +523,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Hot path: one pass of cheap name comparisons; most messages carry no hop-by-hop header
     // but `Connection`, and none at all over HTTP/2. Removing by name hashes, so only the
     // names present are removed, and nothing is allocated unless `Connection` has several
-    // lines or `Proxy-*` headers came.
+    // lines or names a header present, or `Proxy-*` headers came.
     let present = headers
         .keys()
         .fold(0, |bits, name| bits | hop_by_hop_bit(name));
@@ -540,8 +544,19 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .flat_map(|v| v.split(','))
             .map(str::trim)
             .filter(|t| !t.is_empty());
-        for name in listed {
-            // (a token that is no header name removes nothing)
+        // The tokens are compared with the names present (a few), not looked up: a lookup by
+        // text parses and hashes a name, and the usual tokens (`keep-alive`, `close`) name
+        // nothing here or a header removed below anyway.
+        let mut doomed: Vec<HeaderName> = Vec::new();
+        for token in listed {
+            let found = headers
+                .keys()
+                .find(|k| k.as_str().eq_ignore_ascii_case(token));
+            if let Some(name) = found {
+                doomed.push(name.clone());
+            }
+        }
+        for name in doomed {
             headers.remove(name);
         }
     }
@@ -688,11 +703,11 @@ mod tests {
             ("x-forwarded-for", "1.1.1.1"),
             ("x-forwarded-for", "2.2.2.2"),
         ]);
-        append_forwarded_for(&mut h, IpAddr::from([10, 0, 0, 1]));
+        append_forwarded_for(&mut h, &HeaderValue::from_static("10.0.0.1"));
         let all: Vec<_> = h.get_all(&X_FORWARDED_FOR).iter().collect();
         assert_eq!(all, ["1.1.1.1, 2.2.2.2, 10.0.0.1"]);
         let mut h = HeaderMap::new();
-        append_forwarded_for(&mut h, "::1".parse().expect("test address"));
+        append_forwarded_for(&mut h, &HeaderValue::from_static("::1"));
         assert_eq!(
             h.get(&X_FORWARDED_FOR).map(|v| v.as_bytes()),
             Some(&b"::1"[..])

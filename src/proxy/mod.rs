@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use ipnet::IpNet;
@@ -217,7 +217,7 @@ impl ProxyError {
 }
 
 /// How the connection reached tollgate.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Conn {
     /// the TCP peer
     pub peer: SocketAddr,
@@ -225,6 +225,23 @@ pub struct Conn {
     pub tls: bool,
     /// the worker thread serving the connection: its requests use that worker's upstream pool
     pub worker: usize,
+    /// the peer's address as a header value, appended to `X-Forwarded-For`: made once per
+    /// connection rather than per request
+    peer_value: Option<HeaderValue>,
+}
+
+impl Conn {
+    /// A connection from `peer`, over TLS or not, served by worker `worker`.
+    pub fn new(peer: SocketAddr, tls: bool, worker: usize) -> Conn {
+        let mut text = String::with_capacity(15);
+        identity::push_ip(&mut text, peer.ip());
+        Conn {
+            peer,
+            tls,
+            worker,
+            peer_value: HeaderValue::try_from(text).ok(),
+        }
+    }
 }
 
 /// What one request did, filled in by the phases: the metrics and the access log line.
@@ -309,7 +326,7 @@ impl Proxy {
             targets: &route.upstream.targets,
             preserve_host: route.upstream.preserve_host,
             path: &forward_path,
-            client_ip: conn.peer.ip(),
+            client: conn.peer_value.as_ref(),
             proto: if conn.tls { "https" } else { "http" },
             response_timeout: self.settings.upstream_response,
             max_body_size: self.settings.max_body_size,
