@@ -274,3 +274,37 @@ async fn instances_on_one_redis_share_the_limit() {
     }
     assert_eq!(admitted, 3, "burst 3 across three instances, not 3 each");
 }
+
+/// Each worker checks its limits over its own Redis connection (driven by its own runtime, so a
+/// check wakes no other thread), and every worker's checks take from the same bucket.
+#[tokio::test]
+async fn each_worker_has_its_own_redis_connection_onto_one_bucket() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let bucket =
+        "      - {name: per-client, algorithm: token_bucket, key: ip, rate: 1/min, burst: 100}";
+    let yaml = config(&redis, &upstream, bucket).replace(
+        "upstreams:",
+        "workers: 3\nrate_limit_headers: legacy\nupstreams:",
+    );
+    let proxy = Proxy::start(&yaml).await;
+    // twelve connections, handed out in turn: four on each worker, one after another
+    for i in 0..12 {
+        let answer = get(&proxy.url(&format!("/v1/n{i}")), &[]).await;
+        assert_eq!(answer.status, 200, "request {i}: {}", answer.body);
+        let remaining = answer.header("x-ratelimit-remaining");
+        assert_eq!(
+            remaining,
+            Some((99 - i).to_string().as_str()),
+            "request {i}: one bucket across the workers"
+        );
+    }
+    let clients = redis.cli(&["CLIENT", "LIST"]);
+    // (the redis-cli asking is a client too)
+    let proxy_clients = clients
+        .lines()
+        .filter(|l| !l.contains("cmd=client"))
+        .count();
+    assert_eq!(proxy_clients, 3, "one connection per worker:\n{clients}");
+    proxy.shutdown().await;
+}

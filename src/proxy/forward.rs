@@ -57,13 +57,20 @@ impl UpstreamClients {
 /// `proxy_next_upstream error`).
 #[derive(Debug)]
 pub struct Targets {
-    targets: Vec<Key>,
-    /// per target: its authority as a `Host` value
-    hosts: Vec<HeaderValue>,
+    targets: Vec<Target>,
     next: AtomicUsize,
-    /// per target: ms on [`Targets::now_ms`] until which it is left out; 0: in the rotation
-    down_until: Vec<AtomicU64>,
     clock: Instant,
+}
+
+/// One target of an upstream.
+#[derive(Debug)]
+struct Target {
+    /// what the pool knows it by
+    key: Key,
+    /// its authority as a `Host` value
+    host: HeaderValue,
+    /// ms on [`Targets::now_ms`] until which it is left out; 0: in the rotation
+    down_until: AtomicU64,
 }
 
 /// How long a target that refused (or timed out) a connection, or did not answer in time, is
@@ -74,17 +81,18 @@ impl Targets {
     /// Targets from their URIs (`http://host:port`); entries without scheme or authority are
     /// refused by config validation before this point and skipped here.
     pub fn new(uris: &[Uri]) -> Targets {
-        let (targets, hosts): (Vec<Key>, Vec<HeaderValue>) = uris
+        let targets = uris
             .iter()
             .filter_map(|u| {
                 let (scheme, authority) = (u.scheme()?, u.authority()?);
-                let host = HeaderValue::from_str(authority.as_str()).ok()?;
-                Some((Key::new(scheme.clone(), authority.clone()), host))
+                Some(Target {
+                    host: HeaderValue::from_str(authority.as_str()).ok()?,
+                    key: Key::new(scheme.clone(), authority.clone()),
+                    down_until: AtomicU64::new(0),
+                })
             })
-            .unzip();
+            .collect();
         Targets {
-            down_until: targets.iter().map(|_| AtomicU64::new(0)).collect(),
-            hosts,
             targets,
             next: AtomicUsize::new(0),
             clock: Instant::now(),
@@ -97,7 +105,7 @@ impl Targets {
     }
 
     fn is_up(&self, i: usize, now: u64) -> bool {
-        self.down_until[i].load(Ordering::Relaxed) <= now
+        self.targets[i].down_until.load(Ordering::Relaxed) <= now
     }
 
     /// The next target in turn that is in the rotation; when none is, the next in turn.
@@ -127,18 +135,18 @@ impl Targets {
     /// [`EJECT_FOR`].
     fn failed(&self, i: usize, upstream: &str, why: &str) {
         let until = self.now_ms() + EJECT_FOR.as_millis() as u64;
-        if self.down_until[i].swap(until, Ordering::Relaxed) == 0 {
-            tracing::warn!(upstream, target = %self.targets[i].authority(),
+        if self.targets[i].down_until.swap(until, Ordering::Relaxed) == 0 {
+            tracing::warn!(upstream, target = %self.targets[i].key.authority(),
                 "upstream target {why}: left out of the rotation for {EJECT_FOR:?} at a time");
         }
     }
 
     /// Target `i` answered: back in the rotation.
     fn succeeded(&self, i: usize, upstream: &str) {
-        if self.down_until[i].load(Ordering::Relaxed) != 0
-            && self.down_until[i].swap(0, Ordering::Relaxed) != 0
+        if self.targets[i].down_until.load(Ordering::Relaxed) != 0
+            && self.targets[i].down_until.swap(0, Ordering::Relaxed) != 0
         {
-            tracing::info!(upstream, target = %self.targets[i].authority(),
+            tracing::info!(upstream, target = %self.targets[i].key.authority(),
                 "upstream target reachable again");
         }
     }
@@ -160,7 +168,7 @@ pub struct Forward<'a> {
     /// the address appended to X-Forwarded-For: the TCP peer tollgate heard the request from
     /// (RFC 7239 §5.2 semantics, as nginx's `$proxy_add_x_forwarded_for`), not the client
     /// identity derived from X-Forwarded-For, which is already in the list
-    pub client: Option<&'a HeaderValue>,
+    pub client: &'a HeaderValue,
     /// `https` when the client came over TLS
     pub proto: &'static str,
     /// past this without a response head: 504
@@ -257,7 +265,7 @@ async fn attempts(
     again: Option<Resend>,
     trying: &AtomicUsize,
 ) -> (usize, Result<Response<Pooled>, UpstreamError>) {
-    match client.request(&f.targets.targets[target], req).await {
+    match client.request(&f.targets.targets[target].key, req).await {
         Err(e) if e.is_connect() => {
             let Some((again, other)) = again.zip(f.targets.pick_other(target)) else {
                 return (target, Err(e));
@@ -266,7 +274,7 @@ async fn attempts(
             trying.store(other, Ordering::Relaxed);
             let again = again.to(f.targets, other);
             // boxed: the rare second attempt would make every request's future larger
-            let second = Box::pin(client.request(&f.targets.targets[other], again));
+            let second = Box::pin(client.request(&f.targets.targets[other].key, again));
             (other, second.await)
         }
         result => (target, result),
@@ -301,7 +309,7 @@ impl Resend {
         *req.headers_mut() = self.headers;
         if self.host_is_target {
             req.headers_mut()
-                .insert(header::HOST, targets.hosts[i].clone());
+                .insert(header::HOST, targets.targets[i].host.clone());
         }
         req
     }
@@ -394,11 +402,12 @@ fn rewrite(
             return Err(ProxyError::BodyTooLarge);
         }
     }
-    let target_host = f
+    let target_host = &f
         .targets
-        .hosts
+        .targets
         .get(target)
-        .ok_or_else(|| ProxyError::NoTarget(f.upstream.to_string()))?;
+        .ok_or_else(|| ProxyError::NoTarget(f.upstream.to_string()))?
+        .host;
     // An absolute-form target's authority wins over Host (RFC 9112 §3.2.2); for HTTP/2 the
     // URI carries :authority.
     let client_host = parts
@@ -426,9 +435,7 @@ fn rewrite(
     if let Some(proto) = upgrade {
         set_upgrade(headers, proto);
     }
-    if let Some(client) = f.client {
-        append_forwarded_for(headers, client);
-    }
+    append_forwarded_for(headers, f.client);
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(f.proto));
     if let Some(host) = &client_host {
         headers.insert(X_FORWARDED_HOST.clone(), host.clone());
@@ -531,34 +538,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         return;
     }
     if present & 1 != 0 {
-        let mut lines = match headers.entry(header::CONNECTION) {
-            header::Entry::Occupied(e) => e.remove_entry_mult().1,
-            header::Entry::Vacant(_) => unreachable!("Connection was seen among the names"),
-        };
-        let first = lines.next();
-        let rest: Vec<HeaderValue> = lines.collect();
-        let listed = first
-            .iter()
-            .chain(&rest)
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|t| !t.is_empty());
-        // The tokens are compared with the names present (a few), not looked up: a lookup by
-        // text parses and hashes a name, and the usual tokens (`keep-alive`, `close`) name
-        // nothing here or a header removed below anyway.
-        let mut doomed: Vec<HeaderName> = Vec::new();
-        for token in listed {
-            let found = headers
-                .keys()
-                .find(|k| k.as_str().eq_ignore_ascii_case(token));
-            if let Some(name) = found {
-                doomed.push(name.clone());
-            }
-        }
-        for name in doomed {
-            headers.remove(name);
-        }
+        strip_connection(headers);
     }
     let named = [
         (2, &header::TE),
@@ -581,6 +561,38 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         for name in proxy {
             headers.remove(name);
         }
+    }
+}
+
+/// Removes `Connection` and every header it names (RFC 9110 §7.6.1).
+fn strip_connection(headers: &mut HeaderMap) {
+    let header::Entry::Occupied(e) = headers.entry(header::CONNECTION) else {
+        return;
+    };
+    let mut lines = e.remove_entry_mult().1;
+    let first = lines.next();
+    let rest: Vec<HeaderValue> = lines.collect();
+    let listed = first
+        .iter()
+        .chain(&rest)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    // The tokens are compared with the names present (a few), not looked up: a lookup by
+    // text parses and hashes a name, and the usual tokens (`keep-alive`, `close`) name
+    // nothing here or a header `strip_hop_by_hop` removes by name anyway.
+    let mut doomed: Vec<HeaderName> = Vec::new();
+    for token in listed {
+        let found = headers
+            .keys()
+            .find(|k| k.as_str().eq_ignore_ascii_case(token));
+        if let Some(name) = found {
+            doomed.push(name.clone());
+        }
+    }
+    for name in doomed {
+        headers.remove(name);
     }
 }
 

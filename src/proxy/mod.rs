@@ -227,7 +227,7 @@ pub struct Conn {
     pub worker: usize,
     /// the peer's address as a header value, appended to `X-Forwarded-For`: made once per
     /// connection rather than per request
-    peer_value: Option<HeaderValue>,
+    peer_value: HeaderValue,
 }
 
 impl Conn {
@@ -239,7 +239,8 @@ impl Conn {
             peer,
             tls,
             worker,
-            peer_value: HeaderValue::try_from(text).ok(),
+            peer_value: HeaderValue::try_from(text)
+                .expect("an IP address in text is a valid header value"),
         }
     }
 }
@@ -326,7 +327,7 @@ impl Proxy {
             targets: &route.upstream.targets,
             preserve_host: route.upstream.preserve_host,
             path: &forward_path,
-            client: conn.peer_value.as_ref(),
+            client: &conn.peer_value,
             proto: if conn.tls { "https" } else { "http" },
             response_timeout: self.settings.upstream_response,
             max_body_size: self.settings.max_body_size,
