@@ -577,7 +577,7 @@ async fn upstream_connections_are_pooled_and_kept_alive() {
 /// with a trailer, when `trailers`), closes each
 /// connection `close_after` after answering when set (keep-alive announced all the same, as a
 /// server whose keep-alive timeout is short does), and counts connections and those the proxy
-/// closed.
+/// closed; or answers with a script of raw responses (`scripted`).
 struct RawUpstream {
     addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
@@ -591,22 +591,48 @@ impl Drop for RawUpstream {
     }
 }
 
+/// What a [`RawUpstream`] does for each request head it reads: the bytes it answers with and,
+/// when set, how long after answering it closes the connection; `None` closes at once.
+type Answering = Box<dyn Fn() -> Option<(&'static [u8], Option<Duration>)> + Send + Sync>;
+
 impl RawUpstream {
     async fn start(close_after: Option<Duration>) -> RawUpstream {
         RawUpstream::serving(close_after, false).await
     }
 
     async fn serving(close_after: Option<Duration>, trailers: bool) -> RawUpstream {
+        let answer: &'static [u8] = if trailers {
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n2\r\nok\r\n0\r\nx-sum: 1\r\n\r\n"
+        } else {
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+        };
+        RawUpstream::answering(Box::new(move || Some((answer, close_after)))).await
+    }
+
+    /// Answers the requests it reads, on whatever connection, with the next response of
+    /// `script`, closing the connection after those marked so.
+    async fn scripted(script: Vec<(&'static str, bool)>) -> RawUpstream {
+        let script = Mutex::new(std::collections::VecDeque::from(script));
+        RawUpstream::answering(Box::new(move || {
+            let (answer, close) = script.lock().unwrap().pop_front()?;
+            Some((answer.as_bytes(), close.then_some(Duration::ZERO)))
+        }))
+        .await
+    }
+
+    async fn answering(answering: Answering) -> RawUpstream {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
         let closed_by_proxy = Arc::new(AtomicUsize::new(0));
         let (count, closed) = (accepted.clone(), closed_by_proxy.clone());
+        let answering = Arc::new(answering);
         let task = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((mut stream, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
                 let closed = closed.clone();
+                let answering = answering.clone();
                 connections.spawn(async move {
                     let mut buf = Vec::new();
                     let mut chunk = [0u8; 4096];
@@ -619,10 +645,8 @@ impl RawUpstream {
                         buf.extend_from_slice(&chunk[..n]);
                         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                             buf.drain(..end + 4);
-                            let answer: &[u8] = if trailers {
-                                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n2\r\nok\r\n0\r\nx-sum: 1\r\n\r\n"
-                            } else {
-                                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                            let Some((answer, close_after)) = answering() else {
+                                return;
                             };
                             if stream.write_all(answer).await.is_err() {
                                 return;
@@ -675,6 +699,89 @@ async fn upstream_connections_are_reused_after_responses_with_trailers() {
         assert_eq!((a.status, a.body.as_str()), (200, "ok"), "request {i}");
     }
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 1);
+}
+
+/// Response bodies reach the client whole however the upstream frames them (chunked with
+/// extensions, none for 204 or HEAD, after interim 1xx heads, until the connection closes), and
+/// an upstream connection is reused after each of them except the one delimited by its close.
+#[tokio::test]
+async fn every_framing_of_a_response_body_is_forwarded() {
+    let upstream = RawUpstream::scripted(vec![
+        (
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;x=y\r\nabcd\r\n6\r\nefghij\r\n0\r\n\r\n",
+            false,
+        ),
+        ("HTTP/1.1 204 No Content\r\nX-A: 1\r\n\r\n", false),
+        ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", false),
+        (
+            "HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
+            false,
+        ),
+        ("HTTP/1.0 200 OK\r\nX-Old: 1\r\n\r\nuntil the close", true),
+        ("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false),
+    ])
+    .await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "workers: 1", "", "")).await;
+    let a = get(&proxy.url("/v1/chunked"), &[]).await;
+    assert_eq!((a.status, a.body.as_str()), (200, "abcdefghij"));
+    let a = get(&proxy.url("/v1/none"), &[]).await;
+    assert_eq!(
+        (a.status, a.body.as_str(), a.header("x-a")),
+        (204, "", Some("1"))
+    );
+    let head = Request::head(proxy.url("/v1/head")).body(empty()).unwrap();
+    let a = send(head).await;
+    assert_eq!((a.status, a.header("content-length")), (200, Some("5")));
+    let a = get(&proxy.url("/v1/interim"), &[]).await;
+    assert_eq!((a.status, a.body.as_str()), (200, "hi"));
+    let a = get(&proxy.url("/v1/old"), &[]).await;
+    assert_eq!(
+        (a.status, a.body.as_str(), a.header("x-old")),
+        (200, "until the close", Some("1"))
+    );
+    let a = get(&proxy.url("/v1/after"), &[]).await;
+    assert_eq!((a.status, a.body.as_str()), (200, "ok"));
+    assert_eq!(
+        upstream.accepted.load(Ordering::SeqCst),
+        2,
+        "reused but after the close"
+    );
+}
+
+/// A response head that cannot be framed (two lengths) is a 502, and its connection is not
+/// used again; a body cut short by the upstream is not passed off as whole.
+#[tokio::test]
+async fn unframeable_or_cut_responses_are_not_passed_on_as_whole() {
+    let upstream = RawUpstream::scripted(vec![
+        (
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
+            false,
+        ),
+        ("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false),
+        ("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", true),
+        ("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false),
+    ])
+    .await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "workers: 1", "", "")).await;
+    let a = get(&proxy.url("/v1/two-lengths"), &[]).await;
+    assert_eq!(
+        (a.status, json(&a)["error"].as_str()),
+        (502, Some("upstream_error"))
+    );
+    let a = get(&proxy.url("/v1/next"), &[]).await;
+    assert_eq!((a.status, a.body.as_str()), (200, "ok"));
+    let cut = Request::get(proxy.url("/v1/cut")).body(empty()).unwrap();
+    let whole = match http_client().request(cut).await {
+        Err(_) => false,
+        Ok(resp) => resp.into_body().collect().await.is_ok(),
+    };
+    assert!(
+        !whole,
+        "a 10-byte body cut after 3 bytes came through as whole"
+    );
+    let a = get(&proxy.url("/v1/last"), &[]).await;
+    assert_eq!((a.status, a.body.as_str()), (200, "ok"));
+    assert_eq!(upstream.accepted.load(Ordering::SeqCst), 3);
 }
 
 /// Pooled upstream connections close after `timeouts.idle` without a request; the next

@@ -248,10 +248,7 @@ pub async fn forward(
     if let Some(proto) = switched {
         set_upgrade(&mut parts.headers, proto);
     }
-    Ok(Response::from_parts(
-        parts,
-        body.map_err(BoxError::from).boxed(),
-    ))
+    Ok(Response::from_parts(parts, body.boxed()))
 }
 
 /// Sends `req` to `target`; when no connection could be made and the request can be sent
@@ -504,7 +501,7 @@ fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
 
 /// The headers that never cross a hop by their name alone (headers named by `Connection` are
 /// the others), as bits: which of them a message carries is one pass over its names.
-fn hop_by_hop_bit(name: &HeaderName) -> u8 {
+pub(super) fn hop_by_hop_bit(name: &HeaderName) -> u8 {
     if name == header::CONNECTION {
         1
     } else if name == header::TE {

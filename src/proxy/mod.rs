@@ -11,6 +11,7 @@
 //! store only through the [`Store`] trait.
 
 pub mod forward;
+pub mod h1;
 mod limits;
 pub mod pacing;
 pub mod pool;

@@ -8,6 +8,13 @@
 //! past `idle` (checked on checkout, and by a reaper task while connections idle). A request
 //! that a just-closed idle connection did not take (hyper hands it back unsent) goes out on the
 //! next connection, as hyper-util's pool does.
+//!
+//! A request without a body to a cleartext target (most requests) goes over tollgate's own
+//! HTTP/1.1 client instead (`h1`): the exchange is driven by the request's own task, with no
+//! connection task between. Those connections have their own idle stacks, kept the same way.
+//! A request on a reused one that finds it closed before any response byte (the upstream
+//! closed it while it idled) goes out again on the next connection if its method is
+//! idempotent (RFC 9110 §9.2.2), as browsers and nginx do.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -19,13 +26,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
-use http::{Request, Response, StatusCode, Uri};
+use http::{header, Request, Response, StatusCode, Uri};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1;
-use hyper_rustls::HttpsConnector;
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
 use tower_service::Service;
 
+use super::h1;
 use super::{Body, BoxError};
 
 /// Idle connections kept per target and worker (as hyper-util's `pool_max_idle_per_host` was).
@@ -80,12 +88,14 @@ pub struct Pool {
 struct Inner {
     connector: HttpsConnector<HttpConnector>,
     idle_for: Duration,
-    idle: Mutex<HashMap<Key, Vec<Idle>, foldhash::fast::RandomState>>,
+    idle: IdleMap<Sender>,
+    /// connections of tollgate's own client (`h1`), idle
+    own_idle: IdleMap<h1::Conn>,
     reaping: AtomicBool,
 }
 
-struct Idle {
-    sender: Sender,
+struct Idle<C> {
+    conn: C,
     since: Instant,
 }
 
@@ -98,6 +108,9 @@ pub enum UpstreamError {
     /// the connection failed while sending the request or reading the response head
     #[error("{0}")]
     Http(#[source] hyper::Error),
+    /// the same, on a connection of tollgate's own client
+    #[error("{0}")]
+    Exchange(#[source] h1::Error),
     /// the target's scheme and authority make no URI to connect to
     #[error("target is not a URI")]
     NoAuthority,
@@ -118,6 +131,7 @@ impl Pool {
                 connector,
                 idle_for: idle,
                 idle: Mutex::new(HashMap::default()),
+                own_idle: Mutex::new(HashMap::default()),
                 reaping: AtomicBool::new(false),
             }),
         }
@@ -131,6 +145,12 @@ impl Pool {
         target: &Key,
         mut req: Request<Body>,
     ) -> Result<Response<Pooled>, UpstreamError> {
+        if target.scheme == Scheme::HTTP
+            && req.body().is_end_stream()
+            && !req.headers().contains_key(header::UPGRADE)
+        {
+            return self.exchange(target, &req).await;
+        }
         while let Some(mut sender) = self.checkout(target) {
             match sender.try_send_request(req).await {
                 Ok(resp) => return Ok(self.inner.pooled(resp, target.clone(), sender)),
@@ -150,6 +170,61 @@ impl Pool {
         }
     }
 
+    /// Sends `req` (no body, no protocol switch, a cleartext target) over tollgate's own
+    /// client: on an idle connection to `target`, or a new one.
+    async fn exchange(
+        &self,
+        target: &Key,
+        req: &Request<Body>,
+    ) -> Result<Response<Pooled>, UpstreamError> {
+        let again_if_closed = req.method().is_idempotent();
+        while let Some(conn) = self.checkout_own(target) {
+            match conn.exchange(req, self.home(target)).await {
+                Ok(resp) => return Ok(resp.map(Pooled::own)),
+                // closed while it idled: nothing of the request was taken
+                Err(h1::Error::Closed(_)) if again_if_closed => {}
+                Err(e) => return Err(UpstreamError::Exchange(e)),
+            }
+        }
+        let conn = Box::pin(self.connect_own(target)).await?;
+        match conn.exchange(req, self.home(target)).await {
+            Ok(resp) => Ok(resp.map(Pooled::own)),
+            Err(e) => Err(UpstreamError::Exchange(e)),
+        }
+    }
+
+    fn home(&self, key: &Key) -> Home {
+        Home {
+            pool: Arc::downgrade(&self.inner),
+            key: key.clone(),
+        }
+    }
+
+    /// The most recently used idle connection of the own client to `key` that is still open.
+    fn checkout_own(&self, key: &Key) -> Option<h1::Conn> {
+        loop {
+            let mut idle = {
+                let mut map = self
+                    .inner
+                    .own_idle
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                map.get_mut(key)?.pop()?
+            };
+            if idle.since.elapsed() < self.inner.idle_for && idle.conn.idle_and_open() {
+                return Some(idle.conn);
+            }
+        }
+    }
+
+    /// A new connection of the own client to `target` (cleartext).
+    async fn connect_own(&self, target: &Key) -> Result<h1::Conn, UpstreamError> {
+        match self.open(target).await? {
+            MaybeHttpsStream::Http(io) => Ok(h1::Conn::new(io.into_inner())),
+            MaybeHttpsStream::Https(_) => Err(UpstreamError::NoAuthority),
+        }
+    }
+
     /// The most recently used idle connection to `key` that is still open and ready.
     fn checkout(&self, key: &Key) -> Option<Sender> {
         loop {
@@ -157,18 +232,18 @@ impl Pool {
                 let mut map = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner());
                 map.get_mut(key)?.pop()?
             };
-            if idle.since.elapsed() >= self.inner.idle_for || idle.sender.is_closed() {
+            if idle.since.elapsed() >= self.inner.idle_for || idle.conn.is_closed() {
                 continue;
             }
-            if idle.sender.is_ready() {
-                return Some(idle.sender);
+            if idle.conn.is_ready() {
+                return Some(idle.conn);
             }
             // Still finishing its last exchange (a request body the upstream answered before
             // reading, say): it comes back when it is ready, and this request does not wait.
             let mut back = Back {
                 pool: Arc::downgrade(&self.inner),
                 key: key.clone(),
-                sender: idle.sender,
+                sender: idle.conn,
             };
             tokio::spawn(async move {
                 if back.sender.ready().await.is_ok() {
@@ -180,6 +255,22 @@ impl Pool {
 
     /// A new connection to `target`, driven by a task of this worker.
     async fn connect(&self, target: &Key) -> Result<Sender, UpstreamError> {
+        let io = self.open(target).await?;
+        let (sender, connection) = http1::handshake(io).await.map_err(UpstreamError::Http)?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// A new connection to `target`, TLS handshake done when its scheme is `https`.
+    async fn open(
+        &self,
+        target: &Key,
+    ) -> Result<MaybeHttpsStream<hyper_util::rt::TokioIo<tokio::net::TcpStream>>, UpstreamError>
+    {
         let uri = Uri::builder()
             .scheme(target.scheme.clone())
             .authority(target.authority.clone())
@@ -190,14 +281,7 @@ impl Pool {
         std::future::poll_fn(|cx| connector.poll_ready(cx))
             .await
             .map_err(UpstreamError::Connect)?;
-        let io = connector.call(uri).await.map_err(UpstreamError::Connect)?;
-        let (sender, connection) = http1::handshake(io).await.map_err(UpstreamError::Http)?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.with_upgrades().await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
-            }
-        });
-        Ok(sender)
+        connector.call(uri).await.map_err(UpstreamError::Connect)
     }
 }
 
@@ -221,31 +305,55 @@ impl Inner {
                 back.give();
             }
         }
-        resp.map(|body| Pooled { body, back })
+        resp.map(|body| Pooled(Reading::Hyper { body, back }))
     }
 
     fn put(self: &Arc<Inner>, key: Key, sender: Sender) {
-        {
-            let mut map = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-            if sender.is_closed() {
-                return;
-            }
-            let stack = map.entry(key).or_default();
-            if stack.len() >= MAX_IDLE {
-                stack.retain(|idle| !idle.sender.is_closed());
-                if stack.len() >= MAX_IDLE {
-                    return;
-                }
-            }
-            stack.push(Idle {
-                sender,
-                since: Instant::now(),
-            });
+        if sender.is_closed() {
+            return;
         }
+        push(&self.idle, key, sender, |idle| !idle.conn.is_closed());
+        self.reap_later();
+    }
+
+    fn put_own(self: &Arc<Inner>, key: Key, conn: h1::Conn) {
+        push(&self.own_idle, key, conn, |idle| idle.conn.idle_and_open());
+        self.reap_later();
+    }
+
+    fn reap_later(self: &Arc<Inner>) {
         if !self.reaping.swap(true, Ordering::Relaxed) {
             tokio::spawn(reap(Arc::downgrade(self), self.idle_for));
         }
     }
+}
+
+type IdleMap<C> = Mutex<HashMap<Key, Vec<Idle<C>>, foldhash::fast::RandomState>>;
+
+/// `conn` on top of `key`'s idle stack, unless the stack is full of connections that `open`
+/// finds still open.
+fn push<C>(map: &IdleMap<C>, key: Key, conn: C, open: impl FnMut(&mut Idle<C>) -> bool) {
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    let stack = map.entry(key).or_default();
+    if stack.len() >= MAX_IDLE {
+        stack.retain_mut(open);
+        if stack.len() >= MAX_IDLE {
+            return;
+        }
+    }
+    stack.push(Idle {
+        conn,
+        since: Instant::now(),
+    });
+}
+
+/// Drops the connections of `map` idle past `idle_for` or that `open` finds closed.
+fn expire<C>(map: &IdleMap<C>, idle_for: Duration, mut open: impl FnMut(&mut Idle<C>) -> bool) {
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    for stack in map.values_mut() {
+        stack.retain_mut(|idle| idle.since.elapsed() < idle_for && open(idle));
+    }
+    map.retain(|_, stack| !stack.is_empty());
 }
 
 /// Closes connections idle past `idle_for`, until the pool is gone.
@@ -256,11 +364,22 @@ async fn reap(pool: Weak<Inner>, idle_for: Duration) {
         let Some(pool) = pool.upgrade() else {
             return;
         };
-        let mut map = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
-        for stack in map.values_mut() {
-            stack.retain(|idle| idle.since.elapsed() < idle_for && !idle.sender.is_closed());
+        expire(&pool.idle, idle_for, |idle| !idle.conn.is_closed());
+        expire(&pool.own_idle, idle_for, |idle| idle.conn.idle_and_open());
+    }
+}
+
+/// Where a connection of the own client goes back to when its response has been read.
+struct Home {
+    pool: Weak<Inner>,
+    key: Key,
+}
+
+impl h1::Home for Home {
+    fn take_back(self, conn: h1::Conn) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.put_own(self.key, conn);
         }
-        map.retain(|_, stack| !stack.is_empty());
     }
 }
 
@@ -281,44 +400,64 @@ impl Back {
 
 /// An upstream response body that hands its connection back to the pool once read to the end
 /// (dropped before that, the connection closes with it).
-pub struct Pooled {
-    body: Incoming,
-    back: Option<Back>,
+pub struct Pooled(Reading);
+
+enum Reading {
+    /// from hyper's client: the connection is handed back by `back`
+    Hyper { body: Incoming, back: Option<Back> },
+    /// from the own client, which hands its connection back itself
+    Own(h1::Reading<Home>),
+}
+
+impl Pooled {
+    fn own(body: h1::Reading<Home>) -> Pooled {
+        Pooled(Reading::Own(body))
+    }
 }
 
 impl HttpBody for Pooled {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let (body, back) = match &mut self.0 {
+            Reading::Own(body) => return Pin::new(body).poll_frame(cx).map_err(BoxError::from),
+            Reading::Hyper { body, back } => (body, back),
+        };
+        let frame = ready!(Pin::new(&mut *body).poll_frame(cx));
         let ended = match &frame {
             None => true,
             // trailers end a chunked body, whose length never tells (the server side may not
             // poll past them)
-            Some(Ok(frame)) => frame.is_trailers() || self.body.is_end_stream(),
+            Some(Ok(frame)) => frame.is_trailers() || body.is_end_stream(),
             Some(Err(_)) => {
-                self.back = None;
+                *back = None;
                 false
             }
         };
         if ended {
-            if let Some(back) = self.back.take() {
+            if let Some(back) = back.take() {
                 back.give();
             }
         }
-        Poll::Ready(frame)
+        Poll::Ready(frame.map(|f| f.map_err(BoxError::from)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match &self.0 {
+            Reading::Hyper { body, .. } => body.is_end_stream(),
+            Reading::Own(body) => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match &self.0 {
+            Reading::Hyper { body, .. } => body.size_hint(),
+            Reading::Own(body) => body.size_hint(),
+        }
     }
 }
 
