@@ -95,13 +95,15 @@ pub fn build_proxy(
             .get(&r.upstream)
             .with_context(|| format!("route {} names a missing upstream {}", r.name, r.upstream))?
             .clone();
-        let limits = r.limits.iter().map(|l| Limit {
-            name: l.name.as_str().into(),
-            alg: l.algorithm,
-            key: l.key.clone(),
-            shadow: l.mode == config::Mode::Shadow,
-            exempt: l.exempt.clone(),
-            overrides: l.overrides.iter().cloned().collect(),
+        let limits = r.limits.iter().map(|l| {
+            Limit::new(
+                l.name.as_str().into(),
+                l.algorithm,
+                l.key.clone(),
+                l.mode == config::Mode::Shadow,
+                l.exempt.clone(),
+                l.overrides.iter().cloned().collect(),
+            )
         });
         let strip = match (&r.matcher.path, r.strip_prefix) {
             (m @ PathMatch::Prefix(_), true) => Some(m.clone()),

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 use ipnet::IpNet;
 
 use super::respond::{self, Shown};
@@ -30,18 +30,51 @@ pub struct Limit {
     pub exempt: Vec<IpNet>,
     /// other parameters for particular client-key values
     pub overrides: HashMap<String, Algorithm>,
+    /// its `RateLimit-Policy` value with `alg`, made once (overrides make theirs per response)
+    policy: HeaderValue,
 }
 
 impl Limit {
+    /// A limit; `shadow` ones count and log their denials only.
+    pub fn new(
+        name: Arc<str>,
+        alg: Algorithm,
+        key: Vec<KeyPart>,
+        shadow: bool,
+        exempt: Vec<IpNet>,
+        overrides: HashMap<String, Algorithm>,
+    ) -> Limit {
+        let (quota, window_secs) = figures(&alg);
+        let policy = respond::policy_value(&name, quota, window_secs);
+        Limit {
+            name,
+            alg,
+            key,
+            shadow,
+            exempt,
+            overrides,
+            policy,
+        }
+    }
+
     fn shown(&self, alg: &Algorithm, decision: Decision) -> ShownOwned {
-        let (quota, window) = alg.policy();
+        let (quota, window_secs) = figures(alg);
+        // the limit's own parameters (not an override's): its policy value is made already
+        let policy = std::ptr::eq(alg, &self.alg).then(|| self.policy.clone());
         ShownOwned {
             name: self.name.clone(),
             quota,
-            window_secs: window.ceil().max(1.0) as u64,
+            window_secs,
+            policy,
             decision,
         }
     }
+}
+
+/// The quota and window (whole seconds, at least 1) the policy header states for `alg`.
+fn figures(alg: &Algorithm) -> (u64, u64) {
+    let (quota, window) = alg.policy();
+    (quota, window.ceil().max(1.0) as u64)
 }
 
 /// A [`Shown`] that owns its name, to outlive the route borrow.
@@ -49,6 +82,7 @@ pub(super) struct ShownOwned {
     name: Arc<str>,
     quota: u64,
     window_secs: u64,
+    policy: Option<HeaderValue>,
     decision: Decision,
 }
 
@@ -58,6 +92,7 @@ impl ShownOwned {
             name: &self.name,
             quota: self.quota,
             window_secs: self.window_secs,
+            policy: self.policy.as_ref(),
             decision: self.decision,
         }
     }

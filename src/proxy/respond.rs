@@ -34,6 +34,8 @@ pub struct Shown<'a> {
     pub quota: u64,
     /// window in whole seconds (at least 1)
     pub window_secs: u64,
+    /// the `RateLimit-Policy` value for these figures, when made already
+    pub policy: Option<&'a HeaderValue>,
     /// what the limiter answered
     pub decision: Decision,
 }
@@ -49,9 +51,11 @@ pub fn add_rate_headers(headers: &mut HeaderMap, style: HeaderStyle, shown: &Sho
     let d = &shown.decision;
     let reset = d.reset_secs().max(d.retry_after_secs());
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        // Structured-field strings: the limit name is quoted; names are validated to be tokens.
-        let policy = item(shown.name, ";q=", shown.quota, ";w=", shown.window_secs);
-        insert(headers, &RATELIMIT_POLICY, policy);
+        let policy = match shown.policy {
+            Some(v) => v.clone(),
+            None => policy_value(shown.name, shown.quota, shown.window_secs),
+        };
+        headers.insert(RATELIMIT_POLICY.clone(), policy);
         insert(
             headers,
             &RATELIMIT,
@@ -63,6 +67,13 @@ pub fn add_rate_headers(headers: &mut HeaderMap, style: HeaderStyle, shown: &Sho
         headers.insert(X_REMAINING.clone(), HeaderValue::from(d.remaining));
         headers.insert(X_RESET.clone(), HeaderValue::from(reset));
     }
+}
+
+/// The `RateLimit-Policy` value of a limit named `name` with `quota` per `window_secs`.
+pub fn policy_value(name: &str, quota: u64, window_secs: u64) -> HeaderValue {
+    // Structured-field strings: the limit name is quoted; names are validated to be tokens.
+    let text = item(name, ";q=", quota, ";w=", window_secs);
+    HeaderValue::try_from(text).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
 }
 
 /// `"name";k1=v1;k2=v2`, written without the formatting machinery: this runs on every

@@ -198,11 +198,18 @@ impl<'a> Call<'a> {
             last = out.len() - start;
             num.len = 0;
             match *arg {
-                Arg::Int(n) => push_digits(&mut num, n),
+                Arg::Int(n) => {
+                    bulk(out, crate::decimal::digits(n, &mut [0; 20]).as_bytes());
+                    continue;
+                }
                 // a whole number prints as its digits (Display writes 100.0 as "100"), without
                 // the float formatting machinery: rates are usually whole
                 Arg::Num(x) if x.fract() == 0.0 && x.is_sign_positive() && x < 1e15 => {
-                    push_digits(&mut num, x as u64)
+                    bulk(
+                        out,
+                        crate::decimal::digits(x as u64, &mut [0; 20]).as_bytes(),
+                    );
+                    continue;
                 }
                 Arg::Num(x) => {
                     // Display writes every digit, without an exponent: the rare number longer
@@ -232,11 +239,6 @@ impl<'a> Call<'a> {
     }
 }
 
-/// `n` in decimal.
-fn push_digits(out: &mut impl Extend<u8>, n: u64) {
-    out.extend(crate::decimal::digits(n, &mut [0; 20]).bytes());
-}
-
 /// A number's text, on the stack.
 #[derive(Default)]
 struct Scratch {
@@ -257,17 +259,6 @@ impl std::fmt::Write for Scratch {
         slot.copy_from_slice(s.as_bytes());
         self.len = end;
         Ok(())
-    }
-}
-
-impl Extend<u8> for Scratch {
-    fn extend<I: IntoIterator<Item = u8>>(&mut self, bytes: I) {
-        for b in bytes {
-            if let Some(slot) = self.buf.get_mut(self.len) {
-                *slot = b;
-                self.len += 1;
-            }
-        }
     }
 }
 
