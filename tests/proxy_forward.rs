@@ -582,6 +582,8 @@ struct RawUpstream {
     addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
     closed_by_proxy: Arc<AtomicUsize>,
+    /// request heads read, on every connection
+    heads_read: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -591,9 +593,17 @@ impl Drop for RawUpstream {
     }
 }
 
-/// What a [`RawUpstream`] does for each request head it reads: the bytes it answers with and,
-/// when set, how long after answering it closes the connection; `None` closes at once.
-type Answering = Box<dyn Fn() -> Option<(&'static [u8], Option<Duration>)> + Send + Sync>;
+/// What a [`RawUpstream`] does for each request head it reads; `None` closes at once.
+type Answering = Box<dyn Fn() -> Option<Reply> + Send + Sync>;
+
+/// One answer of a [`RawUpstream`].
+struct Reply {
+    bytes: &'static [u8],
+    /// waited before answering
+    after: Duration,
+    /// when set, the connection closes this long after the answer
+    close_after: Option<Duration>,
+}
 
 impl RawUpstream {
     async fn start(close_after: Option<Duration>) -> RawUpstream {
@@ -606,16 +616,36 @@ impl RawUpstream {
         } else {
             b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
         };
-        RawUpstream::answering(Box::new(move || Some((answer, close_after)))).await
+        RawUpstream::answering(Box::new(move || {
+            Some(Reply {
+                bytes: answer,
+                after: Duration::ZERO,
+                close_after,
+            })
+        }))
+        .await
     }
 
     /// Answers the requests it reads, on whatever connection, with the next response of
     /// `script`, closing the connection after those marked so.
     async fn scripted(script: Vec<(&'static str, bool)>) -> RawUpstream {
+        let script = script
+            .into_iter()
+            .map(|(a, close)| (a, Duration::ZERO, close));
+        RawUpstream::scripted_after(script.collect()).await
+    }
+
+    /// [`RawUpstream::scripted`], each answer after its wait; an empty answer closes the
+    /// connection without one.
+    async fn scripted_after(script: Vec<(&'static str, Duration, bool)>) -> RawUpstream {
         let script = Mutex::new(std::collections::VecDeque::from(script));
         RawUpstream::answering(Box::new(move || {
-            let (answer, close) = script.lock().unwrap().pop_front()?;
-            Some((answer.as_bytes(), close.then_some(Duration::ZERO)))
+            let (answer, after, close) = script.lock().unwrap().pop_front()?;
+            (!answer.is_empty()).then(|| Reply {
+                bytes: answer.as_bytes(),
+                after,
+                close_after: close.then_some(Duration::ZERO),
+            })
         }))
         .await
     }
@@ -625,7 +655,9 @@ impl RawUpstream {
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
         let closed_by_proxy = Arc::new(AtomicUsize::new(0));
+        let heads_read = Arc::new(AtomicUsize::new(0));
         let (count, closed) = (accepted.clone(), closed_by_proxy.clone());
+        let read = heads_read.clone();
         let answering = Arc::new(answering);
         let task = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
@@ -633,6 +665,7 @@ impl RawUpstream {
                 count.fetch_add(1, Ordering::SeqCst);
                 let closed = closed.clone();
                 let answering = answering.clone();
+                let heads = read.clone();
                 connections.spawn(async move {
                     let mut buf = Vec::new();
                     let mut chunk = [0u8; 4096];
@@ -645,13 +678,15 @@ impl RawUpstream {
                         buf.extend_from_slice(&chunk[..n]);
                         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                             buf.drain(..end + 4);
-                            let Some((answer, close_after)) = answering() else {
+                            heads.fetch_add(1, Ordering::SeqCst);
+                            let Some(reply) = answering() else {
                                 return;
                             };
-                            if stream.write_all(answer).await.is_err() {
+                            tokio::time::sleep(reply.after).await;
+                            if stream.write_all(reply.bytes).await.is_err() {
                                 return;
                             }
-                            if let Some(after) = close_after {
+                            if let Some(after) = reply.close_after {
                                 tokio::time::sleep(after).await;
                                 return; // closed by the upstream
                             }
@@ -664,6 +699,7 @@ impl RawUpstream {
             addr,
             accepted,
             closed_by_proxy,
+            heads_read,
             task,
         }
     }
@@ -782,6 +818,52 @@ async fn unframeable_or_cut_responses_are_not_passed_on_as_whole() {
     let a = get(&proxy.url("/v1/last"), &[]).await;
     assert_eq!((a.status, a.body.as_str()), (200, "ok"));
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 3);
+}
+
+/// A request the upstream reads and then closes on without answering is sent again at most
+/// once, on a new connection, and only when its method is idempotent: with two idle
+/// connections, a GET is read twice and a DELETE too, a POST once.
+#[tokio::test]
+async fn a_request_met_by_a_close_is_sent_again_at_most_once() {
+    let slow = Duration::from_millis(200);
+    let ok = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    let mut script = Vec::new();
+    for _ in 0..3 {
+        // two requests at once make two connections; then each request is met by closes
+        script.extend([(ok, slow, false), (ok, slow, false)]);
+        script.extend([("", Duration::ZERO, false); 2]);
+    }
+    let upstream = RawUpstream::scripted_after(script).await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "workers: 1", "", "")).await;
+    let mut read = 0;
+    for (method, sent) in [("GET", 2), ("DELETE", 2), ("POST", 1)] {
+        let (url_a, url_b) = (proxy.url("/v1/a"), proxy.url("/v1/b"));
+        let (a, b) = tokio::join!(get(&url_a, &[]), get(&url_b, &[]));
+        assert_eq!(
+            (a.status, b.status),
+            (200, 200),
+            "{method}: two idle connections"
+        );
+        read += 2;
+        let req = Request::builder()
+            .method(method)
+            .uri(proxy.url("/v1/boom"))
+            .body(empty())
+            .unwrap();
+        assert_eq!(send(req).await.status, 502, "{method}");
+        read += sent;
+        assert_eq!(
+            upstream.heads_read.load(Ordering::SeqCst),
+            read,
+            "{method} sent {sent}"
+        );
+        if sent == 1 {
+            // the unread close the script still holds for the next connection
+            read += 1;
+            let a = get(&proxy.url("/v1/c"), &[]).await;
+            assert_eq!(a.status, 502);
+        }
+    }
 }
 
 /// Pooled upstream connections close after `timeouts.idle` without a request; the next

@@ -43,8 +43,14 @@ const MAX_CHUNK_LINE: usize = 4096;
 #[derive(Debug)]
 pub enum Error {
     /// the connection closed (or was reset) before any byte of the response came: on a
-    /// connection reused from the pool, the upstream may have closed it while it idled
-    Closed(Option<io::Error>),
+    /// connection reused from the pool, the upstream may have closed it while it idled.
+    /// `sent`: the whole request had been written (the upstream may have read it)
+    Closed {
+        /// the request was written whole before the close was seen
+        sent: bool,
+        /// the error that showed the close, if not a clean end of stream
+        cause: Option<io::Error>,
+    },
     /// reading or writing failed
     Io(io::Error),
     /// the upstream sent something that is not HTTP/1.1 as RFC 9112 has it
@@ -54,8 +60,12 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Closed(None) => f.write_str("connection closed before the response"),
-            Error::Closed(Some(e)) => write!(f, "connection lost before the response: {e}"),
+            Error::Closed { cause: None, .. } => {
+                f.write_str("connection closed before the response")
+            }
+            Error::Closed { cause: Some(e), .. } => {
+                write!(f, "connection lost before the response: {e}")
+            }
             Error::Io(e) => write!(f, "{e}"),
             Error::Malformed(what) => write!(f, "malformed response: {what}"),
         }
@@ -65,7 +75,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Closed(Some(e)) | Error::Io(e) => Some(e),
+            Error::Closed { cause: Some(e), .. } | Error::Io(e) => Some(e),
             _ => None,
         }
     }
@@ -102,8 +112,9 @@ enum Chunk {
     Data(u64),
     /// after a chunk's data, before its CRLF
     DataEnd,
-    /// after the last chunk: trailer fields, up to an empty line
-    Trailers,
+    /// after the last chunk: trailer fields, up to an empty line (searched for it this far,
+    /// once they came incomplete)
+    Trailers(Option<usize>),
 }
 
 impl Conn {
@@ -125,7 +136,12 @@ impl Conn {
             return false;
         }
         let mut cx = Context::from_waker(Waker::noop());
-        match self.io.poll_read_ready(&mut cx) {
+        // (with the task's budget spent, readiness reads as pending whatever it is: look)
+        let readiness = match tokio::task::coop::has_budget_remaining() {
+            true => self.io.poll_read_ready(&mut cx),
+            false => Poll::Ready(Ok(())),
+        };
+        match readiness {
             Poll::Pending => true,
             Poll::Ready(Err(_)) => false,
             Poll::Ready(Ok(())) => {
@@ -145,7 +161,8 @@ impl Conn {
     ) -> Result<Response<Reading<H>>, Error> {
         encode_head(&mut self.out, req);
         if let Err(e) = self.io.write_all(&self.out).await {
-            return Err(Error::Closed(Some(e)));
+            let cause = Some(e);
+            return Err(Error::Closed { sent: false, cause });
         }
         let head_request = req.method() == Method::HEAD;
         let (resp, framing, reusable) = self.read_head(head_request).await?;
@@ -165,29 +182,42 @@ impl Conn {
         head_request: bool,
     ) -> Result<(Response<()>, Framing, bool), Error> {
         let mut received = 0usize;
+        // After an incomplete head, it is parsed again only once an empty line has come (each
+        // byte looked at about once, however slowly the head arrives); `searched` is how far
+        // the search for one has gone.
+        let mut partial = false;
+        let mut searched = 0usize;
         loop {
-            if !self.buf.is_empty() {
-                if let Some(parsed) = parse_head(&mut self.buf, head_request)? {
-                    match parsed {
-                        Parsed::Interim => continue,
-                        Parsed::Final(resp, framing, reusable) => {
-                            return Ok((resp, framing, reusable))
-                        }
+            if !self.buf.is_empty() && (!partial || ends_section(&self.buf, &mut searched)) {
+                match parse_head(&mut self.buf, head_request)? {
+                    Some(Parsed::Interim) => {
+                        (partial, searched) = (false, 0);
+                        continue;
                     }
+                    Some(Parsed::Final(resp, framing, reusable)) => {
+                        return Ok((resp, framing, reusable));
+                    }
+                    None => (partial, searched) = (true, self.buf.len()),
                 }
-                if self.buf.len() >= MAX_HEAD {
-                    return Err(Error::Malformed("response head too large"));
-                }
+            }
+            if self.buf.len() >= MAX_HEAD {
+                return Err(Error::Malformed("response head too large"));
             }
             self.buf.reserve(READ_SIZE);
             let n = match self.io.read_buf(&mut self.buf).await {
                 Ok(n) => n,
-                Err(e) if received == 0 => return Err(Error::Closed(Some(e))),
+                Err(e) if received == 0 => {
+                    let cause = Some(e);
+                    return Err(Error::Closed { sent: true, cause });
+                }
                 Err(e) => return Err(Error::Io(e)),
             };
             if n == 0 {
                 return Err(if received == 0 {
-                    Error::Closed(None)
+                    Error::Closed {
+                        sent: true,
+                        cause: None,
+                    }
                 } else {
                     Error::Malformed("connection closed within the response head")
                 });
@@ -315,6 +345,23 @@ fn encode_head<B>(out: &mut Vec<u8>, req: &Request<B>) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Whether the bytes of `buf` past `searched` (less the two before, for a line end split
+/// between reads) hold an empty line, the end of a head or trailer section; `searched` moves
+/// to the end.
+fn ends_section(buf: &[u8], searched: &mut usize) -> bool {
+    let from = searched.saturating_sub(2);
+    *searched = buf.len();
+    let mut rest = &buf[from.min(buf.len())..];
+    while let Some(lf) = rest.iter().position(|&b| b == b'\n') {
+        match rest.get(lf + 1) {
+            Some(b'\n') => return true,
+            Some(b'\r') if rest.get(lf + 2) == Some(&b'\n') => return true,
+            _ => rest = &rest[lf + 1..],
+        }
+    }
+    false
+}
+
 enum Parsed {
     /// a 1xx head (not 101), consumed: the final one follows
     Interim,
@@ -348,6 +395,12 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Parsed>, 
         return Ok(Some(Parsed::Interim));
     }
     let http10 = resp.version == Some(0);
+    // a reason other than the status's usual one goes on to the client as it came (hyper's
+    // server writes it from this extension)
+    let reason = resp
+        .reason
+        .filter(|r| Some(*r) != status.canonical_reason())
+        .and_then(|r| hyper::ext::ReasonPhrase::try_from(r.as_bytes().to_vec()).ok());
     // the field positions, so that the values can share the head's bytes once it is frozen
     let base = buf.as_ptr() as usize;
     let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_FIELDS];
@@ -371,28 +424,40 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Parsed>, 
             .map_err(|_| Error::Malformed("invalid field name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
             .map_err(|_| Error::Malformed("invalid field value"))?;
-        if meta.note(&name, &value)? {
+        if meta.note(&name, &value) {
             headers.append(name, value);
         }
+    }
+    if http10 && meta.transfer_encoding {
+        // RFC 9112 §6.1: faulty framing
+        return Err(Error::Malformed(
+            "Transfer-Encoding in an HTTP/1.0 response",
+        ));
     }
     let mut reusable = !meta.close && (!http10 || meta.keep_alive);
     let no_body =
         head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+    if let (Some(n), true, false) = (meta.length, meta.length_listed, meta.bad_length) {
+        // RFC 9110 §8.6: a list of one length goes on as that length
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+    }
     let framing = if no_body {
         Framing::Done
     } else if meta.transfer_encoding {
-        if meta.length.is_some() {
+        if meta.length.is_some() || meta.bad_length {
             // RFC 9112 §6.3 (3): Transfer-Encoding overrides Content-Length; a proxy removes
             // Content-Length before forwarding, and the connection is not reused
             headers.remove(header::CONTENT_LENGTH);
             reusable = false;
         }
-        if meta.chunked && !http10 {
+        if meta.chunked {
             Framing::Chunked(Chunk::Size)
         } else {
             reusable = false;
             Framing::UntilClose
         }
+    } else if meta.bad_length {
+        return Err(Error::Malformed("invalid or conflicting Content-Length"));
     } else if let Some(n) = meta.length {
         if n == 0 {
             Framing::Done
@@ -416,6 +481,9 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Parsed>, 
         Version::HTTP_11
     };
     *resp.headers_mut() = headers;
+    if let Some(reason) = reason {
+        resp.extensions_mut().insert(reason);
+    }
     Ok(Some(Parsed::Final(resp, framing, reusable)))
 }
 
@@ -423,6 +491,11 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Parsed>, 
 #[derive(Default)]
 struct Meta {
     length: Option<u64>,
+    /// a `Content-Length` value was a list (`3, 3`)
+    length_listed: bool,
+    /// a `Content-Length` value was invalid, or two disagreed: an error if the body is framed
+    /// by it (a response without a body may carry any)
+    bad_length: bool,
     transfer_encoding: bool,
     /// `chunked` is the last transfer coding
     chunked: bool,
@@ -434,26 +507,30 @@ struct Meta {
 
 impl Meta {
     /// Notes a field; false when it is hop-by-hop and stays out of the forwarded head.
-    fn note(&mut self, name: &HeaderName, value: &HeaderValue) -> Result<bool, Error> {
+    fn note(&mut self, name: &HeaderName, value: &HeaderValue) -> bool {
         if name == header::CONTENT_LENGTH {
-            let n = content_length(value.as_bytes())?;
-            if self.length.is_some_and(|m| m != n) {
-                return Err(Error::Malformed("conflicting Content-Length values"));
+            let bytes = value.as_bytes();
+            match content_length(bytes) {
+                Some(n) if self.length.is_none_or(|m| m == n) => self.length = Some(n),
+                _ => self.bad_length = true,
             }
-            self.length = Some(n);
-            return Ok(true);
+            self.length_listed |= bytes.contains(&b',');
+            return true;
         }
         if hop_by_hop_bit(name) == 0 {
-            return Ok(true);
+            return true;
         }
         if name == header::TRANSFER_ENCODING {
             self.transfer_encoding = true;
-            let last = value
+            // the last coding named (empty list elements are allowed, RFC 9110 §5.6.1); a
+            // later Transfer-Encoding line names codings applied after this one's
+            let mut codings = value
                 .as_bytes()
-                .rsplit(|&b| b == b',')
-                .next()
-                .unwrap_or(b"");
-            self.chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+                .split(|&b| b == b',')
+                .map(<[u8]>::trim_ascii);
+            if let Some(last) = codings.rfind(|c| !c.is_empty()) {
+                self.chunked = last.eq_ignore_ascii_case(b"chunked");
+            }
         } else if name == header::CONNECTION {
             for token in value.as_bytes().split(|&b| b == b',') {
                 let token = token.trim_ascii();
@@ -466,25 +543,25 @@ impl Meta {
                 }
             }
         }
-        Ok(false)
+        false
     }
 }
 
 /// A `Content-Length` value: digits, or a list of the same digits (RFC 9110 §8.6).
-fn content_length(value: &[u8]) -> Result<u64, Error> {
+fn content_length(value: &[u8]) -> Option<u64> {
     let mut found: Option<u64> = None;
     for part in value.split(|&b| b == b',') {
         let part = part.trim_ascii();
         if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
-            return Err(Error::Malformed("invalid Content-Length"));
+            return None;
         }
         let n = part.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
         if found.is_some_and(|m| m != n) {
-            return Err(Error::Malformed("conflicting Content-Length values"));
+            return None;
         }
         found = Some(n);
     }
-    found.ok_or(Error::Malformed("invalid Content-Length"))
+    found
 }
 
 /// The next frame of the body from the bytes in `buf`, moving `framing` on; `None` when more
@@ -515,7 +592,10 @@ fn decode(buf: &mut BytesMut, framing: &mut Framing) -> Result<Option<Frame<Byte
                 return Ok(Some(Frame::data(data)));
             }
             Framing::Chunked(chunk) => match decode_chunk(buf, chunk)? {
-                Step::More => return Ok(None),
+                Step::More(at) => {
+                    *framing = Framing::Chunked(at);
+                    return Ok(None);
+                }
                 Step::To(next) => *framing = Framing::Chunked(next),
                 Step::Data(data, next) => {
                     *framing = Framing::Chunked(next);
@@ -532,8 +612,8 @@ fn decode(buf: &mut BytesMut, framing: &mut Framing) -> Result<Option<Frame<Byte
 
 /// One step of the chunked coding (RFC 9112 §7.1).
 enum Step {
-    /// more bytes are needed
-    More,
+    /// more bytes are needed, at this point of the coding
+    More(Chunk),
     /// moved on, without a frame
     To(Chunk),
     /// chunk data, then on
@@ -545,39 +625,23 @@ enum Step {
 fn decode_chunk(buf: &mut BytesMut, at: Chunk) -> Result<Step, Error> {
     match at {
         Chunk::Size => {
-            let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") else {
+            let Some(lf) = buf.iter().position(|&b| b == b'\n') else {
                 if buf.len() > MAX_CHUNK_LINE {
                     return Err(Error::Malformed("chunk-size line too long"));
                 }
-                return Ok(Step::More);
+                return Ok(Step::More(at));
             };
-            let line = &buf[..eol];
-            // chunk extensions (after ';') are ignored, as RFC 9112 §7.1.1 allows
-            let digits = line
-                .split(|&b| b == b';')
-                .next()
-                .unwrap_or(b"")
-                .trim_ascii_end();
-            if digits.is_empty() || digits.len() > 15 {
-                return Err(Error::Malformed("invalid chunk size"));
-            }
-            let mut size = 0u64;
-            for &d in digits {
-                let v = (d as char)
-                    .to_digit(16)
-                    .ok_or(Error::Malformed("invalid chunk size"))?;
-                size = size * 16 + u64::from(v);
-            }
-            buf.advance(eol + 2);
+            let size = chunk_size(&buf[..lf])?;
+            buf.advance(lf + 1);
             Ok(Step::To(if size == 0 {
-                Chunk::Trailers
+                Chunk::Trailers(None)
             } else {
                 Chunk::Data(size)
             }))
         }
         Chunk::Data(left) => {
             if buf.is_empty() {
-                return Ok(Step::More);
+                return Ok(Step::More(at));
             }
             let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
             let data = buf.split_to(n).freeze();
@@ -591,7 +655,7 @@ fn decode_chunk(buf: &mut BytesMut, at: Chunk) -> Result<Step, Error> {
         }
         Chunk::DataEnd => {
             if buf.len() < 2 {
-                return Ok(Step::More);
+                return Ok(Step::More(at));
             }
             if &buf[..2] != b"\r\n" {
                 return Err(Error::Malformed("chunk data not followed by CRLF"));
@@ -599,32 +663,69 @@ fn decode_chunk(buf: &mut BytesMut, at: Chunk) -> Result<Step, Error> {
             buf.advance(2);
             Ok(Step::To(Chunk::Size))
         }
-        Chunk::Trailers => {
-            if buf.starts_with(b"\r\n") {
-                buf.advance(2);
-                return Ok(Step::End(None));
+        Chunk::Trailers(searched) => trailers(buf, searched),
+    }
+}
+
+/// The size of a chunk from its line (up to its LF): hex digits, then extensions, which are
+/// ignored (RFC 9112 §7.1.1); the line must end with CRLF and hold no other CR or LF (a bare
+/// one is how a chunk extension smuggles a line past one reader and not another).
+fn chunk_size(line: &[u8]) -> Result<u64, Error> {
+    let Some((b'\r', line)) = line.split_last() else {
+        return Err(Error::Malformed("chunk-size line not ended by CRLF"));
+    };
+    if line.len() > MAX_CHUNK_LINE || line.contains(&b'\r') {
+        return Err(Error::Malformed("invalid chunk-size line"));
+    }
+    let digits = line.split(|&b| b == b';').next().unwrap_or(b"");
+    let digits = digits.trim_ascii_end();
+    if digits.is_empty() {
+        return Err(Error::Malformed("invalid chunk size"));
+    }
+    digits.iter().try_fold(0u64, |size, &d| {
+        let v = (d as char)
+            .to_digit(16)
+            .ok_or(Error::Malformed("invalid chunk size"))?;
+        size.checked_mul(16)
+            .and_then(|s| s.checked_add(u64::from(v)))
+            .ok_or(Error::Malformed("chunk size too large"))
+    })
+}
+
+/// The trailer section after the last chunk, up to its empty line; parsed again only once an
+/// empty line has come (see [`ends_section`]).
+fn trailers(buf: &mut BytesMut, searched: Option<usize>) -> Result<Step, Error> {
+    if buf.starts_with(b"\r\n") {
+        buf.advance(2);
+        return Ok(Step::End(None));
+    }
+    if let Some(mut from) = searched {
+        if !ends_section(buf, &mut from) {
+            if buf.len() > MAX_HEAD {
+                return Err(Error::Malformed("trailer section too large"));
             }
-            let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-            let (len, parsed) = match httparse::parse_headers(buf, &mut fields) {
-                Ok(httparse::Status::Complete((len, parsed))) => (len, parsed),
-                Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-                    return Err(Error::Malformed("trailer section too large"))
-                }
-                Ok(httparse::Status::Partial) => return Ok(Step::More),
-                Err(_) => return Err(Error::Malformed("invalid trailer section")),
-            };
-            let mut trailers = HeaderMap::with_capacity(parsed.len());
-            for field in parsed {
-                let name = HeaderName::from_bytes(field.name.as_bytes())
-                    .map_err(|_| Error::Malformed("invalid trailer name"))?;
-                let value = HeaderValue::from_bytes(field.value)
-                    .map_err(|_| Error::Malformed("invalid trailer value"))?;
-                trailers.append(name, value);
-            }
-            buf.advance(len);
-            Ok(Step::End(Some(trailers)))
+            return Ok(Step::More(Chunk::Trailers(Some(from))));
         }
     }
+    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let (len, parsed) = match httparse::parse_headers(buf, &mut fields) {
+        Ok(httparse::Status::Complete((len, parsed))) => (len, parsed),
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+            return Err(Error::Malformed("trailer section too large"))
+        }
+        Ok(httparse::Status::Partial) => return Ok(Step::More(Chunk::Trailers(Some(buf.len())))),
+        Err(_) => return Err(Error::Malformed("invalid trailer section")),
+    };
+    let mut trailers = HeaderMap::with_capacity(parsed.len());
+    for field in parsed {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| Error::Malformed("invalid trailer name"))?;
+        let value = HeaderValue::from_bytes(field.value)
+            .map_err(|_| Error::Malformed("invalid trailer value"))?;
+        trailers.append(name, value);
+    }
+    buf.advance(len);
+    Ok(Step::End((!trailers.is_empty()).then_some(trailers)))
 }
 
 #[cfg(test)]
@@ -768,10 +869,54 @@ mod tests {
             "HTTP/1.1 101 Switching Protocols\r\n\r\n",
             "HTTP/1.1 2000 OK\r\n\r\n",
             "SMTP ready\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
         ] {
             let mut buf = BytesMut::from(text.as_bytes());
             assert!(parse_head(&mut buf, false).is_err(), "{text:?}");
         }
+        // a response without a body may carry any length: it frames nothing
+        let (_, framing, _, _) = parsed("HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", true);
+        assert_eq!(framing, Framing::Done);
+    }
+
+    /// A list of one length goes on as that length; an empty list element before `chunked`
+    /// does not hide it; a reason other than the usual one is kept for the client.
+    #[test]
+    fn heads_are_normalised_where_rfc_9110_says() {
+        let (resp, framing, _, _) =
+            parsed("HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\n\r\n", false);
+        assert_eq!(framing, Framing::Length(3));
+        assert_eq!(resp.headers()[header::CONTENT_LENGTH], "3");
+        let text = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked,\r\n\r\n";
+        assert_eq!(parsed(text, false).1, Framing::Chunked(Chunk::Size));
+        let (resp, _, _, _) = parsed(
+            "HTTP/1.1 299 Weird Thing\r\nContent-Length: 0\r\n\r\n",
+            false,
+        );
+        let reason = resp.extensions().get::<hyper::ext::ReasonPhrase>();
+        assert_eq!(reason.map(|r| r.as_bytes()), Some(&b"Weird Thing"[..]));
+        let (resp, _, _, _) = parsed("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", false);
+        assert!(resp
+            .extensions()
+            .get::<hyper::ext::ReasonPhrase>()
+            .is_none());
+    }
+
+    /// A head that arrives a byte at a time is found complete once its empty line has come
+    /// (and not parsed again before: `ends_section` keeps the search linear).
+    #[test]
+    fn section_ends_are_found_across_reads() {
+        let text = b"HTTP/1.1 200 OK\r\nA: b\r\n\r\n";
+        let mut searched = 0;
+        let found: Vec<bool> = (1..=text.len())
+            .map(|n| ends_section(&text[..n], &mut searched))
+            .collect();
+        assert_eq!(found.iter().position(|&f| f), Some(text.len() - 1));
+        let mut searched = 0;
+        assert!(
+            ends_section(b"HTTP/1.1 200 OK\nA: b\n\n", &mut searched),
+            "bare LFs"
+        );
     }
 
     /// Interim (1xx) heads are read past; hop-by-hop fields and the ones `Connection` names
@@ -868,9 +1013,15 @@ mod tests {
             "2\r\nabXX0\r\n\r\n",
             "\r\nab\r\n",
             "ffffffffffffffffff\r\n",
+            // a bare LF ends no chunk-size line, nor may one hide in an extension
+            "2\nok\n0\n\n",
+            "2;x\nfoo\r\nok\r\n0\r\n\r\n",
+            "2;x\rfoo\r\nok\r\n0\r\n\r\n",
         ] {
             assert!(body(text, chunked).is_err(), "{text:?}");
         }
+        let (data, _, _) = body("0000000000000000002\r\nok\r\n0\r\n\r\n", chunked).expect("zeros");
+        assert_eq!(data, b"ok");
         let mut buf = BytesMut::from(vec![b'1'; MAX_CHUNK_LINE + 1].as_slice());
         let mut framing = chunked;
         assert!(decode(&mut buf, &mut framing).is_err(), "endless size line");

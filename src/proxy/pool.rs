@@ -13,8 +13,8 @@
 //! HTTP/1.1 client instead (`h1`): the exchange is driven by the request's own task, with no
 //! connection task between. Those connections have their own idle stacks, kept the same way.
 //! A request on a reused one that finds it closed before any response byte (the upstream
-//! closed it while it idled) goes out again on the next connection if its method is
-//! idempotent (RFC 9110 §9.2.2), as browsers and nginx do.
+//! closed it while it idled) goes out again, once, on a new connection when that is safe (see
+//! [`Pool::exchange`]).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
-use http::{header, Request, Response, StatusCode, Uri};
+use http::{header, Method, Request, Response, StatusCode, Uri};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
@@ -147,6 +147,7 @@ impl Pool {
     ) -> Result<Response<Pooled>, UpstreamError> {
         if target.scheme == Scheme::HTTP
             && req.body().is_end_stream()
+            && req.method() != Method::CONNECT
             && !req.headers().contains_key(header::UPGRADE)
         {
             return self.exchange(target, &req).await;
@@ -172,17 +173,21 @@ impl Pool {
 
     /// Sends `req` (no body, no protocol switch, a cleartext target) over tollgate's own
     /// client: on an idle connection to `target`, or a new one.
+    ///
+    /// A reused connection found closed before any byte of the response is most likely one the
+    /// upstream closed while it idled (its keep-alive timeout): the request goes again, once,
+    /// on a new connection, if it was not written whole or its method is idempotent (RFC 9110
+    /// §9.2.2). An upstream that closes without answering a request it did read would see an
+    /// idempotent one twice, never more.
     async fn exchange(
         &self,
         target: &Key,
         req: &Request<Body>,
     ) -> Result<Response<Pooled>, UpstreamError> {
-        let again_if_closed = req.method().is_idempotent();
-        while let Some(conn) = self.checkout_own(target) {
+        if let Some(conn) = self.checkout_own(target) {
             match conn.exchange(req, self.home(target)).await {
                 Ok(resp) => return Ok(resp.map(Pooled::own)),
-                // closed while it idled: nothing of the request was taken
-                Err(h1::Error::Closed(_)) if again_if_closed => {}
+                Err(h1::Error::Closed { sent, .. }) if !sent || req.method().is_idempotent() => {}
                 Err(e) => return Err(UpstreamError::Exchange(e)),
             }
         }
