@@ -29,7 +29,7 @@
 
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -141,6 +141,47 @@ type Histograms<S> = Family<S, Histogram, fn() -> Histogram>;
 
 /// A function run before each [`Metrics::encode`].
 type ScrapeHook = Box<dyn Fn(&Metrics) + Send + Sync>;
+
+/// A route's request series, kept by the route and found once: recording into it skips the
+/// family's label hashing and lock (a SipHash of the labels and a lock per series, twice per
+/// request). Series appear at the first recording, as through [`Metrics::request`].
+pub struct RouteSeries {
+    route: Arc<str>,
+    duration: OnceLock<Histogram>,
+    /// `tollgate_requests_total{route,status}` for the statuses seen so far (a std lock: read
+    /// on every request, written once per status)
+    counts: RwLock<Vec<(u16, Counter)>>,
+}
+
+impl RouteSeries {
+    /// The series of the route named `route`.
+    pub fn new(route: Arc<str>) -> RouteSeries {
+        RouteSeries {
+            route,
+            duration: OnceLock::new(),
+            counts: RwLock::new(Vec::new()),
+        }
+    }
+}
+
+/// A limit's `tollgate_limit_decisions_total` series, kept by the limit (see [`RouteSeries`]).
+pub struct DecisionSeries {
+    route: Arc<str>,
+    limit: Arc<str>,
+    /// by [`Decision`], in its order
+    counters: [OnceLock<Counter>; 3],
+}
+
+impl DecisionSeries {
+    /// The series of limit `limit` of route `route`.
+    pub fn new(route: Arc<str>, limit: Arc<str>) -> DecisionSeries {
+        DecisionSeries {
+            route,
+            limit,
+            counters: Default::default(),
+        }
+    }
+}
 
 /// A handle to the process's metrics; clones share one registry.
 ///
@@ -291,6 +332,52 @@ impl Metrics {
             .request_duration
             .get_or_create(&labels)
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// [`Metrics::request`] for a request of the route whose series `series` are.
+    pub fn route_request(&self, series: &RouteSeries, status: u16, elapsed: Duration) {
+        let counts = series.counts.read().unwrap_or_else(PoisonError::into_inner);
+        let known = counts
+            .iter()
+            .find(|(s, _)| *s == status)
+            .map(|(_, c)| c.inc());
+        drop(counts);
+        if known.is_none() {
+            let labels = RouteStatus {
+                route: series.route.clone(),
+                status,
+            };
+            let counter = self.inner.requests.get_or_create(&labels).clone();
+            counter.inc();
+            let mut counts = series
+                .counts
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            if !counts.iter().any(|(s, _)| *s == status) {
+                counts.push((status, counter));
+            }
+        }
+        let duration = series.duration.get_or_init(|| {
+            let labels = RouteLabel {
+                route: series.route.clone(),
+            };
+            self.inner.request_duration.get_or_create(&labels).clone()
+        });
+        duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// [`Metrics::limit_decision`] for the limit whose series `series` are.
+    pub fn limit_decided(&self, series: &DecisionSeries, decision: Decision) {
+        let slot = &series.counters[decision as usize];
+        let counter = slot.get_or_init(|| {
+            let labels = DecisionLabels {
+                route: series.route.clone(),
+                limit: series.limit.clone(),
+                decision,
+            };
+            self.inner.limit_decisions.get_or_create(&labels).clone()
+        });
+        counter.inc();
     }
 
     /// Records what one limit decided: `tollgate_limit_decisions_total{route,limit,decision}`.

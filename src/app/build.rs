@@ -11,7 +11,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{self, Backend, Config};
 use crate::limit::Algorithm;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RouteSeries};
 use crate::proxy::{
     HeaderStyle, Limit, Pacer, Proxy, Route, Settings, Targets, Upstream, UpstreamClients,
 };
@@ -95,8 +95,10 @@ pub fn build_proxy(
             .get(&r.upstream)
             .with_context(|| format!("route {} names a missing upstream {}", r.name, r.upstream))?
             .clone();
+        let name: Arc<str> = r.name.as_str().into();
         let limits = r.limits.iter().map(|l| {
             Limit::new(
+                &name,
                 l.name.as_str().into(),
                 l.algorithm,
                 l.key.clone(),
@@ -109,11 +111,13 @@ pub fn build_proxy(
             (m @ PathMatch::Prefix(_), true) => Some(m.clone()),
             _ => None,
         };
+        let limits = limits.collect();
         let route = Route {
-            name: r.name.as_str().into(),
+            series: RouteSeries::new(name.clone()),
+            name,
             strip,
             upstream,
-            limits: limits.collect(),
+            limits,
         };
         routes.push((r.matcher.clone(), route));
     }

@@ -14,7 +14,7 @@ use super::respond::{self, Shown};
 use super::{Body, Outcome, Proxy, ProxyError, Route};
 use crate::identity::{self, KeyContext, KeyPart};
 use crate::limit::{Algorithm, Decision};
-use crate::metrics::Decision as Counted;
+use crate::metrics::{Decision as Counted, DecisionSeries};
 
 /// One limit of a route, ready to check.
 pub struct Limit {
@@ -32,11 +32,14 @@ pub struct Limit {
     pub overrides: HashMap<String, Algorithm>,
     /// its `RateLimit-Policy` value with `alg`, made once (overrides make theirs per response)
     policy: HeaderValue,
+    /// its decision metrics, found once
+    series: DecisionSeries,
 }
 
 impl Limit {
-    /// A limit; `shadow` ones count and log their denials only.
+    /// A limit of route `route`; `shadow` ones count and log their denials only.
     pub fn new(
+        route: &Arc<str>,
         name: Arc<str>,
         alg: Algorithm,
         key: Vec<KeyPart>,
@@ -46,7 +49,9 @@ impl Limit {
     ) -> Limit {
         let (quota, window_secs) = figures(&alg);
         let policy = respond::policy_value(&name, quota, window_secs);
+        let series = DecisionSeries::new(route.clone(), name.clone());
         Limit {
+            series,
             name,
             alg,
             key,
@@ -113,7 +118,7 @@ pub(super) async fn check<B>(
     req: &Request<B>,
     ip: IpAddr,
     path: &str,
-    outcome: &mut Outcome,
+    outcome: &mut Outcome<'_>,
 ) -> Result<Checked, ProxyError> {
     let ctx = KeyContext {
         ip,
@@ -148,9 +153,7 @@ pub(super) async fn check<B>(
             (false, true) => Counted::ShadowDenied,
             (false, false) => Counted::Denied,
         };
-        proxy
-            .metrics
-            .limit_decision(&route.name, &limit.name, counted);
+        proxy.metrics.limit_decided(&limit.series, counted);
         if outcome.decision != Some("denied") {
             outcome.decision = Some(counted.as_str());
         }

@@ -30,7 +30,7 @@ use ipnet::IpNet;
 use tokio_util::task::TaskTracker;
 
 use crate::identity;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RouteSeries};
 use crate::routing::{normalize_path, strip_prefix, PathMatch, RequestParts, RouteTable};
 use crate::store::{Store, StoreError};
 
@@ -54,6 +54,8 @@ pub struct Route {
     pub upstream: Arc<Upstream>,
     /// checked in order
     pub limits: Vec<Limit>,
+    /// its request metrics, found once
+    pub series: RouteSeries,
 }
 
 /// An upstream, ready to serve.
@@ -248,8 +250,10 @@ impl Conn {
 
 /// What one request did, filled in by the phases: the metrics and the access log line.
 #[derive(Default)]
-struct Outcome {
+struct Outcome<'a> {
     route: Option<Arc<str>>,
+    /// the matched route's request metrics
+    series: Option<&'a RouteSeries>,
     upstream: Option<Arc<str>>,
     client: Option<std::net::IpAddr>,
     /// the limit phase's verdict: allowed, denied, shadow_denied, or none (no limits ran)
@@ -275,16 +279,19 @@ impl Proxy {
         let elapsed = started.elapsed();
         let status = resp.status().as_u16();
         let route = outcome.route.as_ref().unwrap_or(self.metrics.no_route());
-        self.metrics.request(route, status, elapsed);
+        match outcome.series {
+            Some(series) => self.metrics.route_request(series, status, elapsed),
+            None => self.metrics.request(route, status, elapsed),
+        }
         log_request(&outcome, route, status, elapsed);
         resp
     }
 
-    async fn phases(
-        &self,
+    async fn phases<'a>(
+        &'a self,
         req: Request<Incoming>,
         conn: Conn,
-        outcome: &mut Outcome,
+        outcome: &mut Outcome<'a>,
     ) -> Result<Response<Body>, ProxyError> {
         // 1. route, on the normalised path (which is also the one forwarded)
         // The URI is cloned (reference counts only) so the path can be borrowed from it while
@@ -301,6 +308,7 @@ impl Proxy {
         };
         let route = self.routes.find(&parts).ok_or(ProxyError::NoRoute)?;
         outcome.route = Some(route.name.clone());
+        outcome.series = Some(&route.series);
         outcome.upstream = Some(route.upstream.name.clone());
         // 2. identify
         let xff = req.headers().get_all(&forward::X_FORWARDED_FOR);
@@ -350,7 +358,7 @@ impl Proxy {
 
 /// One line per request at info, target `tollgate::access` (turn it off with
 /// `RUST_LOG=info,tollgate::access=off`). The client appears as a short hash, not an address.
-fn log_request(outcome: &Outcome, route: &str, status: u16, elapsed: Duration) {
+fn log_request(outcome: &Outcome<'_>, route: &str, status: u16, elapsed: Duration) {
     if !tracing::enabled!(target: "tollgate::access", tracing::Level::INFO) {
         return;
     }
