@@ -825,7 +825,8 @@ async fn unframeable_or_cut_responses_are_not_passed_on_as_whole() {
 /// connections, a GET is read twice and a DELETE too, a POST once.
 #[tokio::test]
 async fn a_request_met_by_a_close_is_sent_again_at_most_once() {
-    let slow = Duration::from_millis(200);
+    // long enough that the two requests of a pair overlap on any machine: two connections
+    let slow = Duration::from_millis(500);
     let ok = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
     let mut script = Vec::new();
     for _ in 0..3 {
@@ -836,7 +837,9 @@ async fn a_request_met_by_a_close_is_sent_again_at_most_once() {
     let upstream = RawUpstream::scripted_after(script).await;
     let proxy = Proxy::start(&config(&[upstream.url()], "workers: 1", "", "")).await;
     let mut read = 0;
-    for (method, sent) in [("GET", 2), ("DELETE", 2), ("POST", 1)] {
+    // connections after each round: a pair makes one new beside the idle one left (two at
+    // first), and a resend goes on a new one
+    for (method, sent, connections) in [("GET", 2, 3), ("DELETE", 2, 5), ("POST", 1, 6)] {
         let (url_a, url_b) = (proxy.url("/v1/a"), proxy.url("/v1/b"));
         let (a, b) = tokio::join!(get(&url_a, &[]), get(&url_b, &[]));
         assert_eq!(
@@ -857,6 +860,8 @@ async fn a_request_met_by_a_close_is_sent_again_at_most_once() {
             read,
             "{method} sent {sent}"
         );
+        let accepted = upstream.accepted.load(Ordering::SeqCst);
+        assert_eq!(accepted, connections, "{method}: connections so far");
         if sent == 1 {
             // the unread close the script still holds for the next connection
             read += 1;

@@ -131,6 +131,15 @@ async fn separate_buckets_per_api_key_with_override() {
     );
     let keys = redis.cli(&["--scan", "--pattern", "tollgate:api:per-key:*"]);
     assert_eq!(keys.lines().count(), 4, "{keys}");
+    // each bucket's own policy: the override's for its key, the limit's for the others
+    // (a new key's first answer; the spent override bucket's 429)
+    for (key, want) in [
+        ("carol", r#""per-key";q=2;w=120"#),
+        ("gold-key", r#""per-key";q=5;w=300"#),
+    ] {
+        let a = get(&proxy.url("/v1"), &[("x-api-key", key)]).await;
+        assert_eq!(a.header("ratelimit-policy"), Some(want), "{key}");
+    }
 }
 
 /// X-Forwarded-For from an untrusted peer is ignored: a client cannot pick its own identity.

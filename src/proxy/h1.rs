@@ -441,6 +441,10 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Parsed>, 
         // RFC 9110 §8.6: a list of one length goes on as that length
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
     }
+    if meta.bad_length && no_body {
+        // frames nothing here, but is not passed on as it is
+        headers.remove(header::CONTENT_LENGTH);
+    }
     let framing = if no_body {
         Framing::Done
     } else if meta.transfer_encoding {
@@ -695,9 +699,13 @@ fn chunk_size(line: &[u8]) -> Result<u64, Error> {
 /// The trailer section after the last chunk, up to its empty line; parsed again only once an
 /// empty line has come (see [`ends_section`]).
 fn trailers(buf: &mut BytesMut, searched: Option<usize>) -> Result<Step, Error> {
-    if buf.starts_with(b"\r\n") {
-        buf.advance(2);
-        return Ok(Step::End(None));
+    // no trailer fields: the empty line at once (a bare LF too, as httparse takes it below;
+    // alone it would never show `ends_section` an empty line)
+    for end in [&b"\r\n"[..], b"\n"] {
+        if buf.starts_with(end) {
+            buf.advance(end.len());
+            return Ok(Step::End(None));
+        }
     }
     if let Some(mut from) = searched {
         if !ends_section(buf, &mut from) {
@@ -874,9 +882,10 @@ mod tests {
             let mut buf = BytesMut::from(text.as_bytes());
             assert!(parse_head(&mut buf, false).is_err(), "{text:?}");
         }
-        // a response without a body may carry any length: it frames nothing
-        let (_, framing, _, _) = parsed("HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", true);
+        // a response without a body may carry any length: it frames nothing (and is dropped)
+        let (resp, framing, _, _) = parsed("HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", true);
         assert_eq!(framing, Framing::Done);
+        assert!(resp.headers().get(header::CONTENT_LENGTH).is_none());
     }
 
     /// A list of one length goes on as that length; an empty list element before `chunked`
@@ -1002,6 +1011,20 @@ mod tests {
         assert_eq!(framing, Framing::Done);
         assert_eq!(data, b"abc0123456789abcdef");
         assert_eq!(trailers.map(|t| t.len()), Some(1));
+    }
+
+    /// A chunked body whose last line comes in a read of its own ends, with a bare LF too.
+    #[test]
+    fn chunked_bodies_end_when_their_last_line_comes_alone() {
+        for end in ["\r\n", "\n", "X: 1\r\n\r\n"] {
+            let mut framing = Framing::Chunked(Chunk::Size);
+            let mut buf = BytesMut::from(&b"2\r\nok\r\n0\r\n"[..]);
+            while decode(&mut buf, &mut framing).expect("valid").is_some() {}
+            assert_ne!(framing, Framing::Done, "{end:?}: not before its last line");
+            buf.extend_from_slice(end.as_bytes());
+            while decode(&mut buf, &mut framing).expect("valid").is_some() {}
+            assert_eq!(framing, Framing::Done, "{end:?}");
+        }
     }
 
     /// Malformed chunked codings are errors.
