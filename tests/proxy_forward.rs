@@ -737,6 +737,37 @@ async fn upstream_connections_are_reused_after_responses_with_trailers() {
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 1);
 }
 
+/// A response head larger than one read (40 KB of fields) reaches the client whole; one over
+/// the 64 KiB the proxy holds for a head is a 502, and its connection is not used again.
+#[tokio::test]
+async fn large_response_heads_are_read_across_reads_up_to_a_limit() {
+    let head = |field: usize| -> &'static str {
+        let text = format!(
+            "HTTP/1.1 200 OK\r\nX-Big: {}\r\nContent-Length: 2\r\n\r\nok",
+            "v".repeat(field)
+        );
+        Box::leak(text.into_boxed_str())
+    };
+    let upstream = RawUpstream::scripted(vec![
+        (head(40_000), false),
+        (head(70_000), false),
+        (head(10), false),
+    ])
+    .await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "workers: 1", "", "")).await;
+    let a = get(&proxy.url("/v1/big"), &[]).await;
+    assert_eq!((a.status, a.body.as_str()), (200, "ok"));
+    assert_eq!(a.header("x-big").map(str::len), Some(40_000));
+    let a = get(&proxy.url("/v1/too-big"), &[]).await;
+    assert_eq!(
+        (a.status, json(&a)["error"].as_str()),
+        (502, Some("upstream_error"))
+    );
+    let a = get(&proxy.url("/v1/small"), &[]).await;
+    assert_eq!((a.status, a.header("x-big")), (200, Some("vvvvvvvvvv")));
+    assert_eq!(upstream.accepted.load(Ordering::SeqCst), 2);
+}
+
 /// Response bodies reach the client whole however the upstream frames them (chunked with
 /// extensions, none for 204 or HEAD, after interim 1xx heads, until the connection closes), and
 /// an upstream connection is reused after each of them except the one delimited by its close.
