@@ -4,6 +4,7 @@
 //! straight into a `EVALSHA` command for the store's own connection ([`Call::encode`]) or turned
 //! into a redis-rs invocation for TLS and Cluster ([`Call::invocation`]).
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
 
 use ::redis::{Script, ScriptInvocation};
@@ -67,6 +68,9 @@ pub(crate) struct Call<'a> {
     /// a token or leaky bucket on the server's clock: what it takes and the ms per token or
     /// slot, so it may be joined with the other checks of its bucket (see [`super::coalesce`])
     joinable: Option<(Kind, f64)>,
+    /// the arguments are a limit's own, the same on every check (no `now`, no hold time): worth
+    /// keeping written (see [`push_args`])
+    same_each_time: bool,
 }
 
 impl Scripts {
@@ -100,6 +104,7 @@ impl Scripts {
             Algorithm::SlidingWindow(w) => window(&self.sliding_window, key, w),
             Algorithm::SlidingWindowCounter(w) => window(&self.sliding_window_counter, key, w),
         };
+        call.same_each_time = now.is_none();
         match (now, alg) {
             (Some(now), _) => call = call.arg(Arg::Num(now)),
             (None, Algorithm::TokenBucket(b)) => {
@@ -150,6 +155,7 @@ impl<'a> Call<'a> {
             args: [Arg::Empty; MAX_ARGS],
             len: 0,
             joinable: None,
+            same_each_time: false,
         }
     }
 
@@ -181,8 +187,6 @@ impl<'a> Call<'a> {
     /// Returns how the `EVALSHA` may be joined with other checks of its bucket, if it may.
     pub(crate) fn encode(&self, out: &mut Vec<u8>, body: bool) -> Option<Join> {
         let start = out.len();
-        let mut last = 0;
-        let mut num = Scratch::default();
         out.push(b'*');
         push_count(out, 4 + self.len as u64); // EVALSHA sha 1 key args…
         if body {
@@ -194,35 +198,12 @@ impl<'a> Call<'a> {
         }
         bulk(out, self.key.as_bytes());
         let args_at = out.len() - start;
-        for arg in self.args() {
-            last = out.len() - start;
-            num.len = 0;
-            match *arg {
-                Arg::Int(n) => {
-                    bulk(out, crate::decimal::digits(n, &mut [0; 20]).as_bytes());
-                    continue;
-                }
-                // a whole number prints as its digits (Display writes 100.0 as "100"), without
-                // the float formatting machinery: rates are usually whole
-                Arg::Num(x) if x.fract() == 0.0 && x.is_sign_positive() && x < 1e15 => {
-                    bulk(
-                        out,
-                        crate::decimal::digits(x as u64, &mut [0; 20]).as_bytes(),
-                    );
-                    continue;
-                }
-                Arg::Num(x) => {
-                    // Display writes every digit, without an exponent: the rare number longer
-                    // than the buffer (a rate of one a year, say) goes through a String
-                    if write!(num, "{x}").is_err() {
-                        bulk(out, x.to_string().as_bytes());
-                        continue;
-                    }
-                }
-                Arg::Empty => {}
-            }
-            bulk(out, num.as_bytes());
-        }
+        let last = args_at
+            + if self.same_each_time {
+                push_args(self.args(), out)
+            } else {
+                write_args(self.args(), out)
+            };
         let (kind, interval_ms) = self.joinable.filter(|_| !body)?;
         let (head, same) = match kind {
             // the cost, last, is what a joined call changes
@@ -237,6 +218,101 @@ impl<'a> Call<'a> {
             kind,
         })
     }
+}
+
+thread_local! {
+    /// Arguments already written, by their values: a limit's arguments are the same on every
+    /// check (only the key changes), and writing numbers as text was most of a command's cost.
+    /// Per thread (no lock), and a few dozen limits' worth at most.
+    static WRITTEN: RefCell<Vec<Written>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Arguments as [`push_args`] writes them.
+struct Written {
+    args: [Arg; MAX_ARGS],
+    len: usize,
+    bytes: Vec<u8>,
+    /// where the last argument starts in `bytes`
+    last: usize,
+}
+
+/// How many argument lists a thread keeps written.
+const WRITTEN_MAX: usize = 64;
+
+/// Appends `args` as RESP bulk strings, from the thread's written ones when they are there;
+/// returns where the last one starts, from where they began.
+fn push_args(args: &[Arg], out: &mut Vec<u8>) -> usize {
+    WRITTEN.with(|written| {
+        let mut written = written.borrow_mut();
+        if let Some(w) = written.iter().find(|w| same_args(&w.args[..w.len], args)) {
+            out.extend_from_slice(&w.bytes);
+            return w.last;
+        }
+        let mut bytes = Vec::with_capacity(64);
+        let last = write_args(args, &mut bytes);
+        out.extend_from_slice(&bytes);
+        if written.len() < WRITTEN_MAX {
+            let mut kept = [Arg::Empty; MAX_ARGS];
+            kept[..args.len()].copy_from_slice(args);
+            written.push(Written {
+                args: kept,
+                len: args.len(),
+                bytes,
+                last,
+            });
+        }
+        last
+    })
+}
+
+/// The same arguments, written the same: numbers compared by their bits (`-0.0` is not `0.0`
+/// here, and no NaN is ever the same).
+fn same_args(a: &[Arg], b: &[Arg]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (Arg::Int(x), Arg::Int(y)) => x == y,
+            (Arg::Num(x), Arg::Num(y)) => x.to_bits() == y.to_bits() && !x.is_nan(),
+            (Arg::Empty, Arg::Empty) => true,
+            _ => false,
+        })
+}
+
+/// Appends `args` as RESP bulk strings; returns where the last one starts, from where they
+/// began.
+fn write_args(args: &[Arg], out: &mut Vec<u8>) -> usize {
+    let start = out.len();
+    let mut last = 0;
+    let mut num = Scratch::default();
+    for arg in args {
+        last = out.len() - start;
+        num.len = 0;
+        match *arg {
+            Arg::Int(n) => {
+                bulk(out, crate::decimal::digits(n, &mut [0; 20]).as_bytes());
+                continue;
+            }
+            // a whole number prints as its digits (Display writes 100.0 as "100"), without
+            // the float formatting machinery: rates are usually whole
+            Arg::Num(x) if x.fract() == 0.0 && x.is_sign_positive() && x < 1e15 => {
+                bulk(
+                    out,
+                    crate::decimal::digits(x as u64, &mut [0; 20]).as_bytes(),
+                );
+                continue;
+            }
+            Arg::Num(x) => {
+                // Display writes every digit, without an exponent: the rare number longer
+                // than the buffer (a rate of one a year, say) goes through a String
+                if write!(num, "{x}").is_err() {
+                    bulk(out, x.to_string().as_bytes());
+                    continue;
+                }
+            }
+            Arg::Empty => {}
+        }
+        bulk(out, num.as_bytes());
+    }
+    last
 }
 
 /// A number's text, on the stack.
@@ -267,6 +343,46 @@ mod tests {
     use super::*;
     use crate::limit::{Bucket, Rate};
     use std::num::NonZeroU32;
+
+    /// A limit's arguments kept written give the very command, and the same join, as writing
+    /// them afresh, on the first check and the next ones, for every algorithm.
+    #[test]
+    fn kept_arguments_encode_as_written_ones() {
+        let scripts = Scripts::new();
+        let bucket = |rate: f64, burst: u32| {
+            Algorithm::TokenBucket(Bucket {
+                rate: Rate::per_second(rate).unwrap(),
+                burst: NonZeroU32::new(burst).unwrap(),
+                cost: NonZeroU32::new(1).unwrap(),
+            })
+        };
+        let pace = Algorithm::LeakyBucket(Pace {
+            rate: Rate::per_second(2.5).unwrap(),
+            max_delay_ms: Some(250.0),
+        });
+        for alg in [
+            bucket(100.0, 20),
+            bucket(0.3, 7),
+            bucket(1e8, 100_000_000),
+            pace,
+        ] {
+            for key in ["k:1", "another:key"] {
+                let call = scripts.check(key, &alg, None);
+                assert!(call.same_each_time);
+                let mut kept = Vec::new();
+                let kept_join = call.encode(&mut kept, false);
+                let mut fresh = Vec::new();
+                let fresh_join = Call {
+                    same_each_time: false,
+                    ..scripts.check(key, &alg, None)
+                }
+                .encode(&mut fresh, false);
+                assert_eq!(kept, fresh, "{alg:?}");
+                let joins = [kept_join, fresh_join].map(|j| j.map(|j| (j.head, j.same)));
+                assert_eq!(joins[0], joins[1], "{alg:?}");
+            }
+        }
+    }
 
     /// A check is encoded as the RESP array redis-rs would send: EVALSHA, the SHA1, one key,
     /// the arguments as text (the count's `\r\n` excepted), and `now` last.
