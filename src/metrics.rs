@@ -366,7 +366,8 @@ impl Metrics {
         duration.observe(elapsed.as_secs_f64());
     }
 
-    /// [`Metrics::limit_decision`] for the limit whose series `series` are.
+    /// Records what one limit decided, `tollgate_limit_decisions_total{route,limit,decision}`,
+    /// into the limit's series.
     pub fn limit_decided(&self, series: &DecisionSeries, decision: Decision) {
         let slot = &series.counters[decision as usize];
         let counter = slot.get_or_init(|| {
@@ -378,16 +379,6 @@ impl Metrics {
             self.inner.limit_decisions.get_or_create(&labels).clone()
         });
         counter.inc();
-    }
-
-    /// Records what one limit decided: `tollgate_limit_decisions_total{route,limit,decision}`.
-    pub fn limit_decision(&self, route: &Arc<str>, limit: &Arc<str>, decision: Decision) {
-        let labels = DecisionLabels {
-            route: route.clone(),
-            limit: limit.clone(),
-            decision,
-        };
-        self.inner.limit_decisions.get_or_create(&labels).inc();
     }
 
     /// Records how long a request waited for `upstream`'s pacing:
@@ -514,7 +505,9 @@ mod tests {
     fn requests_count_by_route_and_status_and_time_by_route() {
         let m = Metrics::new();
         let api: Arc<str> = "api".into();
-        m.request(&api, 200, Duration::from_millis(2));
+        // a route's own series and a lookup by its name are one series
+        let series = RouteSeries::new(api.clone());
+        m.route_request(&series, 200, Duration::from_millis(2));
         m.request(&api, 200, Duration::from_millis(8));
         m.request(&api, 429, Duration::from_micros(250));
         m.request(m.no_route(), 404, Duration::from_secs(40));
@@ -549,10 +542,14 @@ mod tests {
         let m = Metrics::new();
         let (api, per_ip, per_key): (Arc<str>, Arc<str>, Arc<str>) =
             ("api".into(), "per_ip".into(), "per_key".into());
-        m.limit_decision(&api, &per_ip, Decision::Allowed);
-        m.limit_decision(&api, &per_ip, Decision::Allowed);
-        m.limit_decision(&api, &per_ip, Decision::Denied);
-        m.limit_decision(&api, &per_key, Decision::ShadowDenied);
+        let (ip_series, key_series) = (
+            DecisionSeries::new(api.clone(), per_ip),
+            DecisionSeries::new(api, per_key),
+        );
+        m.limit_decided(&ip_series, Decision::Allowed);
+        m.limit_decided(&ip_series, Decision::Allowed);
+        m.limit_decided(&ip_series, Decision::Denied);
+        m.limit_decided(&key_series, Decision::ShadowDenied);
         assert_has(
             &m.encode(),
             &[
@@ -639,7 +636,10 @@ mod tests {
         let m = Metrics::new();
         let name: Arc<str> = "x".into();
         m.request(&name, 200, Duration::ZERO);
-        m.limit_decision(&name, &name, Decision::Allowed);
+        m.limit_decided(
+            &DecisionSeries::new(name.clone(), name.clone()),
+            Decision::Allowed,
+        );
         m.pacing_delay(&name, Duration::ZERO);
         m.store_error("timeout");
         m.upstream_error(&name, "connect");
