@@ -638,3 +638,98 @@ async fn cluster_limits_keys_on_every_node() {
         .await
         .expect("reloaded on the key's node");
 }
+
+/// Calls stuck behind a socket Redis does not read (paused, with 32 MB of commands written
+/// at it: more than the socket buffers hold) are answered `Timeout` by their deadline, the
+/// ones made while the write is stuck too; once Redis reads again the connection serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_behind_a_full_socket_time_out_by_their_deadline() {
+    let redis = common::Redis::start();
+    let timeout = Duration::from_millis(200);
+    let s = store(redis.url(), timeout);
+    let alg = bucket(1.0, 100);
+    s.check("warm-up", &alg, None).await.unwrap();
+    redis.signal("-STOP");
+    let started = Instant::now();
+    let mut calls = Vec::new();
+    for i in 0..64 {
+        let s = s.clone();
+        // each command is half a megabyte: the socket is full after a few dozen
+        let key = format!("{i:02}{}", "k".repeat(512 * 1024));
+        calls.push(tokio::spawn(async move {
+            let result = s.check(&key, &alg, None).await;
+            (result, Instant::now())
+        }));
+        if i == 32 {
+            // later calls come while the first ones are still being written
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let answered = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut all = Vec::new();
+        for call in calls {
+            all.push(call.await.unwrap());
+        }
+        all
+    })
+    .await;
+    redis.signal("-CONT");
+    let answered = answered.expect("calls hung behind the full socket while Redis was paused");
+    for (result, at) in answered {
+        let err = result.expect_err("Redis is paused");
+        assert!(matches!(err, StoreError::Timeout(_)), "{err}");
+        // the deadline is the call's; wide: 2 cores, shared
+        assert!(
+            at - started < timeout + Duration::from_millis(50) + Duration::from_millis(1500),
+            "answered {:?} after the calls started",
+            at - started
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = s.check("after", &alg, None).await {
+        assert!(Instant::now() < deadline, "not served after resume: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A call answered `Timeout` keeps its place for its reply: when Redis wakes (from `DEBUG
+/// SLEEP`), the late replies go to no one and a call written behind them gets its own (a fixed
+/// window of 5 counts 4, 3, 2 down, not a late call's 999).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_replies_are_dropped_and_later_calls_get_their_own() {
+    let redis = common::Redis::start_with(&["--enable-debug-command", "local"]);
+    // Redis sleeps 1.5 s: calls made at once are late after 1 s, and one made then is
+    // answered when Redis wakes, within its own second
+    let s = store(redis.url(), Duration::from_secs(1));
+    let late = Algorithm::FixedWindow(win(1000, 60_000));
+    let fresh = Algorithm::FixedWindow(win(5, 60_000));
+    s.check("warm-up", &late, None).await.unwrap();
+    let port = redis.port;
+    let sleeper = std::thread::spawn(move || common::cli(port, &["DEBUG", "SLEEP", "1.5"]));
+    // wait until Redis is asleep: a PING from another connection goes unanswered
+    let probe = store(redis.url(), Duration::from_millis(50));
+    let asleep = Instant::now() + Duration::from_secs(5);
+    while probe.ping().await.is_ok() {
+        assert!(Instant::now() < asleep, "Redis never went to sleep");
+    }
+    // a key each, so that no two are joined into one command
+    let mut calls = Vec::new();
+    for i in 0..20 {
+        let s = s.clone();
+        calls.push(tokio::spawn(async move {
+            s.check(&format!("late{i}"), &late, None).await
+        }));
+    }
+    for call in calls {
+        let err = call.await.unwrap().expect_err("Redis is asleep");
+        assert!(matches!(err, StoreError::Timeout(_)), "{err}");
+    }
+    for left in [4, 3, 2] {
+        let d = s.check("fresh", &fresh, None).await.unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.remaining, left, "a reply meant for another call");
+    }
+    assert_eq!(sleeper.join().unwrap(), "OK");
+    // the late calls did run: their replies came, to no one
+    assert_eq!(redis.cli(&["exists", "late19"]), "1");
+}

@@ -8,9 +8,17 @@
 //! no intermediate frames. redis-rs does the same with more layers (about 15 000 instructions a
 //! call more, measured with callgrind; see BENCHMARKS.md); it still serves TLS and Cluster.
 //!
+//! Every call carries its deadline, and the driver keeps them: one timer for the whole lane,
+//! set to the earliest deadline of the calls it holds (late calls are answered
+//! [`Failure::Late`]; a written one keeps its place for its reply, which is then dropped). A
+//! timer per call, registered and removed in the runtime's timer wheel, cost more than the rest
+//! of the call's way through the driver (BENCHMARKS.md). The driver never waits on anything
+//! but its socket, its calls and that timer together, so no deadline is missed while it
+//! connects or while Redis does not read what it writes.
+//!
 //! The connection is made when the first call comes and again after it breaks: a call that
-//! finds no connection waits for the attempt it started (bounded by the caller's timeout), so
-//! after an outage the first call after Redis is back succeeds. When the socket fails, every
+//! finds no connection waits for the attempt it started (bounded by its deadline), so after an
+//! outage the first call after Redis is back succeeds. When the socket fails, every
 //! call waiting on it fails at once with the I/O error; nothing is retried, since a script may
 //! have run. `AUTH` and `SELECT` from the URL are sent on every new connection.
 //!
@@ -24,9 +32,12 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::OnceLock;
+use std::task::Poll;
 use std::time::Duration;
 
 use ::redis::io::tcp::socket2::{SockRef, TcpKeepalive};
@@ -34,6 +45,7 @@ use ::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, Sleep};
 
 use super::coalesce::{self, Join};
 
@@ -50,6 +62,18 @@ const MAX_DEPTH: usize = 4;
 const MAX_REPLY_BYTES: usize = 1 << 20;
 
 type Reply = Result<Value, RedisError>;
+
+/// Why a call got no value.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Redis answered with an error, or the connection failed
+    Redis(RedisError),
+    /// no reply by the call's deadline
+    Late,
+}
+
+/// What a caller gets.
+pub(crate) type Answer = Result<Value, Failure>;
 
 /// A Redis that vanishes without resetting the connection (host lost, packets dropped) must
 /// still be noticed: unacknowledged writes fail after `TCP_USER_TIMEOUT`, idle connections are
@@ -107,16 +131,138 @@ pub(crate) fn set_thread_lane(lane: usize) {
 
 struct Call {
     command: Vec<u8>,
-    reply: oneshot::Sender<Reply>,
+    slot: Slot,
     /// a check that may be joined with the others of its bucket
     join: Option<Join>,
 }
 
+/// Where a call's answer goes, and by when.
+struct Slot {
+    /// taken when answered
+    reply: Option<oneshot::Sender<Answer>>,
+    deadline: Instant,
+}
+
+impl Slot {
+    fn answer(&mut self, answer: Answer) {
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(answer);
+        }
+    }
+
+    fn reply(&mut self, reply: Reply) {
+        self.answer(reply.map_err(Failure::Redis));
+    }
+
+    /// Answered already, or its caller gave up (its request went on without it).
+    fn done(&self) -> bool {
+        self.reply.as_ref().is_none_or(oneshot::Sender::is_closed)
+    }
+
+    /// Answers [`Failure::Late`] if the deadline is past; the deadline still waited for.
+    fn expire(&mut self, now: Instant) -> Option<Instant> {
+        if self.deadline <= now {
+            self.answer(Err(Failure::Late));
+        }
+        (!self.done()).then_some(self.deadline)
+    }
+}
+
 /// What a command written to Redis is answered to.
 enum Waiting {
-    One(oneshot::Sender<Reply>),
+    One(Slot),
     /// a joined call: its members in order, kept whole to be sent again alone if it is refused
     Joined(Vec<Call>),
+}
+
+/// The lane's one timer: rings at (or before) the earliest deadline of the calls the driver
+/// holds. Set later only when it rings, so a steady flow of calls, each due a timeout after
+/// the one before, costs the timer wheel nothing per call.
+struct Alarm {
+    sleep: Pin<Box<Sleep>>,
+    at: Option<Instant>,
+    /// whether the timer has been polled since it was set: it then holds the driver's waker
+    /// (the driver is one task) and only its state need be read on later turns
+    polled: bool,
+}
+
+impl Alarm {
+    fn new() -> Alarm {
+        Alarm {
+            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            at: None,
+            polled: false,
+        }
+    }
+
+    /// Makes the alarm ring by `deadline`.
+    fn set(&mut self, deadline: Instant) {
+        if self.at.is_none_or(|at| deadline < at) {
+            self.sleep.as_mut().reset(deadline);
+            self.at = Some(deadline);
+            self.polled = false;
+        }
+    }
+
+    fn set_for(&mut self, calls: &[Call]) {
+        for call in calls {
+            self.set(call.slot.deadline);
+        }
+    }
+
+    /// Waits until the alarm rings (for ever when it is not set).
+    async fn rung(&mut self) {
+        poll_fn(|cx| {
+            if self.at.is_none() {
+                return Poll::Pending;
+            }
+            let rang = if self.polled {
+                self.sleep.is_elapsed()
+            } else {
+                // Out of budget, the timer would answer Pending without registering (and
+                // wake the task to be polled again): only a poll with budget counts.
+                self.polled = tokio::task::coop::has_budget_remaining();
+                self.sleep.as_mut().poll(cx).is_ready()
+            };
+            if rang {
+                self.at = None;
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    /// Answers every call past its deadline ([`Failure::Late`]): those not written yet leave
+    /// `batch`, written ones keep their place in `waiting`. Sets the alarm for the rest.
+    fn expire(&mut self, batch: &mut Vec<Call>, waiting: &mut VecDeque<Waiting>) {
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        let mut keep = |slot: &mut Slot| match slot.expire(now) {
+            Some(deadline) => {
+                next = Some(next.map_or(deadline, |n| n.min(deadline)));
+                true
+            }
+            None => false,
+        };
+        batch.retain_mut(|call| keep(&mut call.slot));
+        for waiting in waiting.iter_mut() {
+            match waiting {
+                Waiting::One(slot) => {
+                    keep(slot);
+                }
+                Waiting::Joined(calls) => {
+                    for call in calls {
+                        keep(&mut call.slot);
+                    }
+                }
+            }
+        }
+        if let Some(next) = next {
+            self.set(next);
+        }
+    }
 }
 
 /// One command of a batch: a call alone, or the calls of one bucket joined, the first first.
@@ -155,9 +301,15 @@ impl Pipe {
         }
     }
 
-    /// Sends one encoded command and waits for its reply; a server error reply is an `Err`.
-    /// With `join`, the command may be sent joined with others of its bucket.
-    pub(crate) async fn call(&self, command: Vec<u8>, join: Option<Join>) -> Reply {
+    /// Sends one encoded command and waits for its reply, until `deadline` at the latest; a
+    /// server error reply is a [`Failure::Redis`]. With `join`, the command may be sent joined
+    /// with others of its bucket.
+    pub(crate) async fn call(
+        &self,
+        command: Vec<u8>,
+        join: Option<Join>,
+        deadline: Instant,
+    ) -> Answer {
         let lane = LANE.with(Cell::get) % self.lanes.len();
         let calls = self.lanes[lane].get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -165,53 +317,88 @@ impl Pipe {
             tx
         });
         let (reply, answer) = oneshot::channel();
-        calls
-            .send(Call {
-                command,
-                reply,
-                join,
-            })
-            .map_err(|_| gone("the Redis connection task has stopped"))?;
-        answer
-            .await
-            .map_err(|_| gone("the Redis connection task has stopped"))?
+        let call = Call {
+            command,
+            slot: Slot {
+                reply: Some(reply),
+                deadline,
+            },
+            join,
+        };
+        let stopped = || Failure::Redis(gone("the Redis connection task has stopped"));
+        calls.send(call).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 }
 
 /// The driver: connects when calls come, serves them until the connection breaks, repeats.
 async fn drive(endpoint: Endpoint, mut calls: mpsc::UnboundedReceiver<Call>) {
     let mut batch = Vec::with_capacity(BATCH);
+    let mut alarm = Alarm::new();
     loop {
-        if batch.is_empty() && calls.recv_many(&mut batch, BATCH).await == 0 {
-            return; // every handle dropped
+        if batch.is_empty() {
+            tokio::select! {
+                biased;
+                n = calls.recv_many(&mut batch, BATCH) => if n == 0 {
+                    return; // every handle dropped
+                },
+                () = alarm.rung() => alarm.expire(&mut batch, &mut VecDeque::new()),
+            }
+            alarm.set_for(&batch);
         }
-        // Calls whose callers gave up (timed out while Redis was out) are not worth a
-        // connection attempt, nor a script run once Redis is back: their requests were
-        // answered by the failure policy already, and running them would take tokens twice.
-        batch.retain(|call| !call.reply.is_closed());
+        // Calls whose callers gave up (their requests went on without them) are not worth a
+        // connection attempt, nor a script run once Redis is back: running them would take
+        // tokens twice.
+        batch.retain(|call| !call.slot.done());
         if batch.is_empty() {
             continue;
         }
-        let connected = tokio::time::timeout(endpoint.connect_timeout, connect(&endpoint))
-            .await
-            .unwrap_or_else(|_| {
-                Err(RedisError::from(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "connecting to Redis took over {:?}",
-                        endpoint.connect_timeout
-                    ),
-                )))
-            });
+        // Calls that come while connecting wait for this attempt if it succeeds, or make the
+        // next one: a failed attempt answers only the calls that were there when it started
+        // (one started before Redis came back would fail them for nothing).
+        let mut later = Vec::new();
+        let connecting = tokio::time::timeout(endpoint.connect_timeout, connect(&endpoint));
+        tokio::pin!(connecting);
+        let connected = loop {
+            tokio::select! {
+                biased;
+                connected = &mut connecting => break connected,
+                () = alarm.rung() => {
+                    alarm.expire(&mut batch, &mut VecDeque::new());
+                    alarm.expire(&mut later, &mut VecDeque::new());
+                }
+                n = calls.recv_many(&mut later, BATCH) => {
+                    if n == 0 {
+                        return;
+                    }
+                    alarm.set_for(&later[later.len() - n..]);
+                }
+            }
+        };
+        let connected = connected.unwrap_or_else(|_| {
+            Err(RedisError::from(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "connecting to Redis took over {:?}",
+                    endpoint.connect_timeout
+                ),
+            )))
+        });
         let open = match connected {
             Err(e) => {
-                for call in batch.drain(..) {
-                    let _ = call.reply.send(Err(copy(&e)));
+                for mut call in batch.drain(..) {
+                    call.slot.reply(Err(copy(&e)));
                 }
+                batch.append(&mut later);
                 continue;
             }
-            Ok(Stream::Tcp(s)) => serve(s, &mut calls, &mut batch).await,
-            Ok(Stream::Unix(s)) => serve(s, &mut calls, &mut batch).await,
+            Ok(stream) => {
+                batch.append(&mut later);
+                match stream {
+                    Stream::Tcp(s) => serve(s, &mut calls, &mut batch, &mut alarm).await,
+                    Stream::Unix(s) => serve(s, &mut calls, &mut batch, &mut alarm).await,
+                }
+            }
         };
         if !open {
             return;
@@ -291,13 +478,16 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     calls: &mut mpsc::UnboundedReceiver<Call>,
     batch: &mut Vec<Call>,
+    alarm: &mut Alarm,
 ) -> bool {
     let mut waiting: VecDeque<Waiting> = VecDeque::with_capacity(BATCH);
     let mut entries = Vec::with_capacity(BATCH);
+    // the commands being written, and how much of them is
     let mut out = Vec::with_capacity(4096);
+    let mut written = 0;
     let mut input = Vec::with_capacity(16 * 1024);
     loop {
-        if !batch.is_empty() {
+        if written == out.len() && !batch.is_empty() {
             // Under load (calls already in flight), the call that woke the driver was made by
             // a task that just yielded; others that are ready to run, or about to be woken by
             // their sockets, would make theirs a moment later. Let them (a few turns of the
@@ -311,36 +501,80 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             }
             while batch.len() < BATCH {
                 let Ok(call) = calls.try_recv() else { break };
+                alarm.set(call.slot.deadline);
                 batch.push(call);
             }
             out.clear();
+            written = 0;
             queue(batch, &mut entries, &mut out, &mut waiting);
-            if out.is_empty() {
-                // every call of the batch was given up
-            } else if let Err(e) = stream.write_all(&out).await {
-                fail(&mut waiting, &e.into());
-                return true;
+            // Most often the socket takes it all at once; what it does not take is written as
+            // it drains, while replies are read and deadlines kept.
+            if !out.is_empty() {
+                let tried = poll_fn(|cx| match Pin::new(&mut stream).poll_write(cx, &out) {
+                    Poll::Ready(result) => Poll::Ready(Some(result)),
+                    Poll::Pending => Poll::Ready(None),
+                })
+                .await;
+                match tried {
+                    None => {}
+                    Some(Ok(n)) if n > 0 => written = n,
+                    Some(Ok(_)) => return broken(&mut waiting, &closed()),
+                    Some(Err(e)) => return broken(&mut waiting, &e.into()),
+                }
             }
         }
+        // the socket: replies first, then what is left to write (one future, since both use it)
+        let socket = poll_fn(|cx| {
+            if let Poll::Ready(read) =
+                tokio_util::io::poll_read_buf(Pin::new(&mut stream), cx, &mut input)
+            {
+                return Poll::Ready(Io::Read(read));
+            }
+            if written < out.len() {
+                if let Poll::Ready(wrote) = Pin::new(&mut stream).poll_write(cx, &out[written..]) {
+                    return Poll::Ready(Io::Wrote(wrote));
+                }
+            }
+            Poll::Pending
+        });
         tokio::select! {
             biased;
-            read = stream.read_buf(&mut input) => {
-                let broken = match read {
-                    Ok(0) => closed(),
-                    Ok(_) => match deliver(&mut input, &mut waiting, batch) {
+            io = socket => {
+                let error = match io {
+                    Io::Read(Ok(0)) | Io::Wrote(Ok(0)) => closed(),
+                    Io::Read(Ok(_)) => match deliver(&mut input, &mut waiting, batch) {
                         Ok(()) => continue,
                         Err(e) => e,
                     },
-                    Err(e) => e.into(),
+                    Io::Wrote(Ok(n)) => {
+                        written += n;
+                        continue;
+                    }
+                    Io::Read(Err(e)) | Io::Wrote(Err(e)) => e.into(),
                 };
-                fail(&mut waiting, &broken);
-                return true;
+                return broken(&mut waiting, &error);
             }
-            n = calls.recv_many(batch, BATCH) => if n == 0 {
-                return false;
+            () = alarm.rung() => alarm.expire(batch, &mut waiting),
+            n = calls.recv_many(batch, BATCH) => {
+                if n == 0 {
+                    return false;
+                }
+                alarm.set_for(&batch[batch.len() - n..]);
             }
         }
     }
+}
+
+/// What the socket did.
+enum Io {
+    Read(io::Result<usize>),
+    Wrote(io::Result<usize>),
+}
+
+/// Fails every call waiting on a connection that broke; true: connect again.
+fn broken(waiting: &mut VecDeque<Waiting>, error: &RedisError) -> bool {
+    fail(waiting, error);
+    true
 }
 
 /// Writes the calls of `batch` into `out`, the checks of one bucket joined into one command, and
@@ -353,8 +587,8 @@ fn queue(
 ) {
     let alone = batch.len() == 1;
     for call in batch.drain(..) {
-        if call.reply.is_closed() {
-            continue; // given up: not sent, so no reply to wait for
+        if call.slot.done() {
+            continue; // late or given up: not sent, so no reply to wait for
         }
         let Some(join) = call.join.filter(|_| !alone) else {
             entries.push((0, Entry::Alone(call)));
@@ -375,7 +609,7 @@ fn queue(
         match entry {
             Entry::Alone(call) => {
                 out.extend_from_slice(&call.command);
-                waiting.push_back(Waiting::One(call.reply));
+                waiting.push_back(Waiting::One(call.slot));
             }
             Entry::Joined(calls) => {
                 let joins: Vec<Join> = calls.iter().filter_map(|c| c.join).collect();
@@ -384,7 +618,7 @@ fn queue(
                 } else {
                     for call in calls {
                         out.extend_from_slice(&call.command);
-                        waiting.push_back(Waiting::One(call.reply));
+                        waiting.push_back(Waiting::One(call.slot));
                     }
                 }
             }
@@ -404,11 +638,9 @@ fn deliver(
         match parse(&input[at..]) {
             Ok(Some((value, used))) => {
                 at += used;
-                // the caller may have given up (timed out): its reply is dropped
+                // the call may be late or given up: its reply is then dropped
                 match waiting.pop_front() {
-                    Some(Waiting::One(reply)) => {
-                        let _ = reply.send(value.extract_error());
-                    }
+                    Some(Waiting::One(mut slot)) => slot.reply(value.extract_error()),
                     Some(Waiting::Joined(calls)) => answer_joined(value, calls, again),
                     None => break Err(protocol("a reply to no command")),
                 }
@@ -430,16 +662,16 @@ fn answer_joined(value: Value, calls: Vec<Call>, again: &mut Vec<Call>) {
             let joins: Vec<Join> = calls.iter().filter_map(|c| c.join).collect();
             match coalesce::answer(&value, &joins) {
                 Some(replies) => {
-                    for (call, reply) in calls.into_iter().zip(replies) {
-                        let _ = call.reply.send(Ok(reply));
+                    for (mut call, reply) in calls.into_iter().zip(replies) {
+                        call.slot.reply(Ok(reply));
                     }
                 }
                 None => again.extend(calls.into_iter().map(|call| Call { join: None, ..call })),
             }
         }
         Err(e) => {
-            for call in calls {
-                let _ = call.reply.send(Err(copy(&e)));
+            for mut call in calls {
+                call.slot.reply(Err(copy(&e)));
             }
         }
     }
@@ -449,12 +681,10 @@ fn answer_joined(value: Value, calls: Vec<Call>, again: &mut Vec<Call>) {
 fn fail(waiting: &mut VecDeque<Waiting>, error: &RedisError) {
     for waiting in waiting.drain(..) {
         match waiting {
-            Waiting::One(reply) => {
-                let _ = reply.send(Err(copy(error)));
-            }
+            Waiting::One(mut slot) => slot.reply(Err(copy(error))),
             Waiting::Joined(calls) => {
-                for call in calls {
-                    let _ = call.reply.send(Err(copy(error)));
+                for mut call in calls {
+                    call.slot.reply(Err(copy(error)));
                 }
             }
         }
@@ -499,8 +729,8 @@ fn protocol(what: &'static str) -> RedisError {
 
 /// Whether `error` is Redis saying it does not have the script (restarted, failed over, or
 /// `SCRIPT FLUSH`): the call is then sent again as `EVAL` with the script's body.
-pub(crate) fn is_noscript(error: &RedisError) -> bool {
-    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+pub(crate) fn is_noscript(failure: &Failure) -> bool {
+    matches!(failure, Failure::Redis(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
 }
 
 /// A command of plain words: `*n`, then each word as a bulk string.
@@ -692,7 +922,9 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(used, 31);
-        assert!(is_noscript(&err.extract_error().unwrap_err()));
+        assert!(is_noscript(&Failure::Redis(
+            err.extract_error().unwrap_err()
+        )));
         for bad in [
             &b"?x\r\n"[..],
             b":x\r\n",

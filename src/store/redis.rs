@@ -7,7 +7,8 @@
 //! client's per-node connections). A `NOSCRIPT`
 //! answer (Redis restarted, failed over, or `SCRIPT FLUSH`) sends the call again with the
 //! script's body, once. Every call is bounded by `timeout`; past it the caller gets
-//! [`StoreError::Timeout`].
+//! [`StoreError::Timeout`] (on the store's own connection, from its driver, which keeps every
+//! call's deadline; on redis-rs's, from a timer of the call's own).
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use ::redis::cluster_async::ClusterConnection;
 use ::redis::io::tcp::TcpSettings;
 use ::redis::{ConnectionAddr, IntoConnectionInfo, Value};
 
-use super::pipe::{self, Addr, Endpoint, Pipe};
+use super::pipe::{self, Addr, Endpoint, Failure, Pipe};
 use super::scripts::{Call, Scripts};
 use super::{reply, HoldFuture, Store, StoreError, StoreFuture};
 use crate::limit::{Algorithm, Millis, Pace};
@@ -128,49 +129,61 @@ impl RedisStore {
 
     /// Sends `PING` (bounded by the timeout): for readiness checks and tests.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let ping = async {
-            match &self.conn {
-                Conn::Pipe(pipe) => {
-                    let mut command = Vec::new();
-                    pipe::encode_command(&mut command, &[b"PING"]);
-                    pipe.call(command, None).await.map(drop)
-                }
-                Conn::Client(client) => {
-                    let mut client = client.clone();
-                    let ping = ::redis::cmd("PING");
-                    ping.query_async::<String>(&mut client).await.map(drop)
-                }
+        match &self.conn {
+            Conn::Pipe(pipe) => {
+                let mut command = Vec::new();
+                pipe::encode_command(&mut command, &[b"PING"]);
+                let deadline = tokio::time::Instant::now() + self.timeout;
+                let answer = pipe.call(command, None, deadline).await;
+                self.answered(answer).map(drop)
             }
-        };
-        match tokio::time::timeout(self.timeout, ping).await {
-            Ok(result) => result.map_err(StoreError::from),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+            Conn::Client(client) => {
+                let mut client = client.clone();
+                let ping = ::redis::cmd("PING");
+                let ping = ping.query_async::<String>(&mut client);
+                self.bounded(ping).await.map(drop)
+            }
         }
     }
 
     /// Runs one script call on the key's connection, bounded by the timeout.
     async fn invoke(&self, call: Call<'_>) -> Result<Value, StoreError> {
-        let result = match &self.conn {
+        match &self.conn {
             Conn::Pipe(pipe) => {
-                let eval = async {
-                    let mut command = Vec::with_capacity(160);
-                    let join = call.encode(&mut command, false);
-                    match pipe.call(command, join).await {
-                        Err(e) if pipe::is_noscript(&e) => {
-                            let mut command = Vec::new();
-                            call.encode(&mut command, true);
-                            pipe.call(command, None).await
-                        }
-                        result => result,
+                let deadline = tokio::time::Instant::now() + self.timeout;
+                let mut command = Vec::with_capacity(160);
+                let join = call.encode(&mut command, false);
+                let answer = match pipe.call(command, join, deadline).await {
+                    Err(e) if pipe::is_noscript(&e) => {
+                        let mut command = Vec::new();
+                        call.encode(&mut command, true);
+                        pipe.call(command, None, deadline).await
                     }
+                    answer => answer,
                 };
-                tokio::time::timeout(self.timeout, eval).await
+                self.answered(answer)
             }
             Conn::Client(client) => {
-                tokio::time::timeout(self.timeout, invoke(client.clone(), call.invocation())).await
+                self.bounded(invoke(client.clone(), call.invocation()))
+                    .await
             }
-        };
-        match result {
+        }
+    }
+
+    /// The store's own connection's answer as the store's.
+    fn answered(&self, answer: pipe::Answer) -> Result<Value, StoreError> {
+        answer.map_err(|failure| match failure {
+            Failure::Redis(e) => StoreError::Redis(e),
+            Failure::Late => StoreError::Timeout(self.timeout),
+        })
+    }
+
+    /// A redis-rs call, bounded by the timeout.
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, ::redis::RedisError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => Ok(result?),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
