@@ -1,5 +1,6 @@
 //! tollgate's own HTTP/1.1 client for the usual exchange: a request without a body, over a
-//! cleartext connection. Its head is written in one write; the response head is parsed with
+//! cleartext connection. Its head is written in one write (under load, behind: with the heads of
+//! the other requests ready on the worker, see `outbox`); the response head is parsed with
 //! `httparse` straight into the `HeaderMap` the client gets (hop-by-hop fields left out as they
 //! are met), and the body is read, by whoever polls it, from the connection itself.
 //!
@@ -17,24 +18,29 @@
 
 //!
 //! Layout: `head` parses a response head and decides its framing; `body` decodes a body by
-//! its framing; this module owns the connection, the exchange and the body type.
+//! its framing; `outbox` writes request heads behind, under load; this module owns the
+//! connection, the exchange and the body type.
 
 mod body;
 mod head;
+mod outbox;
 
+use std::cell::Cell;
 use std::fmt;
+use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response};
 use hyper::body::{Frame, SizeHint};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use body::{decode, Framing};
 use head::{ends_section, parse_head, Parsed};
+use outbox::Socket;
 
 /// The most bytes a response head may take (nginx's `proxy_buffer_size` is 4 or 8 KiB; hyper's
 /// client allows ~400 KiB). A larger head is an error (502).
@@ -45,6 +51,34 @@ const MAX_FIELDS: usize = 100;
 const READ_SIZE: usize = 8 * 1024;
 /// The longest chunk-size line (with extensions) accepted in a chunked body.
 const MAX_CHUNK_LINE: usize = 4096;
+
+thread_local! {
+    /// Exchanges on this thread that have sent their request and wait for the response head.
+    static WAITING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Counts its exchange in [`WAITING`] while it lives.
+struct Waiting;
+
+impl Waiting {
+    fn start() -> Waiting {
+        WAITING.with(|w| w.set(w.get() + 1));
+        Waiting
+    }
+
+    /// Whether other exchanges on this thread wait for their upstreams.
+    fn others() -> bool {
+        WAITING.with(Cell::get) > 0
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        // saturating: on a multi-threaded runtime (tests) a task may end on another thread;
+        // the count is only a hint
+        WAITING.with(|w| w.set(w.get().saturating_sub(1)));
+    }
+}
 
 /// Why an exchange failed.
 #[derive(Debug)]
@@ -90,20 +124,25 @@ impl std::error::Error for Error {
 
 /// One connection to an upstream target.
 pub struct Conn {
-    io: TcpStream,
+    /// the socket, and the request head being written (shared with the [`outbox`])
+    sock: Arc<Socket>,
     /// bytes read and not yet consumed (the rest of a response, past what was handed on)
     buf: BytesMut,
-    /// the request head being written (kept: its allocation serves every request)
-    out: Vec<u8>,
+}
+
+impl Drop for Conn {
+    /// A head left behind and not yet written goes no further: its exchange has given up.
+    fn drop(&mut self) {
+        self.sock.take_back_unsent();
+    }
 }
 
 impl Conn {
     /// A connection over `io`, already connected.
     pub fn new(io: TcpStream) -> Conn {
         Conn {
-            io,
+            sock: Arc::new(Socket::new(io)),
             buf: BytesMut::new(),
-            out: Vec::with_capacity(512),
         }
     }
 
@@ -118,7 +157,7 @@ impl Conn {
         let mut cx = Context::from_waker(Waker::noop());
         // (with the task's budget spent, readiness reads as pending whatever it is: look)
         let readiness = match tokio::task::coop::has_budget_remaining() {
-            true => self.io.poll_read_ready(&mut cx),
+            true => self.sock.io.poll_read_ready(&mut cx),
             false => Poll::Ready(Ok(())),
         };
         match readiness {
@@ -126,7 +165,7 @@ impl Conn {
             Poll::Ready(Err(_)) => false,
             Poll::Ready(Ok(())) => {
                 let mut probe = [0u8; 1];
-                matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+                matches!(self.sock.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
             }
         }
     }
@@ -139,11 +178,18 @@ impl Conn {
         req: &Request<impl Sized>,
         home: H,
     ) -> Result<Response<Reading<H>>, Error> {
-        encode_head(&mut self.out, req);
-        if let Err(e) = self.io.write_all(&self.out).await {
-            let cause = Some(e);
-            return Err(Error::Closed { sent: false, cause });
+        encode_head(&mut self.sock.next_head().bytes, req);
+        // Under load (other exchanges of this thread waiting for their upstreams), the head is
+        // written behind, with those of the other requests the runtime has ready (`outbox`);
+        // alone, at once.
+        let behind = Waiting::others() && outbox::post(&self.sock);
+        if !behind {
+            if let Err(e) = self.sock.write_head().await {
+                let cause = Some(e);
+                return Err(Error::Closed { sent: false, cause });
+            }
         }
+        let _waiting = Waiting::start();
         let head_request = req.method() == Method::HEAD;
         let (resp, framing, reusable) = self.read_head(head_request).await?;
         let mut body = Reading {
@@ -154,6 +200,18 @@ impl Conn {
         };
         body.end_if_done();
         Ok(resp.map(|()| body))
+    }
+
+    /// The connection ended before any byte of the response: with `sent`, whether the head
+    /// had gone out whole (written behind, it may have failed, and the socket been shut).
+    fn closed(&self, cause: Option<io::Error>) -> Error {
+        match self.sock.take_back_unsent() {
+            Some(failed) => Error::Closed {
+                sent: false,
+                cause: failed.or(cause),
+            },
+            None => Error::Closed { sent: true, cause },
+        }
     }
 
     /// Reads response heads until a final one (1xx heads other than 101 are read past).
@@ -184,25 +242,30 @@ impl Conn {
                 return Err(Error::Malformed("response head too large"));
             }
             self.buf.reserve(READ_SIZE);
-            let n = match self.io.read_buf(&mut self.buf).await {
+            let n = match poll_fn(|cx| poll_read(&self.sock.io, cx, &mut self.buf)).await {
                 Ok(n) => n,
-                Err(e) if received == 0 => {
-                    let cause = Some(e);
-                    return Err(Error::Closed { sent: true, cause });
-                }
+                Err(e) if received == 0 => return Err(self.closed(Some(e))),
                 Err(e) => return Err(Error::Io(e)),
             };
             if n == 0 {
                 return Err(if received == 0 {
-                    Error::Closed {
-                        sent: true,
-                        cause: None,
-                    }
+                    self.closed(None)
                 } else {
                     Error::Malformed("connection closed within the response head")
                 });
             }
             received += n;
+        }
+    }
+}
+
+/// Reads what `io` has into `buf`'s spare room.
+fn poll_read(io: &TcpStream, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+    loop {
+        ready!(io.poll_read_ready(cx))?;
+        match io.try_read_buf(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            result => return Poll::Ready(result),
         }
     }
 }
@@ -272,7 +335,7 @@ impl<H: Home> hyper::body::Body for Reading<H> {
                 Ok(None) => {}
             }
             conn.buf.reserve(READ_SIZE);
-            let read = tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf);
+            let read = poll_read(&conn.sock.io, cx, &mut conn.buf);
             match read {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => {
