@@ -150,7 +150,7 @@ pub(super) fn post(socket: &Arc<Socket>) -> bool {
             open: AtomicBool::new(true),
             ..Outbox::default()
         });
-        runtime.spawn(write_heads(outbox.clone()));
+        runtime.spawn(write_heads(Writer(outbox.clone())));
         *cell = Some(outbox.clone());
         Some(outbox)
     }) else {
@@ -167,15 +167,19 @@ pub(super) fn post(socket: &Arc<Socket>) -> bool {
     true
 }
 
-/// The writing task: writes the heads left since it last ran, then waits for more.
-async fn write_heads(outbox: Arc<Outbox>) {
-    struct Closing<'a>(&'a Outbox);
-    impl Drop for Closing<'_> {
-        fn drop(&mut self) {
-            self.0.open.store(false, Ordering::Release);
-        }
+/// The writing task's hold on its outbox: the outbox is closed when the task is dropped, with
+/// its runtime, even if it never ran (the next head then starts another task).
+struct Writer(Arc<Outbox>);
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.0.open.store(false, Ordering::Release);
     }
-    let _closing = Closing(&outbox);
+}
+
+/// The writing task: writes the heads left since it last ran, then waits for more.
+async fn write_heads(writer: Writer) {
+    let outbox = &writer.0;
     let mut heads = Vec::new();
     loop {
         poll_fn(|cx| {
@@ -287,6 +291,31 @@ mod tests {
             received(&mut pairs[0].1, Duration::from_millis(200)).await,
             ""
         );
+    }
+
+    /// A writing task dropped with its runtime before it ever ran closes its outbox: the next
+    /// head, on a new runtime on the same thread, starts a new task and is written.
+    #[test]
+    fn a_runtime_gone_takes_its_outbox_with_it() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let first = runtime();
+        first.block_on(async {
+            let pairs = pairs(1).await;
+            // the task is spawned, and never polled: block_on returns first
+            assert!(post(&pairs[0].0));
+        });
+        drop(first);
+        runtime().block_on(async {
+            let mut pairs = pairs(1).await;
+            assert!(post(&pairs[0].0));
+            let got = received(&mut pairs[0].1, Duration::from_secs(5)).await;
+            assert_eq!(got, "GET /0 HTTP/1.1\r\n\r\n", "left in a dead outbox");
+        });
     }
 
     /// A head whose write fails (the peer reset the connection) is kept failed with its error,
