@@ -402,9 +402,9 @@ impl DenyCache {
 
     /// Caches the refusal `d` of a call sent at `sent` and answered at `now`.
     ///
-    /// The store decided somewhere between `sent` and `now`, so the denied spell ends in
-    /// `[sent + retry_after, now + retry_after]`; the entry denies until the latter, never
-    /// early. Calls in flight together may be answered out of order: when a cached entry's
+    /// The store decided somewhere between `sent` and `now`, and rounded its wait up to a
+    /// whole ms, so the denied spell ends in `[sent + retry_after - 1 ms, now + retry_after]`;
+    /// the entry denies until the latter, never early. Calls in flight together may be answered out of order: when a cached entry's
     /// range and the new one overlap they can be the same spell, and the entry keeps the
     /// intersection (its `until` the earlier of the two, so a client told to come back at the
     /// earlier time is not refused then by this cache; early by at most a round trip if they
@@ -414,9 +414,10 @@ impl DenyCache {
         // `Instant + Duration` panics on overflow (platform dependent): a wait too long to
         // represent is not cached.
         let retry = Duration::from_millis(d.retry_after_ms);
+        let rounded = retry.saturating_sub(Duration::from_millis(1));
         let (Some(mut until), Some(mut after), Some(mut reset_at)) = (
             now.checked_add(retry),
-            sent.checked_add(retry),
+            sent.checked_add(rounded),
             now.checked_add(Duration::from_millis(d.reset_ms)),
         ) else {
             return;

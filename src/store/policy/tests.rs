@@ -245,6 +245,30 @@ fn deny_cache_keeps_the_earliest_end_of_one_spell() {
     assert_eq!(retry_at(t0 + ms(800)), Some(300));
 }
 
+/// The store rounds `retry_after` up to a whole ms, so an answer's spell may end up to 1 ms
+/// before `sent + retry_after`: two answers naming the same end from either side of a ms
+/// boundary are one spell, not two (a later answer must not push the entry past the earlier
+/// one's end and refuse the client it told to come back then — seen in the flood test).
+#[test]
+fn deny_cache_allows_for_the_stores_rounding_up() {
+    let cache = DenyCache::new();
+    let alg = bucket(1);
+    let refused = |retry| Decision::counted(false, 0, retry, retry);
+    let us = Duration::from_micros;
+    let t0 = Instant::now();
+    // the spell ends at t0 + 1000.1 ms: decided at t0 + 0.1 ms (999.9 ms to go, told 1000),
+    // answered at t0 + 0.2 ms
+    cache.insert("k", &alg, &refused(1000), t0, t0 + us(200));
+    // decided at t0 + 500.95 ms (499.15 ms to go, told 500): sent at t0 + 500.9 ms
+    cache.insert("k", &alg, &refused(500), t0 + us(500_900), t0 + us(501_000));
+    let retry_at = |now: Instant| cache.get("k", &alg, now).map(|d| d.retry_after_ms);
+    assert_eq!(
+        retry_at(t0 + us(1_000_300)),
+        None,
+        "refused when the first answer said to come back"
+    );
+}
+
 /// A caller that passes its own `now` (a replay) is never answered from the real-time cache.
 #[tokio::test]
 async fn given_now_bypasses_the_deny_cache() {
