@@ -165,23 +165,6 @@ async fn store_successes(proxy: &Proxy) -> f64 {
         - metric(proxy, "tollgate_store_errors_total").await
 }
 
-/// Waits until Redis is blocked (a PING gets no answer within 50 ms).
-fn wait_blocked(redis: &Redis) {
-    use std::io::{Read, Write};
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", redis.port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        s.write_all(b"PING\r\n").unwrap();
-        let mut buf = [0u8; 7];
-        if s.read_exact(&mut buf).is_err() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "Redis never blocked");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Sends requests until a store call succeeds again (Redis decides again); returns how long
 /// that took. (The buckets of these tests are far from empty, so their keys expire within
 /// milliseconds of each request: the metrics tell, not the keys.)
@@ -270,7 +253,7 @@ async fn debug_sleep_past_the_timeout_applies_on_error_within_the_timeout() {
 
     let port = redis.port;
     let sleeper = std::thread::spawn(move || common::cli(port, &["DEBUG", "SLEEP", "1.8"]));
-    wait_blocked(&redis);
+    redis.wait_blocked();
     let blocked_at = Instant::now();
     let (denied, admitted) = tokio::join!(
         load(&deny, "sleep", 6, Duration::from_millis(1000)),

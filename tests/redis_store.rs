@@ -650,15 +650,15 @@ async fn calls_behind_a_full_socket_time_out_by_their_deadline() {
     let alg = bucket(1.0, 100);
     s.check("warm-up", &alg, None).await.unwrap();
     redis.signal("-STOP");
-    let started = Instant::now();
     let mut calls = Vec::new();
     for i in 0..64 {
         let s = s.clone();
         // each command is half a megabyte: the socket is full after a few dozen
         let key = format!("{i:02}{}", "k".repeat(512 * 1024));
         calls.push(tokio::spawn(async move {
+            let began = Instant::now();
             let result = s.check(&key, &alg, None).await;
-            (result, Instant::now())
+            (result, began.elapsed())
         }));
         if i == 32 {
             // later calls come while the first ones are still being written
@@ -675,14 +675,13 @@ async fn calls_behind_a_full_socket_time_out_by_their_deadline() {
     .await;
     redis.signal("-CONT");
     let answered = answered.expect("calls hung behind the full socket while Redis was paused");
-    for (result, at) in answered {
+    for (result, took) in answered {
         let err = result.expect_err("Redis is paused");
         assert!(matches!(err, StoreError::Timeout(_)), "{err}");
-        // the deadline is the call's; wide: 2 cores, shared
+        // each call by its own deadline; wide: 2 cores, shared
         assert!(
-            at - started < timeout + Duration::from_millis(50) + Duration::from_millis(1500),
-            "answered {:?} after the calls started",
-            at - started
+            took < timeout + Duration::from_millis(1500),
+            "answered {took:?} after the call"
         );
     }
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -706,12 +705,7 @@ async fn late_replies_are_dropped_and_later_calls_get_their_own() {
     s.check("warm-up", &late, None).await.unwrap();
     let port = redis.port;
     let sleeper = std::thread::spawn(move || common::cli(port, &["DEBUG", "SLEEP", "1.5"]));
-    // wait until Redis is asleep: a PING from another connection goes unanswered
-    let probe = store(redis.url(), Duration::from_millis(50));
-    let asleep = Instant::now() + Duration::from_secs(5);
-    while probe.ping().await.is_ok() {
-        assert!(Instant::now() < asleep, "Redis never went to sleep");
-    }
+    redis.wait_blocked();
     // a key each, so that no two are joined into one command
     let mut calls = Vec::new();
     for i in 0..20 {

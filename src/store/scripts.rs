@@ -248,19 +248,20 @@ fn push_args(args: &[Arg], out: &mut Vec<u8>) -> usize {
             out.extend_from_slice(&w.bytes);
             return w.last;
         }
+        if written.len() >= WRITTEN_MAX {
+            return write_args(args, out);
+        }
         let mut bytes = Vec::with_capacity(64);
         let last = write_args(args, &mut bytes);
         out.extend_from_slice(&bytes);
-        if written.len() < WRITTEN_MAX {
-            let mut kept = [Arg::Empty; MAX_ARGS];
-            kept[..args.len()].copy_from_slice(args);
-            written.push(Written {
-                args: kept,
-                len: args.len(),
-                bytes,
-                last,
-            });
-        }
+        let mut kept = [Arg::Empty; MAX_ARGS];
+        kept[..args.len()].copy_from_slice(args);
+        written.push(Written {
+            args: kept,
+            len: args.len(),
+            bytes,
+            last,
+        });
         last
     })
 }

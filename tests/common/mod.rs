@@ -111,6 +111,23 @@ impl Redis {
         assert!(ok.success());
     }
 
+    /// Waits until the server is blocked (`DEBUG SLEEP`, a long script): a PING on a new
+    /// connection gets no answer within 50 ms.
+    pub fn wait_blocked(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            s.write_all(b"PING\r\n").unwrap();
+            let mut buf = [0u8; 7];
+            if s.read_exact(&mut buf).is_err() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "Redis never blocked");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Runs `redis-cli -p PORT ARGS...` and returns its stdout, trimmed.
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.port, args)

@@ -100,13 +100,18 @@ impl Socket {
         Some(out.failed.take())
     }
 
-    /// Written behind: a head that fails is kept failed and the socket shut, so the exchange
-    /// waiting to read wakes to an end of stream.
+    /// The rest of a head the writing task found the socket too full for.
     async fn write_behind(self: Arc<Socket>) {
         if let Err(e) = self.write_head().await {
-            self.out().failed = Some(e);
-            let _ = SockRef::from(&self.io).shutdown(Shutdown::Both);
+            self.failed(e);
         }
+    }
+
+    /// A head written behind failed: the error is kept and the socket shut, so the exchange
+    /// waiting to read wakes to an end of stream.
+    fn failed(&self, e: io::Error) {
+        self.out().failed = Some(e);
+        let _ = SockRef::from(&self.io).shutdown(Shutdown::Both);
     }
 }
 
@@ -200,10 +205,7 @@ async fn write_heads(writer: Writer) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     tokio::spawn(socket.write_behind());
                 }
-                Err(e) => {
-                    socket.out().failed = Some(e);
-                    let _ = SockRef::from(&socket.io).shutdown(Shutdown::Both);
-                }
+                Err(e) => socket.failed(e),
             }
         }
     }
