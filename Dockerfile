@@ -3,6 +3,8 @@
 #   docker run -p 8080:8080 -v $PWD/proxy.yaml:/etc/tollgate/proxy.yaml:ro \
 #     -e REDIS_URL=redis://redis:6379/0 tollgate
 FROM rust:1-slim-bookworm AS build
+# make: jemalloc (the global allocator) is built from its C sources by configure and make
+RUN apt-get update && apt-get install -y --no-install-recommends make && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src src
