@@ -1,6 +1,8 @@
 //! The response head (RFC 9112 §4–6): parsed with `httparse` into the client's header map,
 //! hop-by-hop fields left out as met, and the framing of its body decided (§6.3).
 
+use std::mem::MaybeUninit;
+
 use bytes::{Buf, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode, Version};
@@ -37,9 +39,14 @@ pub(super) enum Parsed {
 /// Parses the response head at the start of `buf`, consuming it when complete; `None` when more
 /// bytes are needed.
 pub(super) fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Parsed>, Error> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-    let mut resp = httparse::Response::new(&mut fields);
-    let len = match resp.parse(buf) {
+    // left uninitialised: filling 100 empty fields cost more than parsing a usual head
+    let mut fields = [const { MaybeUninit::uninit() }; MAX_FIELDS];
+    let mut resp = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut fields,
+    ) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => {
