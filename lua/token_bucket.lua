@@ -55,4 +55,7 @@ if after - tolerance > EPS then
 end
 local new_tat = now + after
 redis.call('SET', key, string.format('%.17g', new_tat), 'PX', math.max(1, math.ceil(after)))
-return {1, math.floor((tolerance - after + EPS) / interval), 0, math.ceil(after)}
+-- (EPS is in ms: past 1 000 000 tokens a second it is worth more than a token, so the count is
+-- capped at what a full bucket keeps after this request)
+local remaining = math.min(burst - cost, math.floor((tolerance - after + EPS) / interval))
+return {1, math.floor(remaining), 0, math.ceil(after)}

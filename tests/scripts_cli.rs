@@ -47,6 +47,22 @@ fn token_bucket_by_hand() {
         &["10", "20"],
     );
     assert_eq!(live, ["1", "19", "0", "100"]);
+    // past a million tokens a second a token is worth less than the script's 1 µs allowance:
+    // the count left still stays within the bucket
+    let huge = || {
+        eval(
+            &redis,
+            "token_bucket.lua",
+            "tollgate:demo:carol",
+            &["100000000", "10", "1", now],
+        )
+    };
+    assert_eq!(huge()[..2], ["1", "9"]);
+    let second: u64 = huge()[1].parse().unwrap();
+    assert!(
+        second <= 9,
+        "{second} tokens left in a bucket of 10 after two requests"
+    );
     let ttl: i64 = redis.cli(&["pttl", "tollgate:demo:bob"]).parse().unwrap();
     assert!(
         (1..=100).contains(&ttl),

@@ -67,7 +67,10 @@ fn token_bucket(b: &Bucket, state: &mut Option<State>, now: Millis) -> (Decision
         return (decision, None);
     }
     *state = Some(State::At(now + after));
-    let remaining = ((tolerance - after + EPS_MS) / interval).floor() as u64;
+    // (EPS_MS is worth more than a token past 1 000 000 tokens a second: capped at what a full
+    // bucket keeps after this request)
+    let full = u64::from(b.burst.get()).saturating_sub(u64::from(b.cost.get()));
+    let remaining = (((tolerance - after + EPS_MS) / interval).floor() as u64).min(full);
     let decision = Decision::counted(true, remaining, 0, ceil0(after));
     (decision, Some(ceil_ms(after)))
 }
