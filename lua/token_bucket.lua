@@ -56,6 +56,7 @@ end
 local new_tat = now + after
 redis.call('SET', key, string.format('%.17g', new_tat), 'PX', math.max(1, math.ceil(after)))
 -- (EPS is in ms: past 1 000 000 tokens a second it is worth more than a token, so the count is
--- capped at what a full bucket keeps after this request)
-local remaining = math.min(burst - cost, math.floor((tolerance - after + EPS) / interval))
-return {1, math.floor(remaining), 0, math.ceil(after)}
+-- capped at what a full bucket keeps after this request, and at 0 when that is none)
+local remaining = math.floor((tolerance - after + EPS) / interval)
+remaining = math.max(0, math.min(math.floor(burst - cost), remaining))
+return {1, remaining, 0, math.ceil(after)}

@@ -63,6 +63,14 @@ fn token_bucket_by_hand() {
         second <= 9,
         "{second} tokens left in a bucket of 10 after two requests"
     );
+    // and a cost above the burst, admitted within that allowance, leaves none (not -1)
+    let over = eval(
+        &redis,
+        "token_bucket.lua",
+        "tollgate:demo:dave",
+        &["100000000", "1", "2", now],
+    );
+    assert_eq!(over[..2], ["1", "0"]);
     let ttl: i64 = redis.cli(&["pttl", "tollgate:demo:bob"]).parse().unwrap();
     assert!(
         (1..=100).contains(&ttl),
