@@ -266,23 +266,27 @@ impl Conn {
 /// tokio's own `AsyncRead` does (`try_read_buf` clears it only on a read that would block), so
 /// that [`Conn::idle_and_open`] finds an idle connection not readable until an event comes, and
 /// asks the kernel nothing. (The readiness it would see otherwise is the one this read used:
-/// a probing read per request, one system call in five.) A worker's runtime takes in events
-/// between its task polls, so none comes between the read and the clearing; on a runtime of
-/// several threads one could, and the exchange would then find the connection closed and
-/// resend what it may, as for any connection that closes while idle.
+/// a probing read per request, one system call in five.) The read runs inside `try_io`, which
+/// takes the readiness before the read and clears only that: an event that comes during or
+/// after the read (taken in by another thread of a multi-threaded runtime) is kept, and its
+/// wake-up not lost.
 fn poll_read(io: &TcpStream, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
     loop {
         ready!(io.poll_read_ready(cx))?;
         let room = buf.capacity() - buf.len();
-        match io.try_read_buf(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Ok(n) if n > 0 && n < room => {
-                let _ = io.try_io(Interest::READABLE, || {
-                    Err::<(), _>(io::Error::from(io::ErrorKind::WouldBlock))
-                });
-                return Poll::Ready(Ok(n));
+        let mut emptied = None;
+        let read = io.try_io(Interest::READABLE, || match io.try_read_buf(buf)? {
+            // told to try_io as "would block", so that it clears the readiness it took
+            n if n > 0 && n < room => {
+                emptied = Some(n);
+                Err(io::ErrorKind::WouldBlock.into())
             }
-            result => return Poll::Ready(result),
+            n => Ok(n),
+        });
+        match (read, emptied) {
+            (_, Some(n)) => return Poll::Ready(Ok(n)),
+            (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => {}
+            (result, None) => return Poll::Ready(result),
         }
     }
 }
