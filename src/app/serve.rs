@@ -16,6 +16,7 @@
 
 mod framing;
 mod idle;
+mod pass;
 
 use std::convert::Infallible;
 use std::fmt::Display;
@@ -210,7 +211,12 @@ async fn serve<I>(
         // is answered, so an idle keep-alive connection holds none of it.
         Box::pin(async move {
             let resp = match framing::check(&req) {
-                Ok(()) => proxy.handle(req, conn).await,
+                Ok(()) => {
+                    let handling = pass::Handling::start();
+                    let resp = proxy.handle(req, conn).await;
+                    pass::end_of_pass(handling).await;
+                    resp
+                }
                 Err(e) => {
                     tracing::debug!(peer = %conn.peer, error = %e, "request refused");
                     framing::refusal(&e)
