@@ -15,6 +15,7 @@
 //! and HTTP/2 (concurrent streams, reset floods).
 
 mod framing;
+mod gate;
 mod idle;
 mod pass;
 
@@ -290,19 +291,37 @@ where
     tokio::pin!(timer);
     // set once a graceful close began (shutdown, or idle): hyper finishes what is in flight
     let mut closing = false;
+    // the deadlines and the stop signal are polled only when one of them woke the task
+    let gate = gate::Gate::new();
     loop {
-        tokio::select! {
-            biased;
-            ended = connection.as_mut() => return Ended::Closed(ended),
-            _ = stop.wait_for(|stop| *stop), if !closing => {
+        let event = {
+            let side = async {
+                tokio::select! {
+                    biased;
+                    _ = stop.wait_for(|stop| *stop), if !closing => Side::Stop,
+                    () = activity.head_started() => Side::Head,
+                    () = &mut timer => Side::Timer,
+                }
+            };
+            tokio::pin!(side);
+            gate.open();
+            let side = std::future::poll_fn(|cx| gate.poll(side.as_mut(), cx));
+            tokio::select! {
+                biased;
+                ended = connection.as_mut() => return Ended::Closed(ended),
+                event = side => event,
+            }
+        };
+        match event {
+            Side::Stop => {
                 closing = true;
                 graceful_shutdown(connection.as_mut());
             }
-            () = activity.head_started() => {
+            Side::Head => {
                 let next = activity.arm().unwrap_or_else(|_| Instant::now());
                 timer.as_mut().reset(next);
             }
-            () = &mut timer => match activity.arm() {
+            Side::Timer => match activity.arm() {
                 Ok(next) => timer.as_mut().reset(next),
                 Err(Expired::Head) => return Ended::HeadTimeout,
                 Err(Expired::Idle) if !closing => {
@@ -317,6 +336,16 @@ where
             },
         }
     }
+}
+
+/// What woke a connection's task besides its HTTP work.
+enum Side {
+    /// the server is shutting down
+    Stop,
+    /// a request head began
+    Head,
+    /// the deadline timer rang
+    Timer,
 }
 
 /// The HTTP server settings shared by every connection: hyper's HTTP/1 and HTTP/2 builders, and
