@@ -1,8 +1,9 @@
 //! Unsigned integers as decimal text without the formatting machinery: the hot path writes
 //! them into every rate-limit header and every Redis command.
 
-/// `n` in decimal, written at the end of `buf` (20 bytes hold every `u64`).
-pub(crate) fn digits(n: u64, buf: &mut [u8; 20]) -> &str {
+/// `n` in decimal, written at the end of `buf` (20 bytes hold every `u64`): ASCII digits, as
+/// bytes (a `&str` would cost a UTF-8 check per number; every caller appends to bytes).
+pub(crate) fn digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut at = buf.len();
     let mut n = n;
     loop {
@@ -13,8 +14,7 @@ pub(crate) fn digits(n: u64, buf: &mut [u8; 20]) -> &str {
             break;
         }
     }
-    // ASCII digits only, so this cannot fail
-    std::str::from_utf8(&buf[at..]).unwrap_or_default()
+    &buf[at..]
 }
 
 #[cfg(test)]
@@ -35,7 +35,7 @@ mod tests {
             u64::MAX - 1,
             u64::MAX,
         ] {
-            assert_eq!(super::digits(n, &mut buf), n.to_string());
+            assert_eq!(super::digits(n, &mut buf), n.to_string().as_bytes());
         }
     }
 }

@@ -14,7 +14,10 @@ use std::net::{IpAddr, Ipv6Addr};
 use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
-pub use key::{client_key, escape_key_value, push_ip, storage_key, KeyContext, MAX_CLIENT_KEY_LEN};
+pub use key::{
+    client_key, escape_key_value, push_ip, push_key_head, shorten_client, storage_key, KeyContext,
+    MAX_CLIENT_KEY_LEN,
+};
 
 /// One part of a limit's `key`.
 #[derive(Debug, Clone, PartialEq, Eq)]

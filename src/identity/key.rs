@@ -91,23 +91,35 @@ pub fn escape_key_value(value: &[u8], out: &mut String) {
 /// [`MAX_CLIENT_KEY_LEN`] bytes is replaced by its SHA-1 digest in lowercase hex, so keys stay
 /// short whatever clients send. An empty `prefix` is left out with its `:`.
 pub fn storage_key(prefix: &str, route: &str, limit: &str, client: &str) -> String {
-    let hashed = client.len() > MAX_CLIENT_KEY_LEN;
-    let client_len = if hashed { 40 } else { client.len() };
-    let mut key = String::with_capacity(prefix.len() + route.len() + limit.len() + client_len + 3);
-    if !prefix.is_empty() {
-        key.push_str(prefix);
-        key.push(':');
-    }
-    key.push_str(route);
-    key.push(':');
-    key.push_str(limit);
-    key.push(':');
-    if hashed {
-        write!(key, "{}", Sha1::from(client).digest()).expect("writing to a String cannot fail");
-    } else {
-        key.push_str(client);
-    }
+    let mut key = String::with_capacity(prefix.len() + route.len() + limit.len() + 43);
+    push_key_head(&mut key, prefix, route, limit);
+    let start = key.len();
+    key.push_str(client);
+    shorten_client(&mut key, start);
     key
+}
+
+/// Appends what a store key has before its client part: `<prefix>:<route>:<limit>:` (see
+/// [`storage_key`]). The proxy writes the client key right after it, into the same buffer.
+pub fn push_key_head(out: &mut String, prefix: &str, route: &str, limit: &str) {
+    if !prefix.is_empty() {
+        out.push_str(prefix);
+        out.push(':');
+    }
+    out.push_str(route);
+    out.push(':');
+    out.push_str(limit);
+    out.push(':');
+}
+
+/// Replaces the client part of store key `key` (from byte `start`) by its SHA-1 digest when it
+/// is longer than [`MAX_CLIENT_KEY_LEN`] bytes (see [`storage_key`]).
+pub fn shorten_client(key: &mut String, start: usize) {
+    if key.len() - start > MAX_CLIENT_KEY_LEN {
+        let digest = Sha1::from(&key[start..]).digest();
+        key.truncate(start);
+        write!(key, "{digest}").expect("writing to a String cannot fail");
+    }
 }
 
 /// Appends `ip` as text, as `Display` writes it. IPv4, the common case on every request, is

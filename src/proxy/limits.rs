@@ -128,21 +128,24 @@ pub(super) async fn check<B>(
         path,
         route: &route.name,
     };
-    let mut client = String::with_capacity(48);
+    // the store key, its client part written in place (one buffer for all the limits)
+    let mut key = String::with_capacity(96);
     let mut tightest: Option<ShownOwned> = None;
     for limit in &route.limits {
         if identity::is_trusted(ip, &limit.exempt) {
             continue;
         }
-        client.clear();
-        identity::client_key(&limit.key, &ctx, &mut client);
-        let alg = limit.overrides.get(client.as_str()).unwrap_or(&limit.alg);
-        let key = identity::storage_key(
+        key.clear();
+        identity::push_key_head(
+            &mut key,
             &proxy.settings.key_prefix,
             &route.name,
             &limit.name,
-            &client,
         );
+        let start = key.len();
+        identity::client_key(&limit.key, &ctx, &mut key);
+        let alg = limit.overrides.get(&key[start..]).unwrap_or(&limit.alg);
+        identity::shorten_client(&mut key, start);
         let decision = proxy
             .store
             .check(&key, alg, None)

@@ -73,29 +73,33 @@ pub fn add_rate_headers(headers: &mut HeaderMap, style: HeaderStyle, shown: &Sho
 pub fn policy_value(name: &str, quota: u64, window_secs: u64) -> HeaderValue {
     // Structured-field strings: the limit name is quoted; names are validated to be tokens.
     let text = item(name, ";q=", quota, ";w=", window_secs);
-    HeaderValue::try_from(text).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+    HeaderValue::from_maybe_shared(Bytes::from(text))
+        .unwrap_or_else(|_| HeaderValue::from_static("\"\""))
 }
 
 /// `"name";k1=v1;k2=v2`, written without the formatting machinery: this runs on every
 /// response of a limited route, where `write!` cost more than the limiter's own decision.
-fn item(name: &str, k1: &str, v1: u64, k2: &str, v2: u64) -> String {
-    let mut v = String::with_capacity(name.len() + 2 + k1.len() + k2.len() + 40);
-    v.push('"');
-    v.push_str(name);
-    v.push('"');
-    v.push_str(k1);
-    push_u64(&mut v, v1);
-    v.push_str(k2);
-    push_u64(&mut v, v2);
+/// Its length is exact: a `Vec` whose length is its capacity becomes `Bytes` (and so a
+/// `HeaderValue`) without a second allocation.
+fn item(name: &str, k1: &str, v1: u64, k2: &str, v2: u64) -> Vec<u8> {
+    let (mut b1, mut b2) = ([0; 20], [0; 20]);
+    let (d1, d2) = (
+        crate::decimal::digits(v1, &mut b1),
+        crate::decimal::digits(v2, &mut b2),
+    );
+    let mut v = Vec::with_capacity(name.len() + 2 + k1.len() + d1.len() + k2.len() + d2.len());
+    v.push(b'"');
+    v.extend_from_slice(name.as_bytes());
+    v.push(b'"');
+    v.extend_from_slice(k1.as_bytes());
+    v.extend_from_slice(d1);
+    v.extend_from_slice(k2.as_bytes());
+    v.extend_from_slice(d2);
     v
 }
 
-fn push_u64(out: &mut String, n: u64) {
-    out.push_str(crate::decimal::digits(n, &mut [0; 20]));
-}
-
-fn insert(headers: &mut HeaderMap, name: &HeaderName, value: String) {
-    if let Ok(v) = HeaderValue::try_from(value) {
+fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
         headers.insert(name.clone(), v);
     }
 }
@@ -179,8 +183,10 @@ mod tests {
             for &b in &[0u64, 7, 3600, u64::MAX] {
                 assert_eq!(
                     item("per-ip", ";q=", a, ";w=", b),
-                    format!("\"per-ip\";q={a};w={b}")
+                    format!("\"per-ip\";q={a};w={b}").into_bytes()
                 );
+                let v = item("per-ip", ";q=", a, ";w=", b);
+                assert_eq!(v.len(), v.capacity(), "sized exactly");
             }
         }
     }

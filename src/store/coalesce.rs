@@ -79,7 +79,7 @@ pub(crate) fn encode(first: &[u8], joins: &[Join], out: &mut Vec<u8>) -> bool {
     match join.kind {
         Kind::Tokens { .. } => {
             out.extend_from_slice(&first[..join.head]);
-            bulk(out, crate::decimal::digits(total, &mut [0; 20]).as_bytes());
+            bulk(out, crate::decimal::digits(total, &mut [0; 20]));
         }
         Kind::Slots { rate, max_delay_ms } => {
             let later = (total - 1) as f64 * join.interval_ms;

@@ -286,7 +286,10 @@ impl Entry {
                 let Entry::Alone(first) = std::mem::replace(self, Entry::Joined(Vec::new())) else {
                     unreachable!("matched as alone")
                 };
-                *self = Entry::Joined(vec![first, call]);
+                // room for a few more without growing: under load a bucket's checks come in tens
+                let mut calls = Vec::with_capacity(8);
+                calls.extend([first, call]);
+                *self = Entry::Joined(calls);
             }
         }
     }
@@ -482,6 +485,8 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> bool {
     let mut waiting: VecDeque<Waiting> = VecDeque::with_capacity(BATCH);
     let mut entries = Vec::with_capacity(BATCH);
+    // the joins of one joined call, for coalesce (kept, so as not to allocate per call)
+    let mut joins = Vec::with_capacity(BATCH);
     // the commands being written, and how much of them is
     let mut out = Vec::with_capacity(4096);
     let mut written = 0;
@@ -506,7 +511,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             }
             out.clear();
             written = 0;
-            queue(batch, &mut entries, &mut out, &mut waiting);
+            queue(batch, &mut entries, &mut joins, &mut out, &mut waiting);
             // Most often the socket takes it all at once; what it does not take is written as
             // it drains, while replies are read and deadlines kept.
             if !out.is_empty() {
@@ -542,7 +547,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             io = socket => {
                 let error = match io {
                     Io::Read(Ok(0)) | Io::Wrote(Ok(0)) => closed(),
-                    Io::Read(Ok(_)) => match deliver(&mut input, &mut waiting, batch) {
+                    Io::Read(Ok(_)) => match deliver(&mut input, &mut waiting, &mut joins, batch) {
                         Ok(()) => continue,
                         Err(e) => e,
                     },
@@ -582,6 +587,7 @@ fn broken(waiting: &mut VecDeque<Waiting>, error: &RedisError) -> bool {
 fn queue(
     batch: &mut Vec<Call>,
     entries: &mut Vec<(u64, Entry)>,
+    joins: &mut Vec<Join>,
     out: &mut Vec<u8>,
     waiting: &mut VecDeque<Waiting>,
 ) {
@@ -612,8 +618,9 @@ fn queue(
                 waiting.push_back(Waiting::One(call.slot));
             }
             Entry::Joined(calls) => {
-                let joins: Vec<Join> = calls.iter().filter_map(|c| c.join).collect();
-                if coalesce::encode(&calls[0].command, &joins, out) {
+                joins.clear();
+                joins.extend(calls.iter().filter_map(|c| c.join));
+                if coalesce::encode(&calls[0].command, joins, out) {
                     waiting.push_back(Waiting::Joined(calls));
                 } else {
                     for call in calls {
@@ -631,6 +638,7 @@ fn queue(
 fn deliver(
     input: &mut Vec<u8>,
     waiting: &mut VecDeque<Waiting>,
+    joins: &mut Vec<Join>,
     again: &mut Vec<Call>,
 ) -> Result<(), RedisError> {
     let mut at = 0;
@@ -641,7 +649,7 @@ fn deliver(
                 // the call may be late or given up: its reply is then dropped
                 match waiting.pop_front() {
                     Some(Waiting::One(mut slot)) => slot.reply(value.extract_error()),
-                    Some(Waiting::Joined(calls)) => answer_joined(value, calls, again),
+                    Some(Waiting::Joined(calls)) => answer_joined(value, calls, joins, again),
                     None => break Err(protocol("a reply to no command")),
                 }
             }
@@ -656,11 +664,12 @@ fn deliver(
 /// Shares the reply of a joined call out among its checks; when it was refused, refuses each
 /// check if the reply proves it would be refused alone, or else puts the checks into `again` to
 /// be decided one by one (see [`super::coalesce`]).
-fn answer_joined(value: Value, calls: Vec<Call>, again: &mut Vec<Call>) {
+fn answer_joined(value: Value, calls: Vec<Call>, joins: &mut Vec<Join>, again: &mut Vec<Call>) {
     match value.extract_error() {
         Ok(value) => {
-            let joins: Vec<Join> = calls.iter().filter_map(|c| c.join).collect();
-            match coalesce::answer(&value, &joins) {
+            joins.clear();
+            joins.extend(calls.iter().filter_map(|c| c.join));
+            match coalesce::answer(&value, joins) {
                 Some(replies) => {
                     for (mut call, reply) in calls.into_iter().zip(replies) {
                         call.slot.reply(Ok(reply));
@@ -752,7 +761,7 @@ pub(crate) fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
 
 /// A count in decimal followed by `\r\n`, for the RESP headers.
 pub(crate) fn push_count(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(crate::decimal::digits(n, &mut [0; 20]).as_bytes());
+    out.extend_from_slice(crate::decimal::digits(n, &mut [0; 20]));
     out.extend_from_slice(b"\r\n");
 }
 

@@ -12,7 +12,7 @@
 //! their own `now` (replays) bypass the deny cache, which runs on the real clock.
 
 use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -294,8 +294,14 @@ impl Breaker {
     }
 
     fn success(&self) {
-        self.failures.store(0, Ordering::Release);
-        if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+        // read first: on the hot path both are already 0, and a read leaves the cache line
+        // shared between the workers where a write would take it from the others every call
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Release);
+        }
+        if self.open_until.load(Ordering::Acquire) != 0
+            && self.open_until.swap(0, Ordering::AcqRel) != 0
+        {
             tracing::info!("store reachable again: circuit breaker closed");
         }
     }
@@ -349,6 +355,9 @@ type DenyShard = Mutex<LruCache<Box<str>, Denied, foldhash::fast::RandomState>>;
 struct DenyCache {
     shards: Box<[DenyShard]>,
     hasher: foldhash::fast::RandomState,
+    /// entries in all the shards (changed under a shard's lock): with none, which is the case
+    /// while no client is denied, a lookup neither hashes the key nor takes a lock
+    entries: AtomicUsize,
 }
 
 #[derive(Clone, Copy)]
@@ -375,6 +384,7 @@ impl DenyCache {
         DenyCache {
             shards,
             hasher: Default::default(),
+            entries: AtomicUsize::new(0),
         }
     }
 
@@ -384,10 +394,15 @@ impl DenyCache {
     }
 
     fn get(&self, key: &str, alg: &Algorithm, now: Instant) -> Option<Decision> {
+        if self.entries.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         let denied = *shard.peek(key)?;
         if denied.until <= now || denied.alg != *alg {
-            shard.pop(key);
+            if shard.pop(key).is_some() {
+                self.entries.fetch_sub(1, Ordering::Relaxed);
+            }
             return None;
         }
         let ms = |at: Instant| at.saturating_duration_since(now).as_micros().div_ceil(1000) as u64;
@@ -442,7 +457,11 @@ impl DenyCache {
             reset_at,
             alg: *alg,
         };
+        let before = shard.len();
         shard.put(key.into(), denied);
+        if shard.len() > before {
+            self.entries.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 

@@ -289,16 +289,13 @@ fn write_args(args: &[Arg], out: &mut Vec<u8>) -> usize {
         num.len = 0;
         match *arg {
             Arg::Int(n) => {
-                bulk(out, crate::decimal::digits(n, &mut [0; 20]).as_bytes());
+                bulk(out, crate::decimal::digits(n, &mut [0; 20]));
                 continue;
             }
             // a whole number prints as its digits (Display writes 100.0 as "100"), without
             // the float formatting machinery: rates are usually whole
             Arg::Num(x) if x.fract() == 0.0 && x.is_sign_positive() && x < 1e15 => {
-                bulk(
-                    out,
-                    crate::decimal::digits(x as u64, &mut [0; 20]).as_bytes(),
-                );
+                bulk(out, crate::decimal::digits(x as u64, &mut [0; 20]));
                 continue;
             }
             Arg::Num(x) => {
