@@ -2,7 +2,7 @@
 //! address behind a trusted proxy), and the limiter key built from a request.
 //!
 //! Owns the trust decision for `X-Forwarded-For` ([`client_ip`]) and the key layout
-//! ([`client_key`], [`storage_key`]); it does not add `X-Forwarded-For` to forwarded requests
+//! ([`client_key`], [`push_key_head`], [`shorten_client`]); it does not add `X-Forwarded-For` to forwarded requests
 //! (the proxy does) and does not know routes. Uses nothing else of the crate.
 //!
 //! Submodule `key`: key building.
@@ -15,7 +15,7 @@ use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
 pub use key::{
-    client_key, escape_key_value, push_ip, push_key_head, shorten_client, storage_key, KeyContext,
+    client_key, escape_key_value, push_ip, push_key_head, shorten_client, KeyContext,
     MAX_CLIENT_KEY_LEN,
 };
 

@@ -87,20 +87,10 @@ pub fn escape_key_value(value: &[u8], out: &mut String) {
     }
 }
 
-/// The store key `<prefix>:<route>:<limit>:<client>`; a client key longer than
-/// [`MAX_CLIENT_KEY_LEN`] bytes is replaced by its SHA-1 digest in lowercase hex, so keys stay
-/// short whatever clients send. An empty `prefix` is left out with its `:`.
-pub fn storage_key(prefix: &str, route: &str, limit: &str, client: &str) -> String {
-    let mut key = String::with_capacity(prefix.len() + route.len() + limit.len() + 43);
-    push_key_head(&mut key, prefix, route, limit);
-    let start = key.len();
-    key.push_str(client);
-    shorten_client(&mut key, start);
-    key
-}
-
-/// Appends what a store key has before its client part: `<prefix>:<route>:<limit>:` (see
-/// [`storage_key`]). The proxy writes the client key right after it, into the same buffer.
+/// Appends what a store key has before its client part. The store key is
+/// `<prefix>:<route>:<limit>:<client>` (an empty `prefix` is left out with its `:`): the proxy
+/// writes the client key right after this, into the same buffer, looks the client up among the
+/// limit's overrides, then calls [`shorten_client`].
 pub fn push_key_head(out: &mut String, prefix: &str, route: &str, limit: &str) {
     if !prefix.is_empty() {
         out.push_str(prefix);
@@ -112,8 +102,9 @@ pub fn push_key_head(out: &mut String, prefix: &str, route: &str, limit: &str) {
     out.push(':');
 }
 
-/// Replaces the client part of store key `key` (from byte `start`) by its SHA-1 digest when it
-/// is longer than [`MAX_CLIENT_KEY_LEN`] bytes (see [`storage_key`]).
+/// Replaces the client part of store key `key` (from byte `start`) by its SHA-1 digest in
+/// lowercase hex when it is longer than [`MAX_CLIENT_KEY_LEN`] bytes, so keys stay short
+/// whatever clients send.
 pub fn shorten_client(key: &mut String, start: usize) {
     if key.len() - start > MAX_CLIENT_KEY_LEN {
         let digest = Sha1::from(&key[start..]).digest();
@@ -379,6 +370,16 @@ mod tests {
         let mut out = String::from("x:");
         client_key(&[KeyPart::Ip], &ctx, &mut out);
         assert_eq!(out, "x:192.0.2.7");
+    }
+
+    /// A store key as the proxy writes it: the head, the client, the client shortened.
+    fn storage_key(prefix: &str, route: &str, limit: &str, client: &str) -> String {
+        let mut key = String::new();
+        push_key_head(&mut key, prefix, route, limit);
+        let start = key.len();
+        key.push_str(client);
+        shorten_client(&mut key, start);
+        key
     }
 
     /// Storage keys are `<prefix>:<route>:<limit>:<client>`; up to 64 bytes the client is kept.

@@ -245,6 +245,30 @@ fn deny_cache_keeps_the_earliest_end_of_one_spell() {
     assert_eq!(retry_at(t0 + ms(800)), Some(300));
 }
 
+/// The deny cache's count of entries follows its shards: a key cached twice counts once, an
+/// entry found over is dropped and uncounted, so a cache emptied again is skipped without a lock.
+#[test]
+fn deny_cache_counts_its_entries() {
+    let cache = DenyCache::new();
+    let alg = bucket(1);
+    let refused = |retry| Decision::counted(false, 0, retry, retry);
+    let ms = Duration::from_millis;
+    let t0 = Instant::now();
+    let count = || cache.entries.load(Ordering::Relaxed);
+    assert_eq!(count(), 0);
+    cache.insert("a", &alg, &refused(100), t0, t0);
+    cache.insert("a", &alg, &refused(100), t0, t0 + ms(1));
+    cache.insert("b", &alg, &refused(50), t0, t0);
+    assert_eq!(count(), 2, "two keys");
+    assert!(cache.get("a", &alg, t0 + ms(60)).is_some());
+    assert!(cache.get("b", &alg, t0 + ms(60)).is_none(), "b is over");
+    assert_eq!(count(), 1, "b dropped");
+    assert!(cache.get("a", &alg, t0 + ms(200)).is_none());
+    assert_eq!(count(), 0, "empty again");
+    assert!(cache.get("b", &alg, t0 + ms(200)).is_none());
+    assert_eq!(count(), 0, "a miss on an empty cache changes nothing");
+}
+
 /// The store rounds `retry_after` up to a whole ms, so an answer's spell may end up to 1 ms
 /// before `sent + retry_after`: two answers naming the same end from either side of a ms
 /// boundary are one spell, not two (a later answer must not push the entry past the earlier
