@@ -27,7 +27,7 @@ use tollgate::config::{self, ConfigError, Problem};
 use tollgate::identity::{client_ip, is_trusted};
 use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Window};
 use tollgate::routing::{normalize_path, PathError};
-use tollgate::store::{decode, parse_reply};
+use tollgate::store::{decode, parse_counts, parse_reply};
 
 // ---------------------------------------------------------------------------------------------
 // config
@@ -963,13 +963,40 @@ proptest! {
         proptest::collection::vec(any::<u8>(), 0..64),
         // lines that look like RESP, so that many parse and the two parsers are compared
         "([-:+$*]-?[0-9]{0,2}[a-z]{0,2}\r?\n?){1,8}".prop_map(String::into_bytes),
+        // near the counting scripts' four integers, for the fast path
+        "\\*4\r\n(:-?[0-9]{0,20}[a\r]?\r?\n?){0,5}".prop_map(String::into_bytes),
     ]) {
         if let Ok(Some((value, used))) = parse_reply(&bytes) {
             prop_assert!(used <= bytes.len());
             let theirs = redis::parse_redis_value(&bytes[..used]).expect("redis-rs agrees");
             prop_assert_eq!(value, theirs);
         }
+        // the counting scripts' fast path reads nothing the full parser would not
+        if let Some((four, used)) = parse_counts(&bytes) {
+            prop_assert_eq!(parse_reply(&bytes).ok(), Some(Some((ints(four), used))));
+        }
     }
+
+    /// Four integers, as the counting scripts answer: the fast path reads them back exactly,
+    /// with their length, and reads nothing from a cut reply.
+    #[test]
+    fn four_integer_replies_parse_back_on_the_fast_path(
+        four in proptest::array::uniform4(any::<i64>()),
+        next in resp2_value(),
+    ) {
+        let mut wire = Vec::new();
+        resp2(&ints(four), &mut wire);
+        let len = wire.len();
+        resp2(&next, &mut wire);
+        prop_assert_eq!(parse_counts(&wire), Some((four, len)));
+        for cut in 0..len {
+            prop_assert_eq!(parse_counts(&wire[..cut]), None);
+        }
+    }
+}
+
+fn ints(four: [i64; 4]) -> Value {
+    Value::Array(four.map(Value::Int).to_vec())
 }
 
 proptest! {

@@ -32,6 +32,7 @@
 use ::redis::Value;
 
 use super::pipe::bulk;
+use super::reply::Reply;
 
 /// How a call may be joined with others of the same bucket: given by the call's encoding.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -102,24 +103,29 @@ pub(crate) fn encode(first: &[u8], joins: &[Join], out: &mut Vec<u8>) -> bool {
 }
 
 /// The reply of each joined call in `joins` (in order), from the joined call's `reply`; `None`
-/// when each must be sent again alone.
-pub(crate) fn answer(reply: &Value, joins: &[Join]) -> Option<Vec<Value>> {
+/// when each must be sent again alone (also when the reply is not of the script's shape: each
+/// check alone then gets one to report).
+pub(crate) fn answer(reply: &Reply, joins: &[Join]) -> Option<Vec<Reply>> {
     let total: u64 = joins.iter().map(Join::cost).sum();
-    match joins.first()?.kind {
-        Kind::Tokens { .. } if admitted(reply) => Some(
+    match (joins.first()?.kind, reply) {
+        (Kind::Tokens { .. }, Reply::Four(n)) if admitted(n) => Some(
             joins
                 .iter()
                 .scan(total, |after, join| {
                     *after -= join.cost();
-                    Some(share(reply, *after, join))
+                    Some(Reply::Four(share(n, *after, join)))
                 })
                 .collect(),
         ),
-        Kind::Tokens { .. } => joins
+        (Kind::Tokens { .. }, Reply::Four(n)) => joins
             .iter()
-            .map(|join| refusal(reply, total - join.cost(), join))
+            .map(|join| refusal(n, total - join.cost(), join).map(Reply::Four))
             .collect(),
-        Kind::Slots { max_delay_ms, .. } => slots(reply, joins, max_delay_ms),
+        (Kind::Slots { max_delay_ms, .. }, Reply::Value(value)) => {
+            let replies = slots(value, joins, max_delay_ms)?;
+            Some(replies.into_iter().map(Reply::Value).collect())
+        }
+        _ => None,
     }
 }
 
@@ -172,19 +178,14 @@ pub(crate) fn hash(head: &[u8]) -> u64 {
 }
 
 /// Whether the reply of a joined call admitted it: `{1, remaining, retry_after_ms, reset_ms}`.
-fn admitted(reply: &Value) -> bool {
-    matches!(reply, Value::Array(items) if items.len() == 4 && items[0] == Value::Int(1))
+fn admitted(reply: &[i64; 4]) -> bool {
+    reply[0] == 1
 }
 
 /// The reply one check of an admitted joined call would have got alone: `after` is the cost of
 /// the checks that took their tokens after it (the joined call's members are in order).
-fn share(reply: &Value, after: u64, join: &Join) -> Value {
-    let Value::Array(items) = reply else {
-        return reply.clone();
-    };
-    let [allowed, Value::Int(remaining), retry_after, Value::Int(reset)] = items.as_slice() else {
-        return reply.clone();
-    };
+fn share(reply: &[i64; 4], after: u64, join: &Join) -> [i64; 4] {
+    let [allowed, remaining, retry_after, reset] = *reply;
     let later = i64::try_from(after).unwrap_or(i64::MAX);
     // remaining = floor((tolerance − tat_after + ε) / interval): moving the TAT back by
     // `after · interval` adds exactly `after` to it.
@@ -193,17 +194,12 @@ fn share(reply: &Value, after: u64, join: &Join) -> Value {
     // milliseconds of `d` never tells a check its bucket is full sooner than it is (at most
     // 1 ms later). The TAT stays ahead of now by at least this check's cost: reset ≥ 1.
     let earlier = (after as f64 * join.interval_ms).floor();
-    let reset = if earlier >= *reset as f64 {
+    let reset = if earlier >= reset as f64 {
         1
     } else {
-        (*reset - earlier as i64).max(1)
+        (reset - earlier as i64).max(1)
     };
-    Value::Array(vec![
-        allowed.clone(),
-        Value::Int(remaining),
-        retry_after.clone(),
-        Value::Int(reset),
-    ])
+    [allowed, remaining, retry_after, reset]
 }
 
 /// The refusal one check of a refused joined call gets alone, when the joined reply proves it:
@@ -215,39 +211,26 @@ fn share(reply: &Value, after: u64, join: &Join) -> Value {
 /// others · interval`, `y' > 0` and it is refused too (a refusal writes nothing, so the order of
 /// the checks does not matter), with `retry_after' = ceil(retry_after − others · interval)`:
 /// never sooner than its own, at most 1 ms later. `None` when the reply does not prove it.
-fn refusal(reply: &Value, others: u64, join: &Join) -> Option<Value> {
-    let Value::Array(items) = reply else {
-        return None;
-    };
-    let [Value::Int(0), remaining, Value::Int(retry_after), reset] = items.as_slice() else {
+fn refusal(reply: &[i64; 4], others: u64, join: &Join) -> Option<[i64; 4]> {
+    let [0, remaining, retry_after, reset] = *reply else {
         return None;
     };
     let freed = others as f64 * join.interval_ms;
-    let retry = *retry_after as f64;
+    let retry = retry_after as f64;
     // a microsecond of margin against rounding: unproven checks are sent alone
     if retry < 1.0 + freed + 0.001 {
         return None;
     }
     let own = ((retry - freed).ceil() as i64).max(1);
-    Some(Value::Array(vec![
-        Value::Int(0),
-        remaining.clone(),
-        Value::Int(own),
-        reset.clone(),
-    ]))
+    Some([0, remaining, own, reset])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn reply(allowed: i64, remaining: i64, retry: i64, reset: i64) -> Value {
-        Value::Array(vec![
-            Value::Int(allowed),
-            Value::Int(remaining),
-            Value::Int(retry),
-            Value::Int(reset),
-        ])
+    fn reply(allowed: i64, remaining: i64, retry: i64, reset: i64) -> [i64; 4] {
+        [allowed, remaining, retry, reset]
     }
 
     /// Each check of a joined call gets the remaining tokens and reset it would have got in its
@@ -279,33 +262,33 @@ mod tests {
                     interval_ms: interval,
                 };
                 let alone = lua(start + taken as f64 * interval);
-                let shared = share(&joined, total - taken, &join);
-                let (Value::Array(a), Value::Array(s)) = (&alone, &shared) else {
-                    unreachable!()
-                };
+                let (a, s) = (alone, share(&joined, total - taken, &join));
                 assert_eq!(a[..3], s[..3], "start {start}, taken {taken}");
-                let (Value::Int(a), Value::Int(s)) = (&a[3], &s[3]) else {
-                    unreachable!()
-                };
-                assert!(*s == *a || *s == *a + 1, "reset {s} vs {a}");
+                assert!(
+                    s[3] == a[3] || s[3] == a[3] + 1,
+                    "reset {} vs {}",
+                    s[3],
+                    a[3]
+                );
             }
         }
         assert!(admitted(&reply(1, 0, 0, 5)));
         assert!(!admitted(&reply(0, 0, 7, 5)));
-        assert!(!admitted(&Value::Int(1)));
-        // an unexpected shape is handed on unchanged, for the decoder to report
+        // a reply not of the script's shape is not shared out: each check goes alone, and its
+        // own reply tells the decoder what is wrong
+        let join = Join {
+            head: 0,
+            same: 0,
+            kind: Kind::Tokens { cost: 1 },
+            interval_ms: 1.0,
+        };
+        assert_eq!(answer(&Reply::Value(Value::Int(1)), &[join; 2]), None);
         assert_eq!(
-            share(
-                &Value::Int(1),
-                3,
-                &Join {
-                    head: 0,
-                    same: 0,
-                    kind: Kind::Tokens { cost: 1 },
-                    interval_ms: 1.0
-                }
-            ),
-            Value::Int(1)
+            answer(&Reply::Four(reply(1, 5, 0, 3)), &[join; 2]),
+            Some(vec![
+                Reply::Four(reply(1, 6, 0, 2)),
+                Reply::Four(reply(1, 5, 0, 3))
+            ])
         );
     }
 
@@ -337,15 +320,14 @@ mod tests {
                 unreachable!("5 checks never fit")
             };
             match (refusal(&joined, 4, &join), lua(1.0)) {
-                (Some(shared), Some(alone)) => {
-                    let (Value::Array(s), Value::Array(a)) = (&shared, &alone) else {
-                        unreachable!()
-                    };
+                (Some(s), Some(a)) => {
                     assert_eq!((&s[..2], &s[3]), (&a[..2], &a[3]), "ahead {ahead}");
-                    let (Value::Int(s), Value::Int(a)) = (&s[2], &a[2]) else {
-                        unreachable!()
-                    };
-                    assert!(*s == *a || *s == *a + 1, "retry {s} vs {a}");
+                    assert!(
+                        s[2] == a[2] || s[2] == a[2] + 1,
+                        "retry {} vs {}",
+                        s[2],
+                        a[2]
+                    );
                 }
                 (Some(_), None) => panic!("ahead {ahead}: a check that fits was refused"),
                 (None, _) => assert!(
@@ -382,10 +364,10 @@ mod tests {
         assert!(out.is_empty());
         // admitted: each its own slot; refused past max_delay itself: each refused
         let reply = |admitted: i64, delay: &str| {
-            Value::Array(vec![
+            Reply::Value(Value::Array(vec![
                 Value::Int(admitted),
                 Value::BulkString(delay.as_bytes().to_vec()),
-            ])
+            ]))
         };
         assert_eq!(
             answer(&reply(1, "12.345"), &[join(Some(550.0)); 3]),

@@ -23,7 +23,7 @@ use std::time::Duration;
 use crate::limit::{Algorithm, Decision, Millis, Pace};
 
 pub use memory::MemoryStore;
-pub use pipe::parse as parse_reply;
+pub use pipe::{parse as parse_reply, parse_four as parse_counts};
 pub use policy::{GuardedStore, OnError};
 pub use redis::{RedisStore, RedisTarget};
 pub use reply::decode;

@@ -48,6 +48,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, Sleep};
 
 use super::coalesce::{self, Join};
+use super::reply::Reply;
 
 /// Commands written with one `write` at most.
 const BATCH: usize = 256;
@@ -61,8 +62,6 @@ const MAX_DEPTH: usize = 4;
 /// claiming one) is a broken connection, not a reason to buffer without end.
 const MAX_REPLY_BYTES: usize = 1 << 20;
 
-type Reply = Result<Value, RedisError>;
-
 /// Why a call got no value.
 #[derive(Debug)]
 pub(crate) enum Failure {
@@ -73,7 +72,7 @@ pub(crate) enum Failure {
 }
 
 /// What a caller gets.
-pub(crate) type Answer = Result<Value, Failure>;
+pub(crate) type Answer = Result<Reply, Failure>;
 
 /// A Redis that vanishes without resetting the connection (host lost, packets dropped) must
 /// still be noticed: unacknowledged writes fail after `TCP_USER_TIMEOUT`, idle connections are
@@ -150,7 +149,7 @@ impl Slot {
         }
     }
 
-    fn reply(&mut self, reply: Reply) {
+    fn reply(&mut self, reply: Result<Reply, RedisError>) {
         self.answer(reply.map_err(Failure::Redis));
     }
 
@@ -643,13 +642,17 @@ fn deliver(
 ) -> Result<(), RedisError> {
     let mut at = 0;
     let result = loop {
-        match parse(&input[at..]) {
-            Ok(Some((value, used))) => {
+        let parsed = match parse_four(&input[at..]) {
+            Some((four, used)) => Ok(Some((Reply::Four(four), used))),
+            None => parse(&input[at..]).map(|v| v.map(|(value, used)| (Reply::Value(value), used))),
+        };
+        match parsed {
+            Ok(Some((reply, used))) => {
                 at += used;
                 // the call may be late or given up: its reply is then dropped
                 match waiting.pop_front() {
-                    Some(Waiting::One(mut slot)) => slot.reply(value.extract_error()),
-                    Some(Waiting::Joined(calls)) => answer_joined(value, calls, joins, again),
+                    Some(Waiting::One(mut slot)) => slot.reply(checked(reply)),
+                    Some(Waiting::Joined(calls)) => answer_joined(reply, calls, joins, again),
                     None => break Err(protocol("a reply to no command")),
                 }
             }
@@ -664,12 +667,12 @@ fn deliver(
 /// Shares the reply of a joined call out among its checks; when it was refused, refuses each
 /// check if the reply proves it would be refused alone, or else puts the checks into `again` to
 /// be decided one by one (see [`super::coalesce`]).
-fn answer_joined(value: Value, calls: Vec<Call>, joins: &mut Vec<Join>, again: &mut Vec<Call>) {
-    match value.extract_error() {
-        Ok(value) => {
+fn answer_joined(reply: Reply, calls: Vec<Call>, joins: &mut Vec<Join>, again: &mut Vec<Call>) {
+    match checked(reply) {
+        Ok(reply) => {
             joins.clear();
             joins.extend(calls.iter().filter_map(|c| c.join));
-            match coalesce::answer(&value, joins) {
+            match coalesce::answer(&reply, joins) {
                 Some(replies) => {
                     for (mut call, reply) in calls.into_iter().zip(replies) {
                         call.slot.reply(Ok(reply));
@@ -763,6 +766,35 @@ pub(crate) fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
 pub(crate) fn push_count(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(crate::decimal::digits(n, &mut [0; 20]));
     out.extend_from_slice(b"\r\n");
+}
+
+/// A reply with the errors inside it (redis-rs's `Value::ServerError`) made an `Err`.
+fn checked(reply: Reply) -> Result<Reply, RedisError> {
+    match reply {
+        Reply::Value(value) => value.extract_error().map(Reply::Value),
+        four => Ok(four),
+    }
+}
+
+/// The counting scripts' reply, an array of four integers (`*4` then four `:` lines), read
+/// without building a [`Value`]: the four and the bytes they took. `None` for anything else,
+/// and for an incomplete reply ([`parse`] then says which it is).
+pub fn parse_four(buf: &[u8]) -> Option<([i64; 4], usize)> {
+    if !buf.starts_with(b"*4\r\n") {
+        return None;
+    }
+    let mut at = 4;
+    let mut four = [0; 4];
+    for n in &mut four {
+        let rest = buf.get(at..)?.strip_prefix(b":")?;
+        let end = rest.iter().position(|&b| b == b'\r')?;
+        if rest.get(end + 1) != Some(&b'\n') {
+            return None;
+        }
+        *n = number(&rest[..end]).ok()?;
+        at += 1 + end + 2;
+    }
+    Some((four, at))
 }
 
 /// One complete RESP2 reply at the start of `buf`, and its length in bytes; `None` when more

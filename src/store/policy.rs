@@ -107,7 +107,8 @@ impl GuardedStore {
         now: Option<Millis>,
     ) -> Result<Decision, StoreError> {
         // The deny cache runs on the real clock: a caller replaying its own times bypasses it.
-        if now.is_none() {
+        // (the clock is read only when there is something cached to compare it with)
+        if now.is_none() && !self.deny_cache.is_empty() {
             if let Some(d) = self.deny_cache.get(key, alg, Instant::now()) {
                 self.stats.deny_cache_hits.fetch_add(1, Ordering::Relaxed);
                 if let Some(observer) = &self.observer {
@@ -116,7 +117,7 @@ impl GuardedStore {
                 return Ok(d);
             }
         }
-        let error = match self.breaker.allow_call(self.breaker.now()) {
+        let error = match self.breaker.allow_now() {
             Some(permit) => match self.call(key, alg, now, permit).await {
                 Ok(d) => return Ok(d),
                 Err(e) => e,
@@ -193,7 +194,7 @@ impl Store for GuardedStore {
         Box::pin(async move {
             // The local schedule holds too, so the fallback obeys the upstream during an outage.
             let local = self.local.hold(key, pace, hold_ms, now);
-            let Some(permit) = self.breaker.allow_call(self.breaker.now()) else {
+            let Some(permit) = self.breaker.allow_now() else {
                 return Ok(local);
             };
             let _in_flight = InFlight {
@@ -287,6 +288,14 @@ impl Breaker {
         }
         // cool-down over: let exactly one probe through
         (now >= until && !self.probing.swap(true, Ordering::AcqRel)).then_some(Permit::Probe)
+    }
+
+    /// [`Breaker::allow_call`] now; the clock is read only while the breaker is open.
+    fn allow_now(&self) -> Option<Permit> {
+        if self.open_until.load(Ordering::Acquire) == 0 {
+            return Some(Permit::Closed);
+        }
+        self.allow_call(self.now())
     }
 
     fn is_open(&self) -> bool {
@@ -393,8 +402,13 @@ impl DenyCache {
         &self.shards[self.hasher.hash_one(key) as usize % Self::SHARDS]
     }
 
+    /// Whether nothing is cached (then [`DenyCache::get`] has nothing to find).
+    fn is_empty(&self) -> bool {
+        self.entries.load(Ordering::Relaxed) == 0
+    }
+
     fn get(&self, key: &str, alg: &Algorithm, now: Instant) -> Option<Decision> {
-        if self.entries.load(Ordering::Relaxed) == 0 {
+        if self.is_empty() {
             return None;
         }
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());

@@ -19,8 +19,9 @@ use ::redis::io::tcp::TcpSettings;
 use ::redis::{ConnectionAddr, IntoConnectionInfo, Value};
 
 use super::pipe::{self, Addr, Endpoint, Failure, Pipe};
+use super::reply::{self, Reply};
 use super::scripts::{Call, Scripts};
-use super::{reply, HoldFuture, Store, StoreError, StoreFuture};
+use super::{HoldFuture, Store, StoreError, StoreFuture};
 use crate::limit::{Algorithm, Millis, Pace};
 
 /// Reconnection attempts wait at least this long before their second try (one retry): a refusal
@@ -147,7 +148,7 @@ impl RedisStore {
     }
 
     /// Runs one script call on the key's connection, bounded by the timeout.
-    async fn invoke(&self, call: Call<'_>) -> Result<Value, StoreError> {
+    async fn invoke(&self, call: Call<'_>) -> Result<Reply, StoreError> {
         match &self.conn {
             Conn::Pipe(pipe) => {
                 let deadline = tokio::time::Instant::now() + self.timeout;
@@ -163,15 +164,15 @@ impl RedisStore {
                 };
                 self.answered(answer)
             }
-            Conn::Client(client) => {
-                self.bounded(invoke(client.clone(), call.invocation()))
-                    .await
-            }
+            Conn::Client(client) => self
+                .bounded(invoke(client.clone(), call.invocation()))
+                .await
+                .map(Reply::Value),
         }
     }
 
     /// The store's own connection's answer as the store's.
-    fn answered(&self, answer: pipe::Answer) -> Result<Value, StoreError> {
+    fn answered(&self, answer: pipe::Answer) -> Result<Reply, StoreError> {
         answer.map_err(|failure| match failure {
             Failure::Redis(e) => StoreError::Redis(e),
             Failure::Late => StoreError::Timeout(self.timeout),
@@ -245,7 +246,7 @@ impl Store for RedisStore {
                 .invoke(self.scripts.defer(key, pace, hold_ms, now))
                 .await?
             {
-                Value::Int(ms) => Ok(u64::try_from(ms).unwrap_or(0)),
+                Reply::Value(Value::Int(ms)) => Ok(u64::try_from(ms).unwrap_or(0)),
                 other => Err(StoreError::Reply {
                     script: "pace_defer",
                     detail: format!("expected an integer, got {other:?}"),
@@ -261,7 +262,7 @@ impl Store for RedisStore {
         now: Option<Millis>,
     ) -> StoreFuture<'a> {
         Box::pin(async move {
-            reply::decode(alg, &self.invoke(self.scripts.check(key, alg, now)).await?)
+            reply::decode_reply(alg, &self.invoke(self.scripts.check(key, alg, now)).await?)
         })
     }
 }

@@ -5,6 +5,27 @@ use ::redis::Value;
 use super::StoreError;
 use crate::limit::{Algorithm, Decision};
 
+/// A script's reply as the store's own connection reads it: the counting scripts' four integers
+/// kept inline (no allocation on the way from the socket to the decision, nor when a joined
+/// call's reply is shared out), anything else as redis-rs's [`Value`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Reply {
+    /// `{allowed, remaining, retry_after_ms, reset_ms}` as read (not checked yet)
+    Four([i64; 4]),
+    Value(Value),
+}
+
+/// Decodes a reply as [`decode`] does.
+pub(crate) fn decode_reply(alg: &Algorithm, reply: &Reply) -> Result<Decision, StoreError> {
+    match (alg, reply) {
+        (Algorithm::LeakyBucket(_), Reply::Four(n)) => {
+            decode(alg, &Value::Array(n.map(Value::Int).to_vec()))
+        }
+        (_, Reply::Four(n)) => counted(alg, *n),
+        (_, Reply::Value(value)) => decode(alg, value),
+    }
+}
+
 /// Decodes a script's reply for `alg`: `{allowed, remaining, retry_after_ms, reset_ms}` for the
 /// counting algorithms, `{admitted, "delay_ms"}` for the leaky bucket.
 pub fn decode(alg: &Algorithm, value: &Value) -> Result<Decision, StoreError> {
@@ -31,13 +52,28 @@ pub fn decode(alg: &Algorithm, value: &Value) -> Result<Decision, StoreError> {
             let [a, r, t, z] = items.as_slice() else {
                 return Err(bad(format!("expected 4 items, got {}", items.len())));
             };
-            let mut n = [0u64; 4];
+            let mut n = [0i64; 4];
             for (slot, v) in n.iter_mut().zip([a, r, t, z]) {
-                *slot = int(v).ok_or_else(|| bad(format!("expected an integer, got {v:?}")))?;
+                let Value::Int(i) = v else {
+                    return Err(bad(format!("expected an integer, got {v:?}")));
+                };
+                *slot = *i;
             }
-            Ok(Decision::counted(n[0] == 1, n[1], n[2], n[3]))
+            counted(alg, n)
         }
     }
+}
+
+/// `{allowed, remaining, retry_after_ms, reset_ms}`, none of them negative.
+fn counted(alg: &Algorithm, n: [i64; 4]) -> Result<Decision, StoreError> {
+    let mut u = [0u64; 4];
+    for (slot, i) in u.iter_mut().zip(n) {
+        *slot = u64::try_from(i).map_err(|_| StoreError::Reply {
+            script: alg.name(),
+            detail: format!("expected an integer, got {:?}", Value::Int(i)),
+        })?;
+    }
+    Ok(Decision::counted(u[0] == 1, u[1], u[2], u[3]))
 }
 
 fn int(v: &Value) -> Option<u64> {
@@ -68,7 +104,46 @@ pub(super) fn micros(v: &Value) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use std::num::{NonZeroU32, NonZeroU64};
+    use std::time::Duration;
+
     use super::*;
+    use crate::limit::{Bucket, Pace, Rate, Window};
+
+    /// Four integers read inline decode as the same four in a `Value` do, for every algorithm:
+    /// the same decision, or the same error (a negative figure; four integers for the leaky
+    /// bucket).
+    #[test]
+    fn four_inline_decode_as_their_value_does() {
+        let rate = Rate::per_second(10.0).expect("positive");
+        let one = NonZeroU32::new(1).expect("positive");
+        let window = Window::new(
+            NonZeroU64::new(10).expect("positive"),
+            Duration::from_secs(1),
+        );
+        let algs = [
+            Algorithm::TokenBucket(Bucket::new(rate, one, one).expect("cost <= burst")),
+            Algorithm::LeakyBucket(Pace::new(rate, None).expect("no bound")),
+            Algorithm::FixedWindow(window),
+            Algorithm::SlidingWindowCounter(window),
+        ];
+        let fours = [
+            [1, 9, 0, 1000],
+            [0, 0, 250, 1000],
+            [1, 0, 0, 0],
+            [1, -1, 0, 5],
+            [0, 3, 2, -7],
+        ];
+        for alg in &algs {
+            for four in fours {
+                let inline = decode_reply(alg, &Reply::Four(four));
+                let value = decode(alg, &Value::Array(four.map(Value::Int).to_vec()));
+                assert_eq!(format!("{inline:?}"), format!("{value:?}"), "{four:?}");
+            }
+        }
+        let decided = decode_reply(&algs[0], &Reply::Four([0, 0, 250, 1000])).expect("decodes");
+        assert_eq!(decided, Decision::counted(false, 0, 250, 1000));
+    }
 
     /// Delay strings become exact microseconds; malformed ones are refused.
     #[test]

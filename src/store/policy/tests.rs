@@ -34,12 +34,15 @@ fn breaker_opens_after_trip_after_consecutive_failures() {
             b.failure(Permit::Closed, 10, &timeout());
         }
         assert_eq!(b.allow_call(10), Some(Permit::Closed));
+        assert_eq!(b.allow_now(), Some(Permit::Closed));
         assert!(!b.is_open());
         b.success();
     }
     let b = tripped(10);
     assert!(b.is_open());
     assert_eq!(b.allow_call(10), None);
+    // on the real clock, opened at a moment far ahead of it: still cooling down
+    assert_eq!(tripped(1 << 40).allow_now(), None);
 }
 
 /// While open nothing goes through until the cool-down is over; then exactly one probe.
