@@ -292,7 +292,7 @@ impl Breaker {
 
     /// [`Breaker::allow_call`] now; the clock is read only while the breaker is open.
     fn allow_now(&self) -> Option<Permit> {
-        if self.open_until.load(Ordering::Acquire) == 0 {
+        if !self.is_open() {
             return Some(Permit::Closed);
         }
         self.allow_call(self.now())
