@@ -10,6 +10,8 @@ use std::time::Duration;
 use super::{build_proxy, build_store, Shared};
 use crate::config::{self, Config, ConfigError};
 
+mod watch;
+
 /// Applies new configurations to a running [`super::Server`]. Cheap to clone.
 #[derive(Clone)]
 pub struct Reloader {
@@ -106,7 +108,7 @@ impl Reloader {
     pub fn watch(self, path: PathBuf) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
-            let _watcher = watch_file(&path, tx.clone());
+            let _watch = watch::watch_file(&path, tx.clone());
             spawn_sighup(tx);
             while rx.recv().await.is_some() {
                 tokio::time::sleep(SETTLE).await;
@@ -115,45 +117,6 @@ impl Reloader {
             }
         })
     }
-}
-
-/// Watches the file's directory (editors and config managers replace files, which a watch on
-/// the file itself would miss) and signals changes that touch the file.
-fn watch_file(
-    path: &Path,
-    tx: tokio::sync::mpsc::Sender<()>,
-) -> Option<notify::RecommendedWatcher> {
-    use notify::{RecursiveMode, Watcher};
-    let name = path.file_name()?.to_owned();
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let handler = move |event: notify::Result<notify::Event>| {
-        let Ok(event) = event else { return };
-        if event.kind.is_access() {
-            return;
-        }
-        if event
-            .paths
-            .iter()
-            .any(|p| p.file_name() == Some(name.as_os_str()))
-        {
-            let _ = tx.try_send(());
-        }
-    };
-    let mut watcher = match notify::recommended_watcher(handler) {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch the config file; reload with SIGHUP");
-            return None;
-        }
-    };
-    if let Err(e) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
-        tracing::warn!(error = %e, dir = %dir.display(), "cannot watch the config directory; reload with SIGHUP");
-        return None;
-    }
-    Some(watcher)
 }
 
 fn spawn_sighup(tx: tokio::sync::mpsc::Sender<()>) {

@@ -1,0 +1,246 @@
+//! Noticing a change of the config file. The file's directory is watched, not the file:
+//! editors and config managers replace files (a new file renamed over the old one), which a
+//! watch on the file itself would lose.
+//!
+//! On Linux the watch asks inotify only for the events that end a change — a file written and
+//! closed, moved in, created or deleted — and not for every `write(2)` (`IN_MODIFY`) or open:
+//! a log appended next to the config (`tollgate --config proxy.yaml 2>> tollgate.log`, access
+//! log on) would otherwise wake the watcher once per line, a thread wake-up per request, which
+//! cost a fifth of the proxy's throughput (BENCHMARKS.md, "Changes measured").
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use tokio::sync::mpsc::Sender;
+
+/// Keeps the watch alive; dropping it stops the watch.
+#[cfg(target_os = "linux")]
+pub(super) type Guard = tokio_util::task::AbortOnDropHandle<()>;
+#[cfg(not(target_os = "linux"))]
+pub(super) type Guard = notify::RecommendedWatcher;
+
+/// The directory to watch and the file's name in it.
+fn split(path: &Path) -> Option<(PathBuf, OsString)> {
+    let name = path.file_name()?.to_owned();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Some((dir, name))
+}
+
+/// Sends on `tx` (without waiting: a full channel already holds a change) whenever the file at
+/// `path` may have changed. `None`, with a warning logged, when the directory cannot be watched
+/// (SIGHUP still reloads).
+#[cfg(target_os = "linux")]
+pub(super) fn watch_file(path: &Path, tx: Sender<()>) -> Option<Guard> {
+    let mut watch = match Watch::new(path) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, path = %path.display(), "cannot watch the config file's directory; reload with SIGHUP");
+            return None;
+        }
+    };
+    let task = tokio::spawn(async move {
+        loop {
+            match watch.changed().await {
+                Ok(()) => {
+                    let _ = tx.try_send(());
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "config file watch ended; reload with SIGHUP");
+                    return;
+                }
+            }
+        }
+    });
+    Some(tokio_util::task::AbortOnDropHandle::new(task))
+}
+
+/// An inotify watch of the config file's directory, read on the runtime (no thread of its own).
+#[cfg(target_os = "linux")]
+pub(super) struct Watch {
+    fd: tokio::io::unix::AsyncFd<inotify::Inotify>,
+    name: OsString,
+    buf: Box<[u8]>,
+    /// events read so far, of any file in the directory (what the tests count)
+    events: u64,
+}
+
+#[cfg(target_os = "linux")]
+impl Watch {
+    pub(super) fn new(path: &Path) -> std::io::Result<Watch> {
+        use inotify::WatchMask;
+        let (dir, name) = split(path).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path")
+        })?;
+        let inotify = inotify::Inotify::init()?;
+        // the events that end a change; not MODIFY (one per write) nor OPEN
+        let mask = WatchMask::CLOSE_WRITE
+            | WatchMask::MOVED_TO
+            | WatchMask::CREATE
+            | WatchMask::DELETE
+            | WatchMask::ONLYDIR;
+        inotify.watches().add(&dir, mask)?;
+        use tokio::io::{unix::AsyncFd, Interest};
+        // SAFETY: `Inotify` owns its descriptor (closed when it is dropped, never replaced), so
+        // the descriptor stays open and the same for as long as the `AsyncFd` holds it.
+        let fd = unsafe { AsyncFd::register_with_interest(inotify, Interest::READABLE) }
+            .map_err(|e| e.into_parts().1)?;
+        Ok(Watch {
+            fd,
+            name,
+            buf: vec![0; 4096].into_boxed_slice(),
+            events: 0,
+        })
+    }
+
+    /// Returns once an event names the file (or the kernel's queue overflowed, which may have
+    /// lost one). An error when the directory itself went away.
+    pub(super) async fn changed(&mut self) -> std::io::Result<()> {
+        use inotify::EventMask;
+        let Watch {
+            fd,
+            name,
+            buf,
+            events,
+        } = self;
+        loop {
+            let mut ready = fd.readable_mut().await?;
+            let read = ready.try_io(|inotify| {
+                let mut hit = false;
+                let mut gone = false;
+                for event in inotify.get_mut().read_events(buf)? {
+                    *events += 1;
+                    hit |= event.mask.contains(EventMask::Q_OVERFLOW)
+                        || event.name == Some(name.as_os_str());
+                    gone |= event.mask.contains(EventMask::IGNORED);
+                }
+                Ok((hit, gone))
+            });
+            match read {
+                Ok(Ok((true, _))) => return Ok(()),
+                Ok(Ok((false, true))) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "the config file's directory was removed",
+                    ))
+                }
+                Ok(Ok((false, false))) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => {}
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn events(&self) -> u64 {
+        self.events
+    }
+}
+
+/// Elsewhere, the `notify` crate's watcher of the directory, filtered by name.
+#[cfg(not(target_os = "linux"))]
+pub(super) fn watch_file(path: &Path, tx: Sender<()>) -> Option<Guard> {
+    use notify::{RecursiveMode, Watcher};
+    let (dir, name) = split(path)?;
+    let handler = move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        if event.kind.is_access() {
+            return;
+        }
+        if event
+            .paths
+            .iter()
+            .any(|p| p.file_name() == Some(name.as_os_str()))
+        {
+            let _ = tx.try_send(());
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the config file; reload with SIGHUP");
+            return None;
+        }
+    };
+    if let Err(e) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
+        tracing::warn!(error = %e, dir = %dir.display(), "cannot watch the config directory; reload with SIGHUP");
+        return None;
+    }
+    Some(watcher)
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::Watch;
+    use std::io::Write;
+    use std::time::Duration;
+
+    /// Long enough for an event already queued to be read; a change is awaited far longer.
+    const QUIET: Duration = Duration::from_millis(300);
+    const CHANGE: Duration = Duration::from_secs(10);
+
+    #[tokio::test]
+    async fn a_log_appended_beside_the_config_never_wakes_the_watch() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("proxy.yaml");
+        std::fs::write(&config, "listen: 127.0.0.1:8080\n").unwrap();
+        let mut log = std::fs::File::create(dir.path().join("tollgate.log")).unwrap();
+        let mut watch = Watch::new(&config).unwrap();
+        for i in 0..100 {
+            writeln!(log, "access line {i}").unwrap();
+            log.flush().unwrap();
+            // give the watch a chance to read between writes (the kernel joins unread twins)
+            assert!(
+                tokio::time::timeout(Duration::from_millis(2), watch.changed())
+                    .await
+                    .is_err()
+            );
+        }
+        assert!(tokio::time::timeout(QUIET, watch.changed()).await.is_err());
+        assert_eq!(watch.events(), 0, "the appends were seen as events");
+    }
+
+    #[tokio::test]
+    async fn the_config_written_in_place_or_renamed_over_is_seen_and_neighbours_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("proxy.yaml");
+        std::fs::write(&config, "a: 1\n").unwrap();
+        let mut watch = Watch::new(&config).unwrap();
+
+        // a neighbour written and closed is an event, not a change of the config
+        std::fs::write(dir.path().join("other.yaml"), "b: 2\n").unwrap();
+        assert!(tokio::time::timeout(QUIET, watch.changed()).await.is_err());
+        assert!(watch.events() > 0);
+
+        std::fs::write(&config, "a: 2\n").unwrap();
+        tokio::time::timeout(CHANGE, watch.changed())
+            .await
+            .expect("an in-place write not seen")
+            .unwrap();
+
+        let tmp = dir.path().join(".proxy.yaml.tmp");
+        std::fs::write(&tmp, "a: 3\n").unwrap();
+        while tokio::time::timeout(QUIET, watch.changed()).await.is_ok() {} // the write's own events
+        std::fs::rename(&tmp, &config).unwrap();
+        tokio::time::timeout(CHANGE, watch.changed())
+            .await
+            .expect("a rename over the file not seen")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_directory_removed_ends_the_watch_with_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("conf");
+        std::fs::create_dir(&sub).unwrap();
+        let config = sub.join("proxy.yaml");
+        let mut watch = Watch::new(&config).unwrap();
+        std::fs::remove_dir(&sub).unwrap();
+        let ended = tokio::time::timeout(CHANGE, watch.changed())
+            .await
+            .expect("the removal not seen");
+        assert!(ended.is_err(), "{ended:?}");
+    }
+}
