@@ -210,7 +210,7 @@ async fn serve<I>(
         // Boxed: hyper keeps a slot the size of this future for the whole life of the
         // connection; boxed, the slot is a pointer and the request's state is freed when it
         // is answered, so an idle keep-alive connection holds none of it.
-        Box::pin(async move {
+        boxed_in_place(move || async move {
             let resp = match framing::check(&req) {
                 Ok(()) => {
                     let handling = pass::Handling::start();
@@ -253,6 +253,13 @@ async fn serve<I>(
 }
 
 /// Logs how a connection ended, when not by a clean close.
+/// `Box::pin(make())`, with the box allocated before the future is made, so the compiler can
+/// build the future in the box: `Box::pin` of a future made first copies all of its bytes
+/// (the request's future is ~5 KB, mostly the room its later states need) from the stack.
+fn boxed_in_place<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    Box::into_pin(Box::write(Box::new_uninit(), make()))
+}
+
 fn report<E: Display>(ended: Ended<E>, conn: Conn) {
     match ended {
         Ended::Closed(Ok(())) => {}
