@@ -155,7 +155,7 @@ pub fn format_duration(d: Duration) -> String {
         ("h", 3_600_000_000_000),
         ("m", 60_000_000_000),
     ] {
-        if nanos >= size && nanos % size == 0 {
+        if nanos >= size && nanos.is_multiple_of(size) {
             return format!("{}{unit}", nanos / size);
         }
     }
@@ -199,7 +199,7 @@ pub fn format_size(bytes: u64) -> String {
         ("MiB", 1 << 20),
         ("KiB", 1 << 10),
     ] {
-        if bytes >= size && bytes % size == 0 {
+        if bytes >= size && bytes.is_multiple_of(size) {
             return format!("{}{unit}", bytes / size);
         }
     }
