@@ -252,7 +252,6 @@ async fn serve<I>(
     }
 }
 
-/// Logs how a connection ended, when not by a clean close.
 /// `Box::pin(make())`, with the box allocated before the future is made, so the compiler can
 /// build the future in the box: `Box::pin` of a future made first copies all of its bytes
 /// (the request's future is ~5 KB, mostly the room its later states need) from the stack.
@@ -260,6 +259,7 @@ fn boxed_in_place<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
     Box::into_pin(Box::write(Box::new_uninit(), make()))
 }
 
+/// Logs how a connection ended, when not by a clean close.
 fn report<E: Display>(ended: Ended<E>, conn: Conn) {
     match ended {
         Ended::Closed(Ok(())) => {}

@@ -3,7 +3,9 @@
 //! watch on the file itself would lose.
 //!
 //! On Linux the watch asks inotify only for the events that end a change — a file written and
-//! closed, moved in, created or deleted — and not for every `write(2)` (`IN_MODIFY`) or open:
+//! closed, moved in, created or deleted, or its attributes changed (`chmod`, `touch`) — and not
+//! for every `write(2)` (`IN_MODIFY`) or open (so a writer that keeps the file open is seen
+//! when it closes it):
 //! a log appended next to the config (`tollgate --config proxy.yaml 2>> tollgate.log`, access
 //! log on) would otherwise wake the watcher once per line, a thread wake-up per request, which
 //! cost a fifth of the proxy's throughput (BENCHMARKS.md, "Changes measured").
@@ -18,6 +20,11 @@ use tokio::sync::mpsc::Sender;
 pub(super) type Guard = tokio_util::task::AbortOnDropHandle<()>;
 #[cfg(not(target_os = "linux"))]
 pub(super) type Guard = notify::RecommendedWatcher;
+
+/// The name Kubernetes gives the symlink through which a mounted ConfigMap's files point
+/// (`proxy.yaml -> ..data/proxy.yaml`): an update renames a new `..data` over the old one, and
+/// the file's own name is in no event.
+const KUBERNETES_DATA: &str = "..data";
 
 /// The directory to watch and the file's name in it.
 fn split(path: &Path) -> Option<(PathBuf, OsString)> {
@@ -65,6 +72,8 @@ pub(super) struct Watch {
     buf: Box<[u8]>,
     /// events read so far, of any file in the directory (what the tests count)
     events: u64,
+    /// the directory went away (its last events may have come with a change, told first)
+    gone: bool,
 }
 
 #[cfg(target_os = "linux")]
@@ -80,11 +89,13 @@ impl Watch {
             | WatchMask::MOVED_TO
             | WatchMask::CREATE
             | WatchMask::DELETE
+            | WatchMask::ATTRIB
             | WatchMask::ONLYDIR;
         inotify.watches().add(&dir, mask)?;
         use tokio::io::{unix::AsyncFd, Interest};
-        // SAFETY: `Inotify` owns its descriptor (closed when it is dropped, never replaced), so
-        // the descriptor stays open and the same for as long as the `AsyncFd` holds it.
+        // SAFETY: `Inotify` owns its descriptor (shared only with its `Watches` handles, closed
+        // when the last of them is dropped, never replaced), so it stays open and the same for
+        // as long as the `AsyncFd` holds it.
         let fd = unsafe { AsyncFd::register_with_interest(inotify, Interest::READABLE) }
             .map_err(|e| e.into_parts().1)?;
         Ok(Watch {
@@ -92,11 +103,13 @@ impl Watch {
             name,
             buf: vec![0; 4096].into_boxed_slice(),
             events: 0,
+            gone: false,
         })
     }
 
-    /// Returns once an event names the file (or the kernel's queue overflowed, which may have
-    /// lost one). An error when the directory itself went away.
+    /// Returns once an event names the file (or the Kubernetes `..data` link, or the kernel's
+    /// queue overflowed, which may have lost one). An error when the directory itself went
+    /// away: no event can come after that.
     pub(super) async fn changed(&mut self) -> std::io::Result<()> {
         use inotify::EventMask;
         let Watch {
@@ -104,29 +117,31 @@ impl Watch {
             name,
             buf,
             events,
+            gone,
         } = self;
         loop {
+            if *gone {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the config file's directory was removed",
+                ));
+            }
             let mut ready = fd.readable_mut().await?;
             let read = ready.try_io(|inotify| {
                 let mut hit = false;
-                let mut gone = false;
                 for event in inotify.get_mut().read_events(buf)? {
                     *events += 1;
                     hit |= event.mask.contains(EventMask::Q_OVERFLOW)
-                        || event.name == Some(name.as_os_str());
-                    gone |= event.mask.contains(EventMask::IGNORED);
+                        || event
+                            .name
+                            .is_some_and(|n| n == name.as_os_str() || n == KUBERNETES_DATA);
+                    *gone |= event.mask.contains(EventMask::IGNORED);
                 }
-                Ok((hit, gone))
+                Ok(hit)
             });
             match read {
-                Ok(Ok((true, _))) => return Ok(()),
-                Ok(Ok((false, true))) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "the config file's directory was removed",
-                    ))
-                }
-                Ok(Ok((false, false))) => {}
+                Ok(Ok(true)) => return Ok(()),
+                Ok(Ok(false)) => {}
                 Ok(Err(e)) => return Err(e),
                 Err(_would_block) => {}
             }
@@ -149,11 +164,10 @@ pub(super) fn watch_file(path: &Path, tx: Sender<()>) -> Option<Guard> {
         if event.kind.is_access() {
             return;
         }
-        if event
-            .paths
-            .iter()
-            .any(|p| p.file_name() == Some(name.as_os_str()))
-        {
+        if event.paths.iter().any(|p| {
+            p.file_name()
+                .is_some_and(|n| n == name.as_os_str() || n == KUBERNETES_DATA)
+        }) {
             let _ = tx.try_send(());
         }
     };
@@ -231,13 +245,55 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_change_of_mode_and_a_kubernetes_configmap_update_are_seen() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("proxy.yaml");
+        std::fs::write(&config, "a: 1\n").unwrap();
+        let mut watch = Watch::new(&config).unwrap();
+        // chmod (say, a file a reload found unreadable made readable)
+        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+        tokio::time::timeout(CHANGE, watch.changed())
+            .await
+            .expect("a chmod not seen")
+            .unwrap();
+
+        // a ConfigMap volume: proxy.yaml -> ..data/proxy.yaml, ..data -> ..<version>; an update
+        // writes a new version directory and renames a new ..data link over the old one
+        let k8s = tempfile::tempdir().unwrap();
+        let v1 = k8s.path().join("..2026_12_04_1");
+        std::fs::create_dir(&v1).unwrap();
+        std::fs::write(v1.join("proxy.yaml"), "a: 1\n").unwrap();
+        symlink("..2026_12_04_1", k8s.path().join("..data")).unwrap();
+        symlink("..data/proxy.yaml", k8s.path().join("proxy.yaml")).unwrap();
+        let mut watch = Watch::new(&k8s.path().join("proxy.yaml")).unwrap();
+        let v2 = k8s.path().join("..2026_12_04_2");
+        std::fs::create_dir(&v2).unwrap();
+        std::fs::write(v2.join("proxy.yaml"), "a: 2\n").unwrap();
+        symlink("..2026_12_04_2", k8s.path().join("..data_tmp")).unwrap();
+        assert!(tokio::time::timeout(QUIET, watch.changed()).await.is_err());
+        std::fs::rename(k8s.path().join("..data_tmp"), k8s.path().join("..data")).unwrap();
+        tokio::time::timeout(CHANGE, watch.changed())
+            .await
+            .expect("a ConfigMap update not seen")
+            .unwrap();
+    }
+
+    #[tokio::test]
     async fn the_directory_removed_ends_the_watch_with_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let sub = dir.path().join("conf");
         std::fs::create_dir(&sub).unwrap();
         let config = sub.join("proxy.yaml");
+        std::fs::write(&config, "a: 1\n").unwrap();
         let mut watch = Watch::new(&config).unwrap();
-        std::fs::remove_dir(&sub).unwrap();
+        // the file's deletion and the watch's end may come in one read: the change is told,
+        // then the end
+        std::fs::remove_dir_all(&sub).unwrap();
+        tokio::time::timeout(CHANGE, watch.changed())
+            .await
+            .expect("the deletion not seen")
+            .unwrap();
         let ended = tokio::time::timeout(CHANGE, watch.changed())
             .await
             .expect("the removal not seen");
