@@ -7,10 +7,12 @@
 //! Does not own routing, limits or the error responses: it reports a [`ProxyError`] and
 //! `respond` turns it into a status.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::future::{Either, FutureExt};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
@@ -185,48 +187,72 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// Sends `req` to a target of the upstream and returns its response, body streaming.
-pub async fn forward(
-    client: &Pool,
+///
+/// The request is taken apart and rewritten when this is called; the future returned holds the
+/// exchange under way and not the request a second time (an `async fn` would keep its
+/// arguments, and the rewritten request, in every state of its future: ~800 bytes per request).
+pub fn forward<'a>(
+    client: &'a Pool,
     mut req: Request<Incoming>,
-    f: &Forward<'_>,
-) -> Result<Response<Body>, ProxyError> {
+    f: &'a Forward<'a>,
+) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + 'a {
     // Taken before the request is rewritten: the client side of a possible tunnel.
     let upgrade = upgrade_protocol(&req);
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
-    let target = f
-        .targets
-        .pick()
-        .ok_or_else(|| ProxyError::NoTarget(f.upstream.to_string()))?;
     // Without a body the request can be sent again, to another target, when no connection
     // could be made to the first: nothing of it reached that target. (Its head is kept for
     // that only when there is another target.)
     let bodiless = hyper::body::Body::is_end_stream(req.body());
-    let resendable = f.targets.targets.len() > 1 && bodiless;
-    let (upstream_req, host_is_target) = rewrite(req, f, upgrade, target)?;
-    let again = resendable.then(|| Resend::of(&upstream_req, host_is_target));
-    // the target of the attempt under way, for a timeout
-    let trying = AtomicUsize::new(target);
-    let attempts = attempts(client, f, target, upstream_req, again, &trying);
-    let mut resp = match tokio::time::timeout(f.response_timeout, attempts).await {
-        Err(_) => {
+    let sent = f
+        .targets
+        .pick()
+        .ok_or_else(|| ProxyError::NoTarget(f.upstream.to_string()))
+        .and_then(|target| {
+            let resendable = f.targets.targets.len() > 1 && bodiless;
+            let (upstream_req, host_is_target) = rewrite(req, f, upgrade, target)?;
+            // boxed: rarely there, and the future would keep its room either way
+            let again = resendable.then(|| Box::new(Resend::of(&upstream_req, host_is_target)));
+            let deadline = tokio::time::Instant::now() + f.response_timeout;
+            Ok(attempts(client, f, target, upstream_req, again, deadline))
+        });
+    // (a combinator rather than an `async` block: the block would keep `sent` and the
+    // exchange it awaits in two slots)
+    match sent {
+        Err(e) => Either::Left(std::future::ready(Err(e))),
+        Ok(attempts) => Either::Right(
+            attempts.map(move |(used, answer)| answered(f, used, answer, client_upgrade, bodiless)),
+        ),
+    }
+}
+
+/// What the client is sent for the upstream's answer to its request (`None`: no response
+/// head in time): the response, its headers made the client's, or the error.
+fn answered(
+    f: &Forward<'_>,
+    used: usize,
+    answer: Option<Result<Response<Pooled>, UpstreamError>>,
+    client_upgrade: Option<OnUpgrade>,
+    bodiless: bool,
+) -> Result<Response<Body>, ProxyError> {
+    let mut resp = match answer {
+        None => {
             // (with a body, the time may have gone in the client's slow upload)
             if bodiless {
-                let silent = trying.load(Ordering::Relaxed);
                 f.targets
-                    .failed(silent, f.upstream, "sent no response head in time");
+                    .failed(used, f.upstream, "sent no response head in time");
             }
             return Err(ProxyError::UpstreamTimeout {
                 upstream: f.upstream.to_string(),
                 after: f.response_timeout,
             });
         }
-        Ok((used, Err(e))) => {
+        Some(Err(e)) => {
             if e.is_connect() {
                 f.targets.failed(used, f.upstream, UNREACHABLE);
             }
             return Err(upstream_error(f.upstream, e));
         }
-        Ok((used, Ok(resp))) => {
+        Some(Ok(resp)) => {
             f.targets.succeeded(used, f.upstream);
             resp
         }
@@ -252,29 +278,38 @@ pub async fn forward(
 }
 
 /// Sends `req` to `target`; when no connection could be made and the request can be sent
-/// again (`again`), to another target once. Which target answered, and how; `trying` tells which
-/// target the attempt under way went to.
-async fn attempts(
-    client: &Pool,
-    f: &Forward<'_>,
+/// again (`again`), to another target once. Which target answered last, and how: `None` when
+/// no response head came by `deadline` (the target named is the one that stayed silent).
+/// (An `async` block, as `Pool::request`, so the request is not held twice.)
+#[allow(clippy::manual_async_fn)] // the point: see above
+fn attempts<'a>(
+    client: &'a Pool,
+    f: &'a Forward<'a>,
     target: usize,
     req: Request<Body>,
-    again: Option<Resend>,
-    trying: &AtomicUsize,
-) -> (usize, Result<Response<Pooled>, UpstreamError>) {
-    match client.request(&f.targets.targets[target].key, req).await {
-        Err(e) if e.is_connect() => {
-            let Some((again, other)) = again.zip(f.targets.pick_other(target)) else {
-                return (target, Err(e));
-            };
-            f.targets.failed(target, f.upstream, UNREACHABLE);
-            trying.store(other, Ordering::Relaxed);
-            let again = again.to(f.targets, other);
-            // boxed: the rare second attempt would make every request's future larger
-            let second = Box::pin(client.request(&f.targets.targets[other].key, again));
-            (other, second.await)
-        }
-        result => (target, result),
+    again: Option<Box<Resend>>,
+    deadline: tokio::time::Instant,
+) -> impl Future<Output = (usize, Option<Result<Response<Pooled>, UpstreamError>>)> + Send + 'a {
+    async move {
+        let first = client.request(&f.targets.targets[target].key, req);
+        // (the first answer is taken apart before the second attempt, so the future holds no
+        // room for it while that attempt is under way)
+        let (again, other) = match tokio::time::timeout_at(deadline, first).await {
+            Err(_elapsed) => return (target, None),
+            Ok(Err(e)) if e.is_connect() => match again.zip(f.targets.pick_other(target)) {
+                Some(second) => second,
+                None => return (target, Some(Err(e))),
+            },
+            Ok(result) => return (target, Some(result)),
+        };
+        f.targets.failed(target, f.upstream, UNREACHABLE);
+        let again = again.to(f.targets, other);
+        // boxed: the rare second attempt would make every request's future larger
+        let second = Box::pin(tokio::time::timeout_at(
+            deadline,
+            client.request(&f.targets.targets[other].key, again),
+        ));
+        (other, second.await.ok())
     }
 }
 
@@ -298,7 +333,7 @@ impl Resend {
     }
 
     /// The same request, for target `i`, with an empty body.
-    fn to(self, targets: &Targets, i: usize) -> Request<Body> {
+    fn to(self: Box<Self>, targets: &Targets, i: usize) -> Request<Body> {
         let mut req = Request::new(http_body_util::Empty::new().map_err(BoxError::from).boxed());
         *req.method_mut() = self.method;
         *req.uri_mut() = self.uri;

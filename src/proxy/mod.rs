@@ -18,6 +18,7 @@ pub mod pool;
 pub mod respond;
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -287,72 +288,82 @@ impl Proxy {
         resp
     }
 
-    async fn phases<'a>(
-        &'a self,
+    /// (An `async` block rather than an `async fn`, which would hold the request and the
+    /// connection twice in its future: as arguments and as the body's bindings.)
+    #[allow(clippy::manual_async_fn)] // the point: see above
+    fn phases<'s, 'o>(
+        &'s self,
         req: Request<Incoming>,
         conn: Conn,
-        outcome: &mut Outcome<'a>,
-    ) -> Result<Response<Body>, ProxyError> {
-        // 1. route, on the normalised path (which is also the one forwarded)
-        // The URI is cloned (reference counts only) so the path can be borrowed from it while
-        // the request itself moves on to the forward phase: no copy of the path in the
-        // common case of an already-normal path.
-        let uri = req.uri().clone();
-        let path = normalize_path(uri.path()).map_err(|_| ProxyError::BadPath)?;
-        let host = request_host(&req);
-        let parts = RequestParts {
-            host,
-            path: &path,
-            method: req.method(),
-            headers: req.headers(),
-        };
-        let route = self.routes.find(&parts).ok_or(ProxyError::NoRoute)?;
-        outcome.route = Some(route.name.clone());
-        outcome.series = Some(&route.series);
-        outcome.upstream = Some(route.upstream.name.clone());
-        // 2. identify
-        let xff = req.headers().get_all(&forward::X_FORWARDED_FOR);
-        let ip = identity::client_ip(conn.peer.ip(), xff.iter(), &self.settings.trusted_proxies);
-        outcome.client = Some(ip);
-        // 3. limit
-        let checked = limits::check(self, route, &req, ip, &path, outcome).await?;
-        let shown = match checked {
-            limits::Checked::Denied(resp) => return Ok(resp),
-            limits::Checked::Admitted(shown) => shown,
-        };
-        // 4. pace
-        if let Some(pacer) = &route.upstream.pacer {
-            let paced = pacer.wait(&*self.store).await?;
-            outcome.pacing_delay = paced.delay;
-            self.metrics.pacing_delay(&route.upstream.name, paced.delay);
+        outcome: &'o mut Outcome<'s>,
+    ) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + use<'s, 'o> {
+        async move {
+            // 1. route, on the normalised path (which is also the one forwarded)
+            // The URI is cloned (reference counts only) so the path can be borrowed from it while
+            // the request itself moves on to the forward phase: no copy of the path in the
+            // common case of an already-normal path.
+            let uri = req.uri().clone();
+            let path = normalize_path(uri.path()).map_err(|_| ProxyError::BadPath)?;
+            let host = request_host(&req);
+            let parts = RequestParts {
+                host,
+                path: &path,
+                method: req.method(),
+                headers: req.headers(),
+            };
+            let route = self.routes.find(&parts).ok_or(ProxyError::NoRoute)?;
+            outcome.route = Some(route.name.clone());
+            outcome.series = Some(&route.series);
+            outcome.upstream = Some(route.upstream.name.clone());
+            // 2. identify
+            let xff = req.headers().get_all(&forward::X_FORWARDED_FOR);
+            let ip =
+                identity::client_ip(conn.peer.ip(), xff.iter(), &self.settings.trusted_proxies);
+            outcome.client = Some(ip);
+            // 3. limit
+            let checked = limits::check(self, route, &req, ip, &path, outcome).await?;
+            let shown = match checked {
+                limits::Checked::Denied(resp) => return Ok(resp),
+                limits::Checked::Admitted(shown) => shown,
+            };
+            // 4. pace
+            if let Some(pacer) = &route.upstream.pacer {
+                let paced = pacer.wait(&*self.store).await?;
+                outcome.pacing_delay = paced.delay;
+                self.metrics.pacing_delay(&route.upstream.name, paced.delay);
+            }
+            // 5. forward
+            let forward_path = match &route.strip {
+                Some(m) => strip_prefix(m, &path),
+                None => Cow::Borrowed(&*path),
+            };
+            let f = forward::Forward {
+                upstream: &route.upstream.name,
+                targets: &route.upstream.targets,
+                preserve_host: route.upstream.preserve_host,
+                path: &forward_path,
+                client: &conn.peer_value,
+                proto: if conn.tls { "https" } else { "http" },
+                response_timeout: self.settings.upstream_response,
+                max_body_size: self.settings.max_body_size,
+                tunnels: &self.tunnels,
+            };
+            let mut resp = forward::forward(self.clients.of(conn.worker), req, &f).await?;
+            if let Some(pacer) = &route.upstream.pacer {
+                pacer
+                    .back_pressure(&*self.store, resp.status(), resp.headers())
+                    .await;
+            }
+            // 6. respond
+            if let Some(shown) = shown {
+                respond::add_rate_headers(
+                    resp.headers_mut(),
+                    self.settings.headers,
+                    &shown.as_shown(),
+                );
+            }
+            Ok(resp)
         }
-        // 5. forward
-        let forward_path = match &route.strip {
-            Some(m) => strip_prefix(m, &path),
-            None => Cow::Borrowed(&*path),
-        };
-        let f = forward::Forward {
-            upstream: &route.upstream.name,
-            targets: &route.upstream.targets,
-            preserve_host: route.upstream.preserve_host,
-            path: &forward_path,
-            client: &conn.peer_value,
-            proto: if conn.tls { "https" } else { "http" },
-            response_timeout: self.settings.upstream_response,
-            max_body_size: self.settings.max_body_size,
-            tunnels: &self.tunnels,
-        };
-        let mut resp = forward::forward(self.clients.of(conn.worker), req, &f).await?;
-        if let Some(pacer) = &route.upstream.pacer {
-            pacer
-                .back_pressure(&*self.store, resp.status(), resp.headers())
-                .await;
-        }
-        // 6. respond
-        if let Some(shown) = shown {
-            respond::add_rate_headers(resp.headers_mut(), self.settings.headers, &shown.as_shown());
-        }
-        Ok(resp)
     }
 }
 
