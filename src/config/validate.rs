@@ -139,11 +139,17 @@ impl<'l> Checker<'l> {
         }
     }
 
-    /// A duration key with a default; zero is refused.
+    /// A duration key (a timeout) with a default; zero is refused, and so is more than a
+    /// year, which no timeout needs and which past the clock's range would not add to an
+    /// instant (tokio would panic, or never fire).
     pub fn duration(&mut self, field: &Field<String>, path: &Path, default: Duration) -> Duration {
+        const LONGEST: Duration = Duration::from_secs(365 * 24 * 3600);
         let parsed = self.parse(field, path, units::parse_duration);
         if parsed.is_some_and(|d| d.is_zero()) {
             self.error(path.clone(), "must be greater than zero");
+        }
+        if parsed.is_some_and(|d| d > LONGEST) {
+            self.error(path.clone(), "must be at most 365d");
         }
         parsed.unwrap_or(default)
     }

@@ -291,6 +291,15 @@ fn store_backend_problems() {
         ],
     );
     assert_problems(
+        "listen: 0.0.0.0:1\nstore:\n  timeout: 366d\n",
+        &["proxy.yaml:3:12: store.timeout: must be at most 365d"],
+    );
+    // a "never" written as a huge number: refused (it would panic when added to the clock)
+    assert_problems(
+        "listen: 0.0.0.0:1\ntimeouts:\n  upstream_response: 10000000000000000000s\n  idle: 365d\n",
+        &["proxy.yaml:3:22: timeouts.upstream_response: must be at most 365d"],
+    );
+    assert_problems(
         "listen: 0.0.0.0:1\nstore: {backend: memory, url: redis://a}\n",
         &["proxy.yaml:2:26: store.url: url is only used with backend: redis"],
     );
