@@ -212,8 +212,8 @@ pub fn forward<'a>(
             let (upstream_req, host_is_target) = rewrite(req, f, upgrade, target)?;
             // boxed: rarely there, and the future would keep its room either way
             let again = resendable.then(|| Box::new(Resend::of(&upstream_req, host_is_target)));
-            // (none when the timeout is past the clock's range: it never fires, as tokio's)
-            let deadline = tokio::time::Instant::now().checked_add(f.response_timeout);
+            // (`check` keeps timeouts within 365d: the sum cannot overflow)
+            let deadline = tokio::time::Instant::now() + f.response_timeout;
             Ok(attempts(client, f, target, upstream_req, again, deadline))
         });
     // (a combinator rather than an `async` block: the block would keep `sent` and the
@@ -289,39 +289,28 @@ fn attempts<'a>(
     target: usize,
     req: Request<Body>,
     again: Option<Box<Resend>>,
-    deadline: Option<tokio::time::Instant>,
+    deadline: tokio::time::Instant,
 ) -> impl Future<Output = (usize, Option<Result<Response<Pooled>, UpstreamError>>)> + Send + 'a {
     async move {
         let first = client.request(&f.targets.targets[target].key, req);
         // (the first answer is taken apart before the second attempt, so the future holds no
         // room for it while that attempt is under way)
-        let (again, other) = match by(deadline, first).await {
-            None => return (target, None),
-            Some(Err(e)) if e.is_connect() => match again.zip(f.targets.pick_other(target)) {
+        let (again, other) = match tokio::time::timeout_at(deadline, first).await {
+            Err(_elapsed) => return (target, None),
+            Ok(Err(e)) if e.is_connect() => match again.zip(f.targets.pick_other(target)) {
                 Some(second) => second,
                 None => return (target, Some(Err(e))),
             },
-            Some(result) => return (target, Some(result)),
+            Ok(result) => return (target, Some(result)),
         };
         f.targets.failed(target, f.upstream, UNREACHABLE);
         let again = again.to(f.targets, other);
         // boxed: the rare second attempt would make every request's future larger
-        let second = Box::pin(by(
+        let second = Box::pin(tokio::time::timeout_at(
             deadline,
             client.request(&f.targets.targets[other].key, again),
         ));
-        (other, second.await)
-    }
-}
-
-/// `fut`'s output, or `None` once `deadline` has passed first (never, without a deadline).
-fn by<F: Future>(
-    deadline: Option<tokio::time::Instant>,
-    fut: F,
-) -> impl Future<Output = Option<F::Output>> {
-    match deadline {
-        Some(at) => Either::Left(tokio::time::timeout_at(at, fut).map(Result::ok)),
-        None => Either::Right(fut.map(Some)),
+        (other, second.await.ok())
     }
 }
 

@@ -195,13 +195,32 @@ mod tests {
     const QUIET: Duration = Duration::from_millis(300);
     const CHANGE: Duration = Duration::from_secs(10);
 
+    /// `proxy.yaml` written in `dir`, and a watch of it.
+    fn watched(dir: &std::path::Path) -> (std::path::PathBuf, Watch) {
+        let config = dir.join("proxy.yaml");
+        std::fs::write(&config, "a: 1\n").unwrap();
+        let watch = Watch::new(&config).unwrap();
+        (config, watch)
+    }
+
+    /// Whether no change is told within [`QUIET`].
+    async fn quiet(watch: &mut Watch) -> bool {
+        tokio::time::timeout(QUIET, watch.changed()).await.is_err()
+    }
+
+    /// Waits for a change to be told (up to [`CHANGE`]), naming `what` if none is.
+    async fn seen(watch: &mut Watch, what: &str) {
+        tokio::time::timeout(CHANGE, watch.changed())
+            .await
+            .unwrap_or_else(|_| panic!("{what} not seen"))
+            .unwrap();
+    }
+
     #[tokio::test]
     async fn a_log_appended_beside_the_config_never_wakes_the_watch() {
         let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("proxy.yaml");
-        std::fs::write(&config, "listen: 127.0.0.1:8080\n").unwrap();
         let mut log = std::fs::File::create(dir.path().join("tollgate.log")).unwrap();
-        let mut watch = Watch::new(&config).unwrap();
+        let (_, mut watch) = watched(dir.path());
         for i in 0..100 {
             writeln!(log, "access line {i}").unwrap();
             log.flush().unwrap();
@@ -212,51 +231,39 @@ mod tests {
                     .is_err()
             );
         }
-        assert!(tokio::time::timeout(QUIET, watch.changed()).await.is_err());
+        assert!(quiet(&mut watch).await);
         assert_eq!(watch.events(), 0, "the appends were seen as events");
     }
 
     #[tokio::test]
     async fn the_config_written_in_place_or_renamed_over_is_seen_and_neighbours_are_not() {
         let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("proxy.yaml");
-        std::fs::write(&config, "a: 1\n").unwrap();
-        let mut watch = Watch::new(&config).unwrap();
+        let (config, mut watch) = watched(dir.path());
 
         // a neighbour written and closed is an event, not a change of the config
         std::fs::write(dir.path().join("other.yaml"), "b: 2\n").unwrap();
-        assert!(tokio::time::timeout(QUIET, watch.changed()).await.is_err());
+        assert!(quiet(&mut watch).await);
         assert!(watch.events() > 0);
 
         std::fs::write(&config, "a: 2\n").unwrap();
-        tokio::time::timeout(CHANGE, watch.changed())
-            .await
-            .expect("an in-place write not seen")
-            .unwrap();
+        seen(&mut watch, "an in-place write").await;
 
+        // an editor's way: a new file (a neighbour until renamed) moved over the config
         let tmp = dir.path().join(".proxy.yaml.tmp");
         std::fs::write(&tmp, "a: 3\n").unwrap();
-        while tokio::time::timeout(QUIET, watch.changed()).await.is_ok() {} // the write's own events
+        assert!(quiet(&mut watch).await);
         std::fs::rename(&tmp, &config).unwrap();
-        tokio::time::timeout(CHANGE, watch.changed())
-            .await
-            .expect("a rename over the file not seen")
-            .unwrap();
+        seen(&mut watch, "a rename over the file").await;
     }
 
     #[tokio::test]
     async fn a_change_of_mode_and_a_kubernetes_configmap_update_are_seen() {
         use std::os::unix::fs::{symlink, PermissionsExt};
         let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("proxy.yaml");
-        std::fs::write(&config, "a: 1\n").unwrap();
-        let mut watch = Watch::new(&config).unwrap();
+        let (config, mut watch) = watched(dir.path());
         // chmod (say, a file a reload found unreadable made readable)
         std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
-        tokio::time::timeout(CHANGE, watch.changed())
-            .await
-            .expect("a chmod not seen")
-            .unwrap();
+        seen(&mut watch, "a chmod").await;
 
         // a ConfigMap volume: proxy.yaml -> ..data/proxy.yaml, ..data -> ..<version>; an update
         // writes a new version directory and renames a new ..data link over the old one
@@ -271,12 +278,9 @@ mod tests {
         std::fs::create_dir(&v2).unwrap();
         std::fs::write(v2.join("proxy.yaml"), "a: 2\n").unwrap();
         symlink("..2026_12_04_2", k8s.path().join("..data_tmp")).unwrap();
-        assert!(tokio::time::timeout(QUIET, watch.changed()).await.is_err());
+        assert!(quiet(&mut watch).await);
         std::fs::rename(k8s.path().join("..data_tmp"), k8s.path().join("..data")).unwrap();
-        tokio::time::timeout(CHANGE, watch.changed())
-            .await
-            .expect("a ConfigMap update not seen")
-            .unwrap();
+        seen(&mut watch, "a ConfigMap update").await;
     }
 
     #[tokio::test]
@@ -284,16 +288,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sub = dir.path().join("conf");
         std::fs::create_dir(&sub).unwrap();
-        let config = sub.join("proxy.yaml");
-        std::fs::write(&config, "a: 1\n").unwrap();
-        let mut watch = Watch::new(&config).unwrap();
+        let (_, mut watch) = watched(&sub);
         // the file's deletion and the watch's end may come in one read: the change is told,
         // then the end
         std::fs::remove_dir_all(&sub).unwrap();
-        tokio::time::timeout(CHANGE, watch.changed())
-            .await
-            .expect("the deletion not seen")
-            .unwrap();
+        seen(&mut watch, "the deletion").await;
         let ended = tokio::time::timeout(CHANGE, watch.changed())
             .await
             .expect("the removal not seen");
