@@ -364,11 +364,6 @@ enum Side {
 /// what a client can make a connection hold: 100 header lines per head, and for HTTP/2 200
 /// concurrent streams, 16 KiB of header list and 20 streams reset before being accepted (the
 /// rapid-reset defence, answered with GOAWAY).
-///
-/// HTTP/1 responses are written flattened (`writev(false)`): hyper copies the body into the
-/// head's buffer (up to `max_buf_size` at a time) and sends it with one `send(2)`, as HAProxy
-/// does, instead of a `writev(2)` of head and body. The vectored write goes through the VFS
-/// write path and cost about 1 µs of kernel time more per small response (BENCHMARKS.md).
 pub(super) struct Http {
     h1: http1::Builder,
     h2: http2::Builder<TokioExecutor>,
@@ -381,7 +376,6 @@ pub(super) fn http_builder(_config: &Config) -> Http {
         .header_read_timeout(None)
         .max_buf_size(MAX_HEAD_BYTES)
         .max_header_size(MAX_HEAD_BYTES)
-        .writev(false)
         .keep_alive(true);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new());
@@ -390,7 +384,6 @@ pub(super) fn http_builder(_config: &Config) -> Http {
         .timer(TokioTimer::new())
         .header_read_timeout(None)
         .max_buf_size(MAX_HEAD_BYTES)
-        .writev(false)
         .keep_alive(true);
     auto.http2().timer(TokioTimer::new());
     Http { h1, h2, auto }
