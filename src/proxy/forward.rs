@@ -210,7 +210,9 @@ pub fn forward<'a>(
         .and_then(|target| {
             let resendable = f.targets.targets.len() > 1 && bodiless;
             let (upstream_req, host_is_target) = rewrite(req, f, upgrade, target)?;
-            // boxed: rarely there, and the future would keep its room either way
+            // boxed: kept only for a bodiless request to an upstream of several targets (which
+            // pays for cloning its head anyway), and every other request's future would
+            // otherwise keep room for it
             let again = resendable.then(|| Box::new(Resend::of(&upstream_req, host_is_target)));
             // (`check` keeps timeouts within 365d: the sum cannot overflow)
             let deadline = tokio::time::Instant::now() + f.response_timeout;

@@ -26,6 +26,12 @@ pub(super) type Guard = notify::RecommendedWatcher;
 /// the file's own name is in no event.
 const KUBERNETES_DATA: &str = "..data";
 
+/// Whether an event about `file` (a name in the watched directory) may change the config
+/// named `name`: the file itself, or the Kubernetes `..data` link it may point through.
+fn concerns(file: &std::ffi::OsStr, name: &std::ffi::OsStr) -> bool {
+    file == name || file == KUBERNETES_DATA
+}
+
 /// The directory to watch and the file's name in it.
 fn split(path: &Path) -> Option<(PathBuf, OsString)> {
     let name = path.file_name()?.to_owned();
@@ -132,9 +138,7 @@ impl Watch {
                 for event in inotify.get_mut().read_events(buf)? {
                     *events += 1;
                     hit |= event.mask.contains(EventMask::Q_OVERFLOW)
-                        || event
-                            .name
-                            .is_some_and(|n| n == name.as_os_str() || n == KUBERNETES_DATA);
+                        || event.name.is_some_and(|n| concerns(n, name));
                     *gone |= event.mask.contains(EventMask::IGNORED);
                 }
                 Ok(hit)
@@ -164,10 +168,11 @@ pub(super) fn watch_file(path: &Path, tx: Sender<()>) -> Option<Guard> {
         if event.kind.is_access() {
             return;
         }
-        if event.paths.iter().any(|p| {
-            p.file_name()
-                .is_some_and(|n| n == name.as_os_str() || n == KUBERNETES_DATA)
-        }) {
+        if event
+            .paths
+            .iter()
+            .any(|p| p.file_name().is_some_and(|n| concerns(n, &name)))
+        {
             let _ = tx.try_send(());
         }
     };

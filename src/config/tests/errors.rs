@@ -291,6 +291,16 @@ fn store_backend_problems() {
         ],
     );
     assert_problems(
+        "listen: 0.0.0.0:1\nstore: {backend: memory, url: redis://a}\n",
+        &["proxy.yaml:2:26: store.url: url is only used with backend: redis"],
+    );
+}
+
+/// Path and path_prefix together, and strip_prefix without a prefix.
+/// Every timeout is at most a year: longer ones are refused where they are written.
+#[test]
+fn timeouts_over_a_year_are_errors() {
+    assert_problems(
         "listen: 0.0.0.0:1\nstore:\n  timeout: 366d\n",
         &["proxy.yaml:3:12: store.timeout: must be at most 365d"],
     );
@@ -299,13 +309,8 @@ fn store_backend_problems() {
         "listen: 0.0.0.0:1\ntimeouts:\n  upstream_response: 10000000000000000000s\n  idle: 365d\n",
         &["proxy.yaml:3:22: timeouts.upstream_response: must be at most 365d"],
     );
-    assert_problems(
-        "listen: 0.0.0.0:1\nstore: {backend: memory, url: redis://a}\n",
-        &["proxy.yaml:2:26: store.url: url is only used with backend: redis"],
-    );
 }
 
-/// Path and path_prefix together, and strip_prefix without a prefix.
 #[test]
 fn conflicting_match_keys_are_errors() {
     let text = route_with("    strip_prefix: true\n    match: {path: /a, path_prefix: /b}\n");
