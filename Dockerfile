@@ -2,11 +2,15 @@
 #   docker build -t tollgate .
 #   docker run -p 8080:8080 -v $PWD/proxy.yaml:/etc/tollgate/proxy.yaml:ro \
 #     -e REDIS_URL=redis://redis:6379/0 tollgate
-FROM rust:1-slim-bookworm AS build
+# The toolchain whose LLVM wrote pgo/tollgate.profdata (pgo/llvm-version): the release build is
+# profile-guided with it, and a plain release build with any other (pgo/README.md).
+FROM rust:1.95-slim-bookworm AS build
 # make: jemalloc (the global allocator) is built from its C sources by configure and make
 RUN apt-get update && apt-get install -y --no-install-recommends make && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+COPY .cargo .cargo
+COPY pgo pgo
 COPY src src
 COPY lua lua
 COPY benches benches
