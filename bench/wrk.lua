@@ -6,8 +6,17 @@
 -- BENCH_KEYS=N (optional): each request carries X-Forwarded-For 10.a.b.c, cycling through N
 -- distinct addresses (threads start at different offsets), so a proxy that trusts loopback
 -- sees N distinct clients. Without it wrk sends its one pre-built request.
+--
+-- BENCH_BODY=N (optional): requests are POSTs with an N-byte body (pgo/train uses it).
 
 local keys = tonumber(os.getenv("BENCH_KEYS") or "")
+local body = tonumber(os.getenv("BENCH_BODY") or "")
+
+if body and body > 0 then
+   wrk.method = "POST"
+   wrk.body = string.rep("x", body)
+   wrk.headers["Content-Type"] = "application/octet-stream"
+end
 
 local next_id = 0
 function setup(thread)
