@@ -35,7 +35,10 @@ if keys and keys > 0 then
       n = n + 1
       if n >= keys then n = 0 end
       local xff = string.format("10.%d.%d.%d", floor(n / 65536) % 256, floor(n / 256) % 256, n % 256)
-      return wrk.format(nil, nil, { ["X-Forwarded-For"] = xff })
+      -- a headers table given to wrk.format replaces wrk.headers: carry those over
+      local headers = { ["X-Forwarded-For"] = xff }
+      for k, v in pairs(wrk.headers) do headers[k] = v end
+      return wrk.format(nil, nil, headers)
    end
 end
 
