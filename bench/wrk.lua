@@ -27,17 +27,18 @@ end
 if keys and keys > 0 then
    local n = 0
    local floor = math.floor
+   -- a headers table given to wrk.format replaces wrk.headers: one copy of them per thread,
+   -- made once, with the address changed per request
+   local headers = {}
    function init(args)
       -- spread the threads over the key space
       n = floor((thread_id or 0) * keys / 7) % keys
+      for k, v in pairs(wrk.headers) do headers[k] = v end
    end
    function request()
       n = n + 1
       if n >= keys then n = 0 end
-      local xff = string.format("10.%d.%d.%d", floor(n / 65536) % 256, floor(n / 256) % 256, n % 256)
-      -- a headers table given to wrk.format replaces wrk.headers: carry those over
-      local headers = { ["X-Forwarded-For"] = xff }
-      for k, v in pairs(wrk.headers) do headers[k] = v end
+      headers["X-Forwarded-For"] = string.format("10.%d.%d.%d", floor(n / 65536) % 256, floor(n / 256) % 256, n % 256)
       return wrk.format(nil, nil, headers)
    end
 end

@@ -296,7 +296,6 @@ fn store_backend_problems() {
     );
 }
 
-/// Path and path_prefix together, and strip_prefix without a prefix.
 /// Every timeout is at most a year: longer ones are refused where they are written.
 #[test]
 fn timeouts_over_a_year_are_errors() {
@@ -311,6 +310,7 @@ fn timeouts_over_a_year_are_errors() {
     );
 }
 
+/// Path and path_prefix together, and strip_prefix without a prefix.
 #[test]
 fn conflicting_match_keys_are_errors() {
     let text = route_with("    strip_prefix: true\n    match: {path: /a, path_prefix: /b}\n");
