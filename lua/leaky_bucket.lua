@@ -24,12 +24,17 @@ Debug:  redis-cli --ldb --eval lua/leaky_bucket.lua tollgate:pace:api , 4 1000
 -- Comparisons allow 1 microsecond: timestamps near 1.7e12 ms carry about 0.25 us of rounding.
 local EPS = 0.001
 
+-- The key's expiry is timed by the server's clock. A caller's clock (NOW_MS) may run behind it,
+-- so keys written on the caller's time are kept SKEW_MS longer than that time needs: they must
+-- not vanish while the caller still counts them (a stale key is harmless, it reads as empty).
+local SKEW_MS = 10000
+
 local function now_ms(arg)
   if arg ~= nil and arg ~= '' then
-    return tonumber(arg)
+    return tonumber(arg), SKEW_MS
   end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, 0
 end
 
 -- Delays are reported to the nearest microsecond, as a decimal string: Redis would truncate a
@@ -41,7 +46,7 @@ end
 local key = KEYS[1]
 local rate = tonumber(ARGV[1])
 local max_delay = tonumber(ARGV[2] ~= '' and ARGV[2] or nil)
-local now = now_ms(ARGV[3])
+local now, slack = now_ms(ARGV[3])
 if key == nil or rate == nil or rate <= 0 or now == nil or (max_delay ~= nil and max_delay < 0) then
   return redis.error_reply('usage: leaky_bucket.lua KEY , RATE>0 [MAX_DELAY_MS] [NOW_MS]')
 end
@@ -55,5 +60,5 @@ if max_delay ~= nil and delay - max_delay > EPS then
   return {0, delay_string(delay)}
 end
 local ahead = delay + 1000 / rate
-redis.call('SET', key, string.format('%.17g', now + ahead), 'PX', math.max(1, math.ceil(ahead)))
+redis.call('SET', key, string.format('%.17g', now + ahead), 'PX', math.max(1, math.ceil(ahead)) + slack)
 return {1, delay_string(delay)}

@@ -13,18 +13,23 @@ later, never earlier; the key expires once the schedule is idle again.
 Try it: redis-cli --eval lua/pace_defer.lua tollgate:upstream:api:pace , 4 2000
 ]]
 
+-- The key's expiry is timed by the server's clock. A caller's clock (NOW_MS) may run behind it,
+-- so keys written on the caller's time are kept SKEW_MS longer than that time needs: they must
+-- not vanish while the caller still counts them (a stale key is harmless, it reads as empty).
+local SKEW_MS = 10000
+
 local function now_ms(arg)
   if arg ~= nil and arg ~= '' then
-    return tonumber(arg)
+    return tonumber(arg), SKEW_MS
   end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, 0
 end
 
 local key = KEYS[1]
 local rate = tonumber(ARGV[1])
 local hold = tonumber(ARGV[2])
-local now = now_ms(ARGV[3])
+local now, slack = now_ms(ARGV[3])
 if key == nil or rate == nil or rate <= 0 or hold == nil or hold < 0 or now == nil then
   return redis.error_reply('usage: pace_defer.lua KEY , RATE>0 HOLD_MS>=0 [NOW_MS]')
 end
@@ -33,6 +38,6 @@ local slot = tonumber(redis.call('GET', key))
 if slot == nil or slot < now + hold then
   slot = now + hold
   -- idle once the held slot and one interval after it have passed, as leaky_bucket.lua keeps it
-  redis.call('SET', key, string.format('%.17g', slot), 'PX', math.max(1, math.ceil(hold + 1000 / rate)))
+  redis.call('SET', key, string.format('%.17g', slot), 'PX', math.max(1, math.ceil(hold + 1000 / rate)) + slack)
 end
 return math.ceil(slot - now)

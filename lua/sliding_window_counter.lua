@@ -24,18 +24,23 @@ Try it: redis-cli --eval lua/sliding_window_counter.lua tollgate:demo:alice , 3 
 Debug:  redis-cli --ldb --eval lua/sliding_window_counter.lua tollgate:demo:alice , 3 60000
 ]]
 
+-- The key's expiry is timed by the server's clock. A caller's clock (NOW_MS) may run behind it,
+-- so keys written on the caller's time are kept SKEW_MS longer than that time needs: they must
+-- not vanish while the caller still counts them (a stale key is harmless, it reads as empty).
+local SKEW_MS = 10000
+
 local function now_ms(arg)
   if arg ~= nil and arg ~= '' then
-    return tonumber(arg)
+    return tonumber(arg), SKEW_MS
   end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, 0
 end
 
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
-local now = now_ms(ARGV[3])
+local now, slack = now_ms(ARGV[3])
 if key == nil or limit == nil or limit < 1 or window == nil or window <= 0 or now == nil then
   return redis.error_reply('usage: sliding_window_counter.lua KEY , LIMIT>=1 WINDOW_MS>0 [NOW_MS]')
 end
@@ -70,5 +75,5 @@ if estimate + 1 > limit then
 end
 curr = curr + 1
 redis.call('HSET', key, 'w', string.format('%.17g', start), 'c', curr, 'p', prev)
-redis.call('PEXPIRE', key, math.max(1, math.ceil(window_end + window - now)))
+redis.call('PEXPIRE', key, math.max(1, math.ceil(window_end + window - now)) + slack)
 return {1, math.floor(limit - estimate - 1), 0, math.max(1, math.ceil(window_end - now))}

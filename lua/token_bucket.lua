@@ -25,19 +25,24 @@ Debug:  redis-cli --ldb --eval lua/token_bucket.lua tollgate:demo:alice , 10 20
 -- and a request that arrives within 1 us of its slot must not be refused for that.
 local EPS = 0.001
 
+-- The key's expiry is timed by the server's clock. A caller's clock (NOW_MS) may run behind it,
+-- so keys written on the caller's time are kept SKEW_MS longer than that time needs: they must
+-- not vanish while the caller still counts them (a stale key is harmless, it reads as empty).
+local SKEW_MS = 10000
+
 local function now_ms(arg)
   if arg ~= nil and arg ~= '' then
-    return tonumber(arg)
+    return tonumber(arg), SKEW_MS
   end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, 0
 end
 
 local key = KEYS[1]
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3] ~= '' and ARGV[3] or nil) or 1
-local now = now_ms(ARGV[4])
+local now, slack = now_ms(ARGV[4])
 if key == nil or rate == nil or rate <= 0 or burst == nil or burst < 1 or cost < 0 or now == nil then
   return redis.error_reply('usage: token_bucket.lua KEY , RATE>0 BURST>=1 [COST] [NOW_MS]')
 end
@@ -54,7 +59,7 @@ if after - tolerance > EPS then
   return {0, 0, math.max(1, math.ceil(after - tolerance - EPS)), math.ceil(tat - now)}
 end
 local new_tat = now + after
-redis.call('SET', key, string.format('%.17g', new_tat), 'PX', math.max(1, math.ceil(after)))
+redis.call('SET', key, string.format('%.17g', new_tat), 'PX', math.max(1, math.ceil(after)) + slack)
 -- (EPS is in ms: past 1 000 000 tokens a second it is worth more than a token, so the count is
 -- capped at what a full bucket keeps after this request, and at 0 when that is none)
 local remaining = math.floor((tolerance - after + EPS) / interval)

@@ -188,6 +188,34 @@ async fn hand_written_edges_agree() {
     .await;
 }
 
+/// State written on the caller's clock outlives real time passing the caller's own time to live:
+/// Redis times the expiry on its clock, and a caller that is behind (here by the real time the
+/// test takes) must still find its count. Each first request leaves a key that the caller's time
+/// would keep for a millisecond or two; the second comes 1 ms later on that time but 50 ms
+/// later in real time, and must be counted against the first.
+#[tokio::test]
+async fn caller_clock_state_outlives_real_time_drift() {
+    let server = common::Redis::start();
+    let redis = redis_store(&server);
+    let cases = [
+        Algorithm::FixedWindow(win(2, 1000)),
+        bucket(1000.0, 1, 1),
+        pace(1000.0, None),
+        Algorithm::SlidingWindow(win(1, 1)),
+        Algorithm::SlidingWindowCounter(win(1, 1)),
+    ];
+    for (i, alg) in cases.iter().enumerate() {
+        let key = format!("drift:{i}");
+        let first = T0 + 998.0;
+        let a = redis.check(&key, alg, Some(first)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let b = redis.check(&key, alg, Some(first + 0.5)).await.unwrap();
+        let memory = MemoryStore::new(NonZeroUsize::new(10).unwrap());
+        let expected = replay(&memory, &key, alg, &[first, first + 0.5]).await;
+        assert_eq!([a, b], expected[..], "{}", alg.name());
+    }
+}
+
 /// Decisions taken with the Redis server clock (no `now` passed) behave like the memory store's.
 #[tokio::test]
 async fn server_clock_decisions_match_expectations() {
