@@ -692,8 +692,9 @@ async fn calls_behind_a_full_socket_time_out_by_their_deadline() {
 }
 
 /// A call answered `Timeout` keeps its place for its reply: when Redis wakes (from `DEBUG
-/// SLEEP`), the late replies go to no one and a call written behind them gets its own (a fixed
-/// window of 5 counts 4, 3, 2 down, not a late call's 999).
+/// SLEEP`), the late reply goes to no one and a call written behind it gets its own (a fixed
+/// window of 5 counts 4, 3, 2 down, not a late call's 999). Calls made while it is in flight
+/// wait to be written (one batch in flight at a time); late before that, they are never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_replies_are_dropped_and_later_calls_get_their_own() {
     let redis = common::Redis::start_with(&["--enable-debug-command", "local"]);
@@ -706,9 +707,12 @@ async fn late_replies_are_dropped_and_later_calls_get_their_own() {
     let port = redis.port;
     let sleeper = std::thread::spawn(move || common::cli(port, &["DEBUG", "SLEEP", "1.5"]));
     redis.wait_blocked();
-    // a key each, so that no two are joined into one command
+    // a key each, so that no two are joined into one command; the first is written at once
     let mut calls = Vec::new();
     for i in 0..20 {
+        if i == 1 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let s = s.clone();
         calls.push(tokio::spawn(async move {
             s.check(&format!("late{i}"), &late, None).await
@@ -724,6 +728,11 @@ async fn late_replies_are_dropped_and_later_calls_get_their_own() {
         assert_eq!(d.remaining, left, "a reply meant for another call");
     }
     assert_eq!(sleeper.join().unwrap(), "OK");
-    // the late calls did run: their replies came, to no one
-    assert_eq!(redis.cli(&["exists", "late19"]), "1");
+    // the late call written did run: its reply came, to no one; the others were not sent
+    assert_eq!(redis.cli(&["exists", "late0"]), "1");
+    assert_eq!(
+        redis.cli(&["exists", "late19"]),
+        "0",
+        "a late call was sent"
+    );
 }

@@ -3,9 +3,10 @@
 //! Every check is one `EVALSHA`; thousands run at once from the proxy's tasks. A caller writes
 //! its command (already encoded, see [`super::scripts::Call::encode`]) into a channel and waits
 //! on a oneshot; one driver task owns the socket, writes every command waiting in the channel
-//! with one `write`, reads the replies as they come and hands each, in order, to its caller
-//! (Redis answers the commands of one connection in order). The replies are parsed here, with
-//! no intermediate frames. redis-rs does the same with more layers (about 15 000 instructions a
+//! with one `write` once the batch before is answered (one batch in flight: under load the
+//! next gathers while Redis works), reads the replies as they come and hands each, in order,
+//! to its caller (Redis answers the commands of one connection in order). The replies are
+//! parsed here, with no intermediate frames. redis-rs does the same with more layers (about 15 000 instructions a
 //! call more, measured with callgrind; see BENCHMARKS.md); it still serves TLS and Cluster.
 //!
 //! Every call carries its deadline, and the driver keeps them: one timer for the whole lane,
@@ -52,9 +53,11 @@ use super::reply::Reply;
 
 /// Commands written with one `write` at most.
 const BATCH: usize = 256;
-/// Scheduler turns a batch waits for more calls while calls are in flight (see [`serve`]): 4
-/// against 1 took Redis from 4.5 to 2.6 µs of CPU per request, 0.09 to 0.06 script runs per
-/// request, with one worker (BENCHMARKS.md).
+/// Scheduler turns a batch waits for more calls under load (see [`serve`]). With one batch in
+/// flight and these turns, Redis's CPU per request fell from 2.6–2.9 to 1.1–1.3 µs and its
+/// script runs per request from 0.08 to 0.026 at one worker (0.12 to 0.07 at two), against
+/// batches written back to back while others were in flight; one batch in flight without the
+/// turns ran more scripts than either (0.14 per request at two workers; BENCHMARKS.md).
 const GATHER_TURNS: usize = 4;
 /// Nested arrays deeper than this are not a reply of ours.
 const MAX_DEPTH: usize = 4;
@@ -490,15 +493,18 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut out = Vec::with_capacity(4096);
     let mut written = 0;
     let mut input = Vec::with_capacity(16 * 1024);
+    // whether the last batch held more than one call
+    let mut busy = false;
     loop {
-        if written == out.len() && !batch.is_empty() {
-            // Under load (calls already in flight), the call that woke the driver was made by
-            // a task that just yielded; others that are ready to run, or about to be woken by
-            // their sockets, would make theirs a moment later. Let them (a few turns of the
-            // scheduler) and write all the calls with one syscall: fewer, larger batches, so
-            // Redis wakes less often and runs fewer scripts (the checks of one bucket are
-            // joined). Alone, a call goes at once: a turn would only add to its latency.
-            if !waiting.is_empty() {
+        // One batch in flight at a time: calls made while one is answered wait for its replies
+        // and go together. Before it is written, a batch waits a few turns of the scheduler
+        // when the last one held more than one call (under load): the tasks ready to run, or
+        // about to be woken by their sockets, make their calls a moment later. So under load a
+        // batch holds what came in a round trip to Redis and a few scheduler passes: more
+        // checks of one bucket are joined, fewer scripts run, Redis is woken less often. A
+        // lone call on an idle pipe goes at once.
+        if written == out.len() && !batch.is_empty() && waiting.is_empty() {
+            if busy {
                 for _ in 0..GATHER_TURNS {
                     tokio::task::yield_now().await;
                 }
@@ -510,6 +516,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             }
             out.clear();
             written = 0;
+            busy = batch.len() > 1;
             queue(batch, &mut entries, &mut joins, &mut out, &mut waiting);
             // Most often the socket takes it all at once; what it does not take is written as
             // it drains, while replies are read and deadlines kept.
@@ -559,7 +566,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 return broken(&mut waiting, &error);
             }
             () = alarm.rung() => alarm.expire(batch, &mut waiting),
-            n = calls.recv_many(batch, BATCH) => {
+            n = calls.recv_many(batch, BATCH), if batch.len() < BATCH => {
                 if n == 0 {
                     return false;
                 }
