@@ -13,9 +13,10 @@ later, never earlier; the key expires once the schedule is idle again.
 Try it: redis-cli --eval lua/pace_defer.lua tollgate:upstream:api:pace , 4 2000
 ]]
 
--- The key's expiry is timed by the server's clock. A caller's clock (NOW_MS) may run behind it,
--- so keys written on the caller's time are kept SKEW_MS longer than that time needs: they must
--- not vanish while the caller still counts them (a stale key is harmless, it reads as empty).
+-- A key's expiry runs on the server's clock from when the script runs. A caller's time (NOW_MS)
+-- may lag that (read before the call waited, replayed, or advancing slower), so keys written on
+-- it are kept SKEW_MS longer than that time needs: they must not vanish while the caller still
+-- counts them (a stale key is harmless: every script checks what it reads against `now`).
 local SKEW_MS = 10000
 
 local function now_ms(arg)

@@ -191,7 +191,7 @@ async fn hand_written_edges_agree() {
 /// State written on the caller's clock outlives real time passing the caller's own time to live:
 /// Redis times the expiry on its clock, and a caller that is behind (here by the real time the
 /// test takes) must still find its count. Each first request leaves a key that the caller's time
-/// would keep for a millisecond or two; the second comes 1 ms later on that time but 50 ms
+/// would keep for a millisecond or two; the second comes 0.5 ms later on that time but 50 ms
 /// later in real time, and must be counted against the first.
 #[tokio::test]
 async fn caller_clock_state_outlives_real_time_drift() {

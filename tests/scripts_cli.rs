@@ -76,8 +76,8 @@ fn token_bucket_by_hand() {
         (1..=100).contains(&ttl),
         "the key expires when the bucket is full again: {ttl}"
     );
-    // on the caller's clock the key is kept 10 s longer (Redis's clock times it, and the
-    // caller's may run behind): alice's bucket is full again 300 ms after `now`
+    // on the caller's time the key is kept 10 s longer (Redis runs the expiry on its own
+    // clock, and a caller's time may lag it): alice's bucket is full again 300 ms after `now`
     let ttl: i64 = redis.cli(&["pttl", "tollgate:demo:alice"]).parse().unwrap();
     assert!(
         (5_000..=10_300).contains(&ttl),

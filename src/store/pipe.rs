@@ -4,7 +4,7 @@
 //! its command (already encoded, see [`super::scripts::Call::encode`]) into a channel and waits
 //! on a oneshot; one driver task owns the socket, writes every command waiting in the channel
 //! with one `write` once the batch before is answered (one batch in flight: under load the
-//! next gathers while Redis works), reads the replies as they come and hands each, in order,
+//! next gathers while Redis works; see [`serve`] for when that rule is set aside), reads the replies as they come and hands each, in order,
 //! to its caller (Redis answers the commands of one connection in order). The replies are
 //! parsed here, with no intermediate frames. redis-rs does the same with more layers (about 15 000 instructions a
 //! call more, measured with callgrind; see BENCHMARKS.md); it still serves TLS and Cluster.
@@ -51,7 +51,7 @@ use tokio::time::{Instant, Sleep};
 use super::coalesce::{self, Join};
 use super::reply::Reply;
 
-/// Commands written with one `write` at most.
+/// Calls taken from the channel at a time.
 const BATCH: usize = 256;
 /// Scheduler turns a batch waits for more calls under load (see [`serve`]). With one batch in
 /// flight and these turns, Redis's CPU per request fell from 2.6–2.9 to 1.1–1.3 µs and its
@@ -237,9 +237,14 @@ impl Alarm {
     }
 
     /// Answers every call past its deadline ([`Failure::Late`]): those not written yet leave
-    /// `batch`, written ones keep their place in `waiting`. Sets the alarm for the rest.
-    fn expire(&mut self, batch: &mut Vec<Call>, waiting: &mut VecDeque<Waiting>) {
+    /// `batch`, written ones keep their place in `waiting`. Sets the alarm for the rest. True
+    /// when a written call is past its deadline: Redis is late with its reply.
+    fn expire(&mut self, batch: &mut Vec<Call>, waiting: &mut VecDeque<Waiting>) -> bool {
         let now = Instant::now();
+        let overdue = waiting.iter().any(|w| match w {
+            Waiting::One(slot) => slot.deadline <= now,
+            Waiting::Joined(calls) => calls.iter().any(|c| c.slot.deadline <= now),
+        });
         let mut next: Option<Instant> = None;
         let mut keep = |slot: &mut Slot| match slot.expire(now) {
             Some(deadline) => {
@@ -264,6 +269,7 @@ impl Alarm {
         if let Some(next) = next {
             self.set(next);
         }
+        overdue
     }
 }
 
@@ -347,7 +353,9 @@ async fn drive(endpoint: Endpoint, mut calls: mpsc::UnboundedReceiver<Call>) {
                 n = calls.recv_many(&mut batch, BATCH) => if n == 0 {
                     return; // every handle dropped
                 },
-                () = alarm.rung() => alarm.expire(&mut batch, &mut VecDeque::new()),
+                () = alarm.rung() => {
+                    alarm.expire(&mut batch, &mut VecDeque::new());
+                }
             }
             alarm.set_for(&batch);
         }
@@ -495,15 +503,25 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut input = Vec::with_capacity(16 * 1024);
     // whether the last batch held more than one call
     let mut busy = false;
+    // whether a call written is past its deadline, unanswered
+    let mut overdue = false;
+    // the checks of joined calls that were refused, to be sent again alone
+    let mut again = Vec::new();
     loop {
+        if waiting.is_empty() {
+            overdue = false;
+        }
         // One batch in flight at a time: calls made while one is answered wait for its replies
         // and go together. Before it is written, a batch waits a few turns of the scheduler
         // when the last one held more than one call (under load): the tasks ready to run, or
         // about to be woken by their sockets, make their calls a moment later. So under load a
         // batch holds what came in a round trip to Redis and a few scheduler passes: more
-        // checks of one bucket are joined, fewer scripts run, Redis is woken less often. A
-        // lone call on an idle pipe goes at once.
-        if written == out.len() && !batch.is_empty() && waiting.is_empty() {
+        // checks of one bucket are joined, fewer scripts run, Redis is woken less often. After
+        // a batch of one call (no load), a call goes at once. Once Redis is late with a reply
+        // (a written call past its deadline), batches go as they come, as before this rule:
+        // a Redis that stopped answering then has data unacknowledged, so `TCP_USER_TIMEOUT`
+        // breaks the connection, and calls that came meanwhile are not held for it.
+        if written == out.len() && !batch.is_empty() && (waiting.is_empty() || overdue) {
             if busy {
                 for _ in 0..GATHER_TURNS {
                     tokio::task::yield_now().await;
@@ -553,8 +571,14 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             io = socket => {
                 let error = match io {
                     Io::Read(Ok(0)) | Io::Wrote(Ok(0)) => closed(),
-                    Io::Read(Ok(_)) => match deliver(&mut input, &mut waiting, &mut joins, batch) {
-                        Ok(()) => continue,
+                    Io::Read(Ok(_)) => match deliver(&mut input, &mut waiting, &mut joins, &mut again) {
+                        Ok(()) => {
+                            // sent again before the calls that came after them
+                            if !again.is_empty() {
+                                batch.splice(0..0, again.drain(..));
+                            }
+                            continue;
+                        }
                         Err(e) => e,
                     },
                     Io::Wrote(Ok(n)) => {
@@ -565,8 +589,8 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 };
                 return broken(&mut waiting, &error);
             }
-            () = alarm.rung() => alarm.expire(batch, &mut waiting),
-            n = calls.recv_many(batch, BATCH), if batch.len() < BATCH => {
+            () = alarm.rung() => overdue |= alarm.expire(batch, &mut waiting),
+            n = calls.recv_many(batch, BATCH) => {
                 if n == 0 {
                     return false;
                 }
@@ -589,7 +613,8 @@ fn broken(waiting: &mut VecDeque<Waiting>, error: &RedisError) -> bool {
 }
 
 /// Writes the calls of `batch` into `out`, the checks of one bucket joined into one command, and
-/// queues what each command is answered to. Calls given up already are not sent.
+/// queues what each command is answered to. Calls given up, or past their deadline (answered
+/// [`Failure::Late`] here), are not sent.
 fn queue(
     batch: &mut Vec<Call>,
     entries: &mut Vec<(u64, Entry)>,
@@ -598,8 +623,9 @@ fn queue(
     waiting: &mut VecDeque<Waiting>,
 ) {
     let alone = batch.len() == 1;
-    for call in batch.drain(..) {
-        if call.slot.done() {
+    let now = Instant::now();
+    for mut call in batch.drain(..) {
+        if call.slot.expire(now).is_none() {
             continue; // late or given up: not sent, so no reply to wait for
         }
         let Some(join) = call.join.filter(|_| !alone) else {
