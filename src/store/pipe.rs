@@ -4,10 +4,11 @@
 //! its command (already encoded, see [`super::scripts::Call::encode`]) into a channel and waits
 //! on a oneshot; one driver task owns the socket, writes every command waiting in the channel
 //! with one `write` once the batch before is answered (one batch in flight: under load the
-//! next gathers while Redis works; see [`serve`] for when that rule is set aside), reads the replies as they come and hands each, in order,
-//! to its caller (Redis answers the commands of one connection in order). The replies are
-//! parsed here, with no intermediate frames. redis-rs does the same with more layers (about 15 000 instructions a
-//! call more, measured with callgrind; see BENCHMARKS.md); it still serves TLS and Cluster.
+//! next gathers while Redis works; see [`serve`] for when that rule is set aside), reads the
+//! replies as they come and hands each, in order, to its caller (Redis answers the commands of
+//! one connection in order). The replies are parsed here, with no intermediate frames.
+//! redis-rs does the same with more layers (about 15 000 instructions a call more, measured
+//! with callgrind; see BENCHMARKS.md); it still serves TLS and Cluster.
 //!
 //! Every call carries its deadline, and the driver keeps them: one timer for the whole lane,
 //! set to the earliest deadline of the calls it holds (late calls are answered
