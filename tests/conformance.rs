@@ -214,6 +214,28 @@ async fn caller_clock_state_outlives_real_time_drift() {
         let expected = replay(&memory, &key, alg, &[first, first + 0.5]).await;
         assert_eq!([a, b], expected[..], "{}", alg.name());
     }
+    // a back-pressure hold (`pace_defer.lua`) of 1 ms at 1000/s: its key too
+    let p = Pace::new(Rate::per_second(1000.0).unwrap(), None).unwrap();
+    let alg = Algorithm::LeakyBucket(p);
+    let first = T0 + 998.0;
+    let held = redis.defer("drift:hold", &p, 1, Some(first)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let after = redis
+        .check("drift:hold", &alg, Some(first + 0.5))
+        .await
+        .unwrap();
+    let memory = MemoryStore::new(NonZeroUsize::new(10).unwrap());
+    let expected = (
+        memory
+            .defer("drift:hold", &p, 1, Some(first))
+            .await
+            .unwrap(),
+        memory
+            .check("drift:hold", &alg, Some(first + 0.5))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((held, after), expected, "pace_defer");
 }
 
 /// Decisions taken with the Redis server clock (no `now` passed) behave like the memory store's.

@@ -712,7 +712,7 @@ async fn late_replies_are_dropped_and_later_calls_get_their_own() {
     let mut calls = Vec::new();
     for i in 0..20 {
         if i == 1 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let s = s.clone();
         calls.push(tokio::spawn(async move {

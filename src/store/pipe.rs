@@ -242,10 +242,6 @@ impl Alarm {
     /// when a written call is past its deadline: Redis is late with its reply.
     fn expire(&mut self, batch: &mut Vec<Call>, waiting: &mut VecDeque<Waiting>) -> bool {
         let now = Instant::now();
-        let overdue = waiting.iter().any(|w| match w {
-            Waiting::One(slot) => slot.deadline <= now,
-            Waiting::Joined(calls) => calls.iter().any(|c| c.slot.deadline <= now),
-        });
         let mut next: Option<Instant> = None;
         let mut keep = |slot: &mut Slot| match slot.expire(now) {
             Some(deadline) => {
@@ -255,16 +251,15 @@ impl Alarm {
             None => false,
         };
         batch.retain_mut(|call| keep(&mut call.slot));
+        let mut overdue = false;
+        let mut written = |slot: &mut Slot| {
+            overdue |= slot.deadline <= now;
+            keep(slot);
+        };
         for waiting in waiting.iter_mut() {
             match waiting {
-                Waiting::One(slot) => {
-                    keep(slot);
-                }
-                Waiting::Joined(calls) => {
-                    for call in calls {
-                        keep(&mut call.slot);
-                    }
-                }
+                Waiting::One(slot) => written(slot),
+                Waiting::Joined(calls) => calls.iter_mut().for_each(|c| written(&mut c.slot)),
             }
         }
         if let Some(next) = next {
