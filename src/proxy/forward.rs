@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::{Either, FutureExt};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
@@ -517,8 +517,16 @@ fn join_cookies(headers: &mut HeaderMap) {
 /// `X-Forwarded-For: <existing>, <client>` (RFC 7239 §5.2 style list; existing lines joined).
 /// Without an existing list, the client's value is used as it is (no copy).
 fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
+    // one lookup of the name (hashed byte by byte: it is not one of `http`'s standard names)
+    let mut entry = match headers.entry(&X_FORWARDED_FOR) {
+        Entry::Vacant(vacant) => {
+            vacant.insert(client.clone());
+            return;
+        }
+        Entry::Occupied(occupied) => occupied,
+    };
     let mut value = String::new();
-    for v in headers.get_all(&X_FORWARDED_FOR) {
+    for v in entry.iter() {
         if let Ok(s) = v.to_str() {
             if !value.is_empty() {
                 value.push_str(", ");
@@ -527,13 +535,13 @@ fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
         }
     }
     if value.is_empty() {
-        headers.insert(X_FORWARDED_FOR.clone(), client.clone());
+        entry.insert(client.clone());
         return;
     }
     value.push_str(", ");
     value.push_str(client.to_str().unwrap_or_default());
     if let Ok(v) = HeaderValue::try_from(value) {
-        headers.insert(X_FORWARDED_FOR.clone(), v);
+        entry.insert(v);
     }
 }
 
