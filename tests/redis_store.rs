@@ -708,11 +708,14 @@ async fn late_replies_are_dropped_and_later_calls_get_their_own() {
     let port = redis.port;
     let sleeper = std::thread::spawn(move || common::cli(port, &["DEBUG", "SLEEP", "1.5"]));
     redis.wait_blocked();
-    // a key each, so that no two are joined into one command; the first is written at once
+    // a key each, so that no two are joined into one command; the first is written at once.
+    // The others are made 200 ms later, so they are written once the first is past its
+    // deadline (1 s) with 200 ms left of their own (a call past its deadline is never sent),
+    // and are late themselves (1.2 s) about 300 ms before Redis wakes.
     let mut calls = Vec::new();
     for i in 0..20 {
         if i == 1 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let s = s.clone();
         calls.push(tokio::spawn(async move {
