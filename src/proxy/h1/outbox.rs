@@ -1,13 +1,18 @@
 //! Request heads written behind, under load: an exchange leaves its head here and goes on to
 //! wait for the response; one task per worker thread writes every head left since it last ran.
 //!
-//! Woken by the first head of a scheduler pass, that task runs after the tasks the runtime had
-//! ready, so the heads of their requests go out together. An upstream worker asleep in
-//! `epoll_wait` is then woken once for them, where one write after another, each while it had
-//! just gone back to sleep, could wake it for each; on a virtual machine a wake-up is the
-//! costliest part of a write (BENCHMARKS.md: wake-ups per request). A task that yielded to let
-//! the others write first would be polled again from the top of its connection, which cost
-//! more than the wake-ups it saved; writing from here costs a lock and a push.
+//! Woken by the first head of a scheduler pass, that task yields once before it writes: it runs
+//! after the runtime has polled its I/O again and run what that woke, and after the responses
+//! of the pass, which wait for the same turn (`src/app/serve/pass.rs`). So the heads of
+//! that pass and of the next go out together, after the responses. An upstream worker asleep
+//! in `epoll_wait` is then woken once for them, where one write after another, each while it
+//! had just gone back to sleep, could wake it for each; on a virtual machine a wake-up is the
+//! costliest part of a write (BENCHMARKS.md: wake-ups per request). Written at the end of the
+//! pass instead (one pass, not two, and before the responses), the heads kept the upstream and
+//! the client waking more often, and on the proxy's own core: 1-thread throughput 5-8 % lower
+//! (BENCHMARKS.md, "Changes measured"). A task that yielded to let the others write first
+//! would be polled again from the top of its connection, which cost more than the wake-ups it
+//! saved; writing from here costs a lock and a push.
 //!
 //! The socket and the head's bytes are shared between the exchange and this task ([`Socket`]).
 //! A write that fails shuts the socket down, so the exchange, waiting to read, hears of it.
@@ -193,11 +198,13 @@ async fn write_heads(writer: Writer) {
                 state.writer = Some(cx.waker().clone());
                 Poll::Pending
             } else {
-                std::mem::swap(&mut state.heads, &mut heads);
                 Poll::Ready(())
             }
         })
         .await;
+        // the rest of this pass, the next one's I/O and the pass's responses first
+        tokio::task::yield_now().await;
+        std::mem::swap(&mut outbox.state().heads, &mut heads);
         for socket in heads.drain(..) {
             match socket.try_write_head() {
                 Ok(()) => {}
@@ -268,6 +275,26 @@ mod tests {
                 .try_read(&mut probe)
                 .expect_err("written before the pass ended");
             assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        }
+        for (i, (socket, peer)) in pairs.iter_mut().enumerate() {
+            let got = received(peer, Duration::from_secs(5)).await;
+            assert_eq!(got, format!("GET /{i} HTTP/1.1\r\n\r\n"));
+            assert!(socket.take_back_unsent().is_none(), "sent whole");
+        }
+    }
+
+    /// The writing task yields once before it writes, so the responses of the pass (which
+    /// wait for one turn of their own, `app/serve/pass.rs`) go out first: after one turn of
+    /// the task that left the heads nothing is written, after the writing task's turn all is.
+    #[tokio::test]
+    async fn heads_go_out_after_the_turn_the_responses_wait_for() {
+        let mut pairs = pairs(2).await;
+        for (socket, _) in &pairs {
+            assert!(post(socket));
+        }
+        tokio::task::yield_now().await;
+        for (socket, _) in &pairs {
+            assert_eq!(socket.out().written, 0, "written before the turn");
         }
         for (i, (socket, peer)) in pairs.iter_mut().enumerate() {
             let got = received(peer, Duration::from_secs(5)).await;
@@ -347,8 +374,15 @@ mod tests {
         .await
         .expect("the read never ended");
         assert!(matches!(ended, Ok(0) | Err(_)), "{ended:?}");
-        // give the writing task its turn if the read ended on the reset alone
-        tokio::task::yield_now().await;
+        // give the writing task its turns (it yields once before writing) if the read ended on
+        // the reset alone
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while socket.out().failed.is_none() && socket.out().written == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the writing task never tried the head");
         let failed = socket.take_back_unsent().expect("the head did not go out");
         assert!(failed.is_some(), "the write's error is kept");
     }
