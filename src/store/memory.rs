@@ -20,7 +20,10 @@ type Hasher = foldhash::fast::RandomState;
 /// One shard: an LRU map under its own lock.
 type Shard = Mutex<LruCache<Box<str>, Entry, Hasher>>;
 
-/// How often the background task sweeps expired keys.
+/// How often the background task sweeps every shard for expired keys. It sweeps one shard at
+/// a time, spread over the period, so no sweep holds up the worker it runs on for long: with a
+/// million keys one sweep of every shard took tens of milliseconds (it clones and removes each
+/// expired key), during which that worker served no one.
 const PURGE_EVERY: Duration = Duration::from_secs(5);
 
 /// In-process limiter state. Cheap to share behind an `Arc`.
@@ -165,33 +168,41 @@ impl Shards {
     }
 
     fn purge(&self) -> usize {
-        let mut removed = 0;
-        for map in self.maps.iter() {
-            let now = self.clock.now();
-            let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
-            let expired: Vec<Box<str>> = map
-                .iter()
-                .filter(|(_, e)| e.expires_at <= now)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for key in &expired {
-                map.pop(key);
-            }
-            removed += expired.len();
+        (0..self.maps.len()).map(|ix| self.purge_shard(ix)).sum()
+    }
+
+    /// Removes the expired keys of one shard; how many.
+    fn purge_shard(&self, ix: usize) -> usize {
+        let now = self.clock.now();
+        let mut map = self.maps[ix].lock().unwrap_or_else(|e| e.into_inner());
+        let expired: Vec<Box<str>> = map
+            .iter()
+            .filter(|(_, e)| e.expires_at <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &expired {
+            map.pop(key);
         }
-        removed
+        expired.len()
     }
 }
 
+/// Sweeps the shards one after another, one every `PURGE_EVERY / shards`.
 async fn purge_task(shards: Weak<Shards>, mut stop: tokio::sync::watch::Receiver<()>) {
+    let mut next = 0;
     loop {
+        let Some(count) = shards.upgrade().map(|s| s.maps.len()) else {
+            return;
+        };
+        let pause = PURGE_EVERY / count as u32;
         tokio::select! {
-            _ = tokio::time::sleep(PURGE_EVERY) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = stop.changed() => return,
         }
         match shards.upgrade() {
             Some(shards) => {
-                shards.purge();
+                shards.purge_shard(next);
+                next = (next + 1) % shards.maps.len();
             }
             None => return,
         }
@@ -274,6 +285,29 @@ mod tests {
         assert!(store.decide("gone", &alg, Some(now)).allowed);
         assert_eq!(store.purge_expired(), 1);
         assert!(store.is_empty());
+    }
+
+    /// The background task sweeps one shard at a time, spread over `PURGE_EVERY`: half-way
+    /// through the period about half the expired keys are gone, after a whole period all.
+    #[tokio::test(start_paused = true)]
+    async fn the_purge_task_sweeps_shard_by_shard_over_its_period() {
+        let store = MemoryStore::new(nz(64 * 1024));
+        assert_eq!(store.shards.maps.len(), 64);
+        let alg = Algorithm::FixedWindow(Window::new(
+            NonZeroU64::new(1).unwrap(),
+            Duration::from_millis(1),
+        ));
+        let past = store.shards.clock.now() - 10.0;
+        for i in 0..2000 {
+            assert!(store.decide(&format!("k{i}"), &alg, Some(past)).allowed);
+        }
+        assert_eq!(store.len(), 2000);
+        // the paused clock moves on to each of the task's pauses while this sleeps
+        tokio::time::sleep(PURGE_EVERY / 2).await;
+        let half = store.len();
+        assert!(half > 0 && half < 2000, "{half} of 2000 left half-way");
+        tokio::time::sleep(PURGE_EVERY).await;
+        assert_eq!(store.len(), 0);
     }
 
     /// The purge task ends when the store is dropped.
