@@ -22,7 +22,7 @@ type Shard = Mutex<LruCache<Box<str>, Entry, Hasher>>;
 
 /// How often the background task sweeps every shard for expired keys. It sweeps one shard at
 /// a time, spread over the period, so no sweep holds up the worker it runs on for long: with a
-/// million keys one sweep of every shard took tens of milliseconds (it clones and removes each
+/// million keys one sweep of every shard held it up for over 100 ms (it clones and removes each
 /// expired key), during which that worker served no one.
 const PURGE_EVERY: Duration = Duration::from_secs(5);
 
