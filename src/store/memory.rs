@@ -189,20 +189,19 @@ impl Shards {
 
 /// Sweeps the shards one after another, one every `PURGE_EVERY / shards`.
 async fn purge_task(shards: Weak<Shards>, mut stop: tokio::sync::watch::Receiver<()>) {
-    let mut next = 0;
-    loop {
-        let Some(count) = shards.upgrade().map(|s| s.maps.len()) else {
-            return;
-        };
-        let pause = PURGE_EVERY / count as u32;
+    // the shard count is fixed for the store's life
+    let Some(count) = shards.upgrade().map(|s| s.maps.len()) else {
+        return;
+    };
+    let pause = PURGE_EVERY / count as u32;
+    for ix in (0..count).cycle() {
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
             _ = stop.changed() => return,
         }
         match shards.upgrade() {
             Some(shards) => {
-                shards.purge_shard(next);
-                next = (next + 1) % shards.maps.len();
+                shards.purge_shard(ix);
             }
             None => return,
         }
