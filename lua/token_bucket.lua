@@ -6,6 +6,11 @@ ARGV[2]  burst: the bucket's size (>= 1); a full bucket admits exactly `burst` r
 ARGV[3]  cost: tokens this request takes (optional, default 1)
 ARGV[4]  now in milliseconds (optional, decimals allowed; absent or empty: the Redis server clock)
 
+KEYS[2..]  more buckets with the same rate, burst and cost (optional): each is decided as if by a
+          call of its own, at the same `now`, and the reply is one such array per key, in order.
+          (tollgate sends the checks of different clients that wait together this way: one
+          script call for them all instead of one each.)
+
 Returns {allowed 1|0, remaining, retry_after_ms, reset_ms}, all integers:
   remaining       tokens left after this request
   retry_after_ms  0 when allowed; else how long until this request would be admitted (rounded up)
@@ -39,30 +44,51 @@ local function now_ms(arg)
   return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, 0
 end
 
-local key = KEYS[1]
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3] ~= '' and ARGV[3] or nil) or 1
 local now, slack = now_ms(ARGV[4])
-if key == nil or rate == nil or rate <= 0 or burst == nil or burst < 1 or cost < 0 or now == nil then
-  return redis.error_reply('usage: token_bucket.lua KEY , RATE>0 BURST>=1 [COST] [NOW_MS]')
+if KEYS[1] == nil or rate == nil or rate <= 0 or burst == nil or burst < 1 or cost < 0 or now == nil then
+  return redis.error_reply('usage: token_bucket.lua KEY [KEY...] , RATE>0 BURST>=1 [COST] [NOW_MS]')
 end
 
 local interval = 1000 / rate
 local tolerance = burst * interval
-local tat = tonumber(redis.call('GET', key))
-if tat == nil or tat < now then
-  tat = now
+
+-- With several keys, a key the script cannot use (one holding another type) answers its own
+-- error and the others go on: pcall, so that one bad key does not stop the script half-way,
+-- with the keys before it already written (a caller would then run those again).
+local function take(key)
+  local got = redis.pcall('GET', key)
+  if type(got) == 'table' and got.err then
+    return got
+  end
+  local tat = tonumber(got)
+  if tat == nil or tat < now then
+    tat = now
+  end
+  -- after: how far ahead of now the bucket's TAT would be if this request took its tokens
+  local after = tat - now + cost * interval
+  if after - tolerance > EPS then
+    return {0, 0, math.max(1, math.ceil(after - tolerance - EPS)), math.ceil(tat - now)}
+  end
+  local new_tat = now + after
+  local set = redis.pcall('SET', key, string.format('%.17g', new_tat), 'PX', math.max(1, math.ceil(after)) + slack)
+  if type(set) == 'table' and set.err then
+    return set
+  end
+  -- (EPS is in ms: past 1 000 000 tokens a second it is worth more than a token, so the count is
+  -- capped at what a full bucket keeps after this request, and at 0 when that is none)
+  local remaining = math.floor((tolerance - after + EPS) / interval)
+  remaining = math.max(0, math.min(math.floor(burst - cost), remaining))
+  return {1, remaining, 0, math.ceil(after)}
 end
--- after: how far ahead of now the bucket's TAT would be if this request took its tokens
-local after = tat - now + cost * interval
-if after - tolerance > EPS then
-  return {0, 0, math.max(1, math.ceil(after - tolerance - EPS)), math.ceil(tat - now)}
+
+if #KEYS == 1 then
+  return take(KEYS[1])
 end
-local new_tat = now + after
-redis.call('SET', key, string.format('%.17g', new_tat), 'PX', math.max(1, math.ceil(after)) + slack)
--- (EPS is in ms: past 1 000 000 tokens a second it is worth more than a token, so the count is
--- capped at what a full bucket keeps after this request, and at 0 when that is none)
-local remaining = math.floor((tolerance - after + EPS) / interval)
-remaining = math.max(0, math.min(math.floor(burst - cost), remaining))
-return {1, remaining, 0, math.ceil(after)}
+local replies = {}
+for i = 1, #KEYS do
+  replies[i] = take(KEYS[i])
+end
+return replies

@@ -405,6 +405,75 @@ async fn checks_of_one_bucket_in_flight_together_run_as_one_script() {
     assert_eq!(seen, (0..10).map(|r| (true, r)).collect::<Vec<_>>());
 }
 
+/// Token-bucket checks of different keys (with the same limit) in flight together run as one
+/// script call with all their keys, and each caller gets its own bucket's answer; a key the
+/// script fails on (here one holding a hash) fails only its own check, and after `NOSCRIPT`
+/// the checks still load the script.
+#[tokio::test]
+async fn checks_of_different_keys_in_flight_together_run_as_one_script() {
+    let redis = common::Redis::start();
+    let s = store(redis.url(), Duration::from_secs(5));
+    s.check("warm", &bucket(1.0, 1), None).await.unwrap();
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+
+    let alg = bucket(0.001, 5);
+    let many = |keys: Vec<String>| {
+        let handles: Vec<_> = keys
+            .into_iter()
+            .map(|key| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let d = s.check(&key, &alg, None).await;
+                    (
+                        key,
+                        d.map(|d| (d.allowed, d.remaining))
+                            .map_err(|e| e.to_string()),
+                    )
+                })
+            })
+            .collect();
+        async move {
+            let mut all = Vec::new();
+            for h in handles {
+                all.push(h.await.unwrap());
+            }
+            all
+        }
+    };
+    // 40 clients' first requests: each bucket full, each check takes one token of its own
+    let keys: Vec<String> = (0..40).map(|i| format!("client-{i}")).collect();
+    for (key, seen) in many(keys.clone()).await {
+        assert_eq!(seen, Ok((true, 4)), "{key}");
+    }
+    let runs = evalsha_calls(&redis);
+    assert!(
+        runs <= 4,
+        "40 checks of 40 keys at once took {runs} script runs"
+    );
+    // again: each bucket counted on its own, down to 3
+    for (key, seen) in many(keys).await {
+        assert_eq!(seen, Ok((true, 3)), "{key}");
+    }
+
+    // a key holding a hash: its check fails (WRONGTYPE), the others in its call do not
+    redis.cli(&["HSET", "bad", "f", "v"]);
+    let keys: Vec<String> = ["x1", "x2", "bad", "x3"].map(String::from).to_vec();
+    for (key, seen) in many(keys).await {
+        if key == "bad" {
+            assert!(seen.is_err(), "the hash key's check fails: {seen:?}");
+        } else {
+            assert_eq!(seen, Ok((true, 4)), "{key}");
+        }
+    }
+
+    // NOSCRIPT: the call goes again alone per key, each loading the script
+    redis.cli(&["SCRIPT", "FLUSH"]);
+    let keys: Vec<String> = (0..10).map(|i| format!("flushed-{i}")).collect();
+    for (key, seen) in many(keys).await {
+        assert_eq!(seen, Ok((true, 4)), "{key}");
+    }
+}
+
 /// Leaky-bucket (pacing) checks of one schedule in flight together run as one script, and each
 /// gets the slot it would have got in its turn: exactly one interval apart; at the edge of
 /// `max_delay` they are decided alone, and past it all are refused by one script run.

@@ -13,6 +13,40 @@ fn eval(redis: &Redis, script: &str, key: &str, args: &[&str]) -> Vec<String> {
     redis.cli(&cli_args).lines().map(str::to_string).collect()
 }
 
+/// Several keys in one call: each decided as by a call of its own, one reply each, in order; a
+/// key holding another type answers its own error and the others are still decided (and
+/// counted once).
+#[test]
+fn token_bucket_several_keys_by_hand() {
+    let redis = Redis::start();
+    redis.cli(&["HSET", "tollgate:demo:hash", "f", "v"]);
+    let path = format!("{}/lua/token_bucket.lua", env!("CARGO_MANIFEST_DIR"));
+    let now = "1700000000000";
+    let run = || -> Vec<String> {
+        let keys = [
+            "tollgate:demo:erin",
+            "tollgate:demo:hash",
+            "tollgate:demo:frank",
+        ];
+        let mut args = vec!["--eval", path.as_str()];
+        args.extend(keys);
+        args.extend([",", "10", "3", "1", now]);
+        redis
+            .cli(&args)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let first = run();
+    assert_eq!(first[..4], ["1", "2", "0", "100"], "{first:?}");
+    assert!(first[4].starts_with("WRONGTYPE"), "{first:?}");
+    assert_eq!(first[5..], ["1", "2", "0", "100"], "{first:?}");
+    let second = run();
+    assert_eq!(second[..4], ["1", "1", "0", "200"], "{second:?}");
+    assert_eq!(second[5..], ["1", "1", "0", "200"], "{second:?}");
+}
+
 /// The token bucket run by hand admits `burst`, then denies with the wait for one token.
 #[test]
 fn token_bucket_by_hand() {

@@ -43,6 +43,10 @@ pub(crate) struct Join {
     /// length of the command that must be the same for calls to be joined: the same script on
     /// the same key with the same parameters
     pub(crate) same: usize,
+    /// where the key's bulk string starts and ends in the command: token-bucket checks of
+    /// different keys with the same script and arguments may go as one call with several keys
+    /// (`pipe::queue`)
+    pub(crate) key: (usize, usize),
     /// milliseconds per token or slot (`1000 / rate`)
     pub(crate) interval_ms: f64,
     pub(crate) kind: Kind,
@@ -258,6 +262,7 @@ mod tests {
                 let join = Join {
                     head: 0,
                     same: 0,
+                    key: (0, 0),
                     kind: Kind::Tokens { cost },
                     interval_ms: interval,
                 };
@@ -279,6 +284,7 @@ mod tests {
         let join = Join {
             head: 0,
             same: 0,
+            key: (0, 0),
             kind: Kind::Tokens { cost: 1 },
             interval_ms: 1.0,
         };
@@ -302,6 +308,7 @@ mod tests {
         let join = Join {
             head: 0,
             same: 0,
+            key: (0, 0),
             kind: Kind::Tokens { cost: 1 },
             interval_ms: interval,
         };
@@ -347,6 +354,7 @@ mod tests {
         let join = |max| Join {
             head: 4,
             same: first.len(),
+            key: (0, 0),
             interval_ms: 100.0,
             kind: Kind::Slots {
                 rate: 10.0,

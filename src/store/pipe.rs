@@ -25,7 +25,12 @@
 //! have run. `AUTH` and `SELECT` from the URL are sent on every new connection.
 //!
 //! Checks of one bucket or pacing schedule that are written together are sent as one call
-//! (see [`super::coalesce`]), and its reply shared out.
+//! (see [`super::coalesce`]), and its reply shared out. Token-bucket checks of different keys
+//! with the same limit that are written together go as one call too, with all their keys
+//! (`lua/token_bucket.lua` answers one reply per key): most of a check's cost in Redis is the
+//! script call, not the bucket (BENCHMARKS.md, distinct client keys). A key the script fails on
+//! answers its own error; a call that fails whole (`NOSCRIPT`) ran nothing, and its checks go
+//! again alone.
 //!
 //! A pipe has one such connection per worker thread (its *lanes*; see [`set_thread_lane`]):
 //! the calls of a worker's requests go over a connection whose driver runs on that worker's
@@ -176,6 +181,8 @@ enum Waiting {
     One(Slot),
     /// a joined call: its members in order, kept whole to be sent again alone if it is refused
     Joined(Vec<Call>),
+    /// one call for the checks of several keys: one reply each, in order
+    Keys(Vec<Call>),
 }
 
 /// The lane's one timer: rings at (or before) the earliest deadline of the calls the driver
@@ -259,7 +266,9 @@ impl Alarm {
         for waiting in waiting.iter_mut() {
             match waiting {
                 Waiting::One(slot) => written(slot),
-                Waiting::Joined(calls) => calls.iter_mut().for_each(|c| written(&mut c.slot)),
+                Waiting::Joined(calls) | Waiting::Keys(calls) => {
+                    calls.iter_mut().for_each(|c| written(&mut c.slot));
+                }
             }
         }
         if let Some(next) = next {
@@ -639,8 +648,19 @@ fn queue(
             None => entries.push((hash, Entry::Alone(call))),
         }
     }
+    // token-bucket checks of different keys with the same script and arguments: one call
+    let mut keyed: Vec<Vec<Call>> = Vec::new();
     for (_, entry) in entries.drain(..) {
         match entry {
+            Entry::Alone(call) if keyable(&call) => {
+                match keyed
+                    .iter_mut()
+                    .find(|calls| same_but_key(&calls[0], &call))
+                {
+                    Some(calls) => calls.push(call),
+                    None => keyed.push(vec![call]),
+                }
+            }
             Entry::Alone(call) => {
                 out.extend_from_slice(&call.command);
                 waiting.push_back(Waiting::One(call.slot));
@@ -658,6 +678,80 @@ fn queue(
                 }
             }
         }
+    }
+    for mut calls in keyed {
+        if calls.len() > 1 {
+            encode_keys(&calls, out);
+            waiting.push_back(Waiting::Keys(calls));
+        } else if let Some(call) = calls.pop() {
+            out.extend_from_slice(&call.command);
+            waiting.push_back(Waiting::One(call.slot));
+        }
+    }
+}
+
+/// `numkeys` of a call with one key, just before the key
+const ONE_KEY: &[u8] = b"$1\r\n1\r\n";
+
+/// A token-bucket check that may go in one call with the checks of other keys.
+fn keyable(call: &Call) -> bool {
+    call.join.is_some_and(|j| {
+        matches!(j.kind, coalesce::Kind::Tokens { .. })
+            && call.command[..j.key.0].ends_with(ONE_KEY)
+    })
+}
+
+/// Two keyable checks whose commands differ in their key only.
+fn same_but_key(a: &Call, b: &Call) -> bool {
+    let (Some(ja), Some(jb)) = (a.join, b.join) else {
+        return false;
+    };
+    a.command[..ja.key.0] == b.command[..jb.key.0] && a.command[ja.key.1..] == b.command[jb.key.1..]
+}
+
+/// Writes the one command of `calls` (keyable, [`same_but_key`] as the first): the script with
+/// every call's key and the first call's arguments.
+fn encode_keys(calls: &[Call], out: &mut Vec<u8>) {
+    let first = &calls[0];
+    let Some(join) = first.join else {
+        unreachable!("keyable calls are joinable")
+    };
+    let command = &first.command;
+    // `*words\r\n`: the words of one call, one key more for each other call
+    let line = command
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let words: u64 = std::str::from_utf8(&command[1..line.saturating_sub(2)])
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(0);
+    out.push(b'*');
+    push_count(out, words + calls.len() as u64 - 1);
+    out.extend_from_slice(&command[line..join.key.0 - ONE_KEY.len()]);
+    bulk(
+        out,
+        crate::decimal::digits(calls.len() as u64, &mut [0; 20]),
+    );
+    for call in calls {
+        if let Some(j) = call.join {
+            out.extend_from_slice(&call.command[j.key.0..j.key.1]);
+        }
+    }
+    out.extend_from_slice(&command[join.key.1..]);
+}
+
+/// Shares the reply of a call for several keys out, one element each (a key's own error is its
+/// element). Anything else is an error of the whole call (`NOSCRIPT`, a usage error), which the
+/// script answers before it writes anything: each check goes again alone, to get its own.
+fn answer_keys(reply: Reply, calls: Vec<Call>, again: &mut Vec<Call>) {
+    match reply {
+        Reply::Value(Value::Array(replies)) if replies.len() == calls.len() => {
+            for (mut call, reply) in calls.into_iter().zip(replies) {
+                call.slot.reply(checked(Reply::Value(reply)));
+            }
+        }
+        _ => again.extend(calls.into_iter().map(|call| Call { join: None, ..call })),
     }
 }
 
@@ -682,6 +776,7 @@ fn deliver(
                 match waiting.pop_front() {
                     Some(Waiting::One(mut slot)) => slot.reply(checked(reply)),
                     Some(Waiting::Joined(calls)) => answer_joined(reply, calls, joins, again),
+                    Some(Waiting::Keys(calls)) => answer_keys(reply, calls, again),
                     None => break Err(protocol("a reply to no command")),
                 }
             }
@@ -723,7 +818,7 @@ fn fail(waiting: &mut VecDeque<Waiting>, error: &RedisError) {
     for waiting in waiting.drain(..) {
         match waiting {
             Waiting::One(mut slot) => slot.reply(Err(copy(error))),
-            Waiting::Joined(calls) => {
+            Waiting::Joined(calls) | Waiting::Keys(calls) => {
                 for mut call in calls {
                     call.slot.reply(Err(copy(error)));
                 }

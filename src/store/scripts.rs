@@ -196,6 +196,7 @@ impl<'a> Call<'a> {
         } else {
             out.extend_from_slice(&self.lua.evalsha_head);
         }
+        let key_at = out.len() - start;
         bulk(out, self.key.as_bytes());
         let args_at = out.len() - start;
         let last = args_at
@@ -214,6 +215,7 @@ impl<'a> Call<'a> {
         Some(Join {
             head,
             same,
+            key: (key_at, args_at),
             interval_ms,
             kind,
         })
