@@ -648,11 +648,12 @@ fn queue(
             None => entries.push((hash, Entry::Alone(call))),
         }
     }
-    // token-bucket checks of different keys with the same script and arguments: one call
+    // token-bucket checks of different keys with the same script and arguments: one call (a
+    // batch of one call has nothing to put with it, and goes as it is)
     let mut keyed: Vec<Vec<Call>> = Vec::new();
     for (_, entry) in entries.drain(..) {
         match entry {
-            Entry::Alone(call) if keyable(&call) => {
+            Entry::Alone(call) if !alone && keyable(&call) => {
                 match keyed
                     .iter_mut()
                     .find(|calls| same_but_key(&calls[0], &call))
