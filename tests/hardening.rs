@@ -1252,6 +1252,35 @@ async fn idle_connections_are_closed_after_idle() {
     assert_healthy(&proxy, "after idle").await;
 }
 
+/// With `idle` shorter than `client_header`, a keep-alive wait still ends at `idle` (as nginx's
+/// `keepalive_timeout`), on a connection's first request and on later ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_shorter_than_client_header_ends_keep_alive_waits() {
+    let upstream = Upstream::start().await;
+    let top = "timeouts:\n  client_header: 5s\n  idle: 500ms";
+    let proxy = Proxy::start(&config(&upstream.url(), top)).await;
+    for requests in [1, 3] {
+        let mut conn = RawConn::open(proxy.addr).await;
+        for i in 0..requests {
+            assert_eq!(conn.get(&format!("/v1/short-idle/{i}")).await, Some(200));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let idle_from = Instant::now();
+        assert!(
+            conn.closes_within(Duration::from_secs(8)).await,
+            "idle connection never closed"
+        );
+        let took = idle_from.elapsed();
+        println!("after {requests} request(s): closed after {took:?}");
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_millis(3000),
+            "after {requests} request(s) the connection closed after {took:?}: expected about \
+             idle (500 ms), well before client_header (5 s)"
+        );
+    }
+    assert_healthy(&proxy, "after idle").await;
+}
+
 /// Resident set size of this process, in bytes.
 fn rss() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -70,8 +70,9 @@ pub(super) struct Activity {
     multiplexed: AtomicBool,
     /// when the connection's timer is due; a head whose deadline comes earlier wakes it
     armed: AtomicU64,
-    /// woken when a head begins whose deadline comes before `armed`: on a busy keep-alive
-    /// connection the timer is usually due sooner, so requests cost no wake-up
+    /// woken when a head begins, or the last request in flight ends, with a deadline before
+    /// `armed`: on a busy keep-alive connection the timer is usually due sooner, so requests
+    /// cost no wake-up
     head_started: Notify,
 }
 
@@ -155,7 +156,8 @@ impl Activity {
         self.armed.store(due, SeqCst);
     }
 
-    /// Completes when a request head begins to arrive.
+    /// Completes when a request head begins to arrive, or the connection fell idle, with a
+    /// deadline before the one the timer is set for.
     pub(super) async fn head_started(&self) {
         self.head_started.notified().await;
     }
@@ -186,8 +188,15 @@ impl Drop for InFlight {
         // stamped before the count drops, so a check that sees no request in flight never
         // reads a head start or idle time older than this request's end
         a.head_since.store(0, SeqCst);
-        a.idle_since.store(a.now_ms(), SeqCst);
-        a.in_flight.fetch_sub(1, SeqCst);
+        let now = a.now_ms();
+        a.idle_since.store(now, SeqCst);
+        // the last request ended: if the timer is set for later than the idle deadline (for the
+        // first head's deadline, when `idle` is the shorter), it must be set sooner
+        if a.in_flight.fetch_sub(1, SeqCst) == 1
+            && a.armed.load(SeqCst) > now + ms(a.limits.idle) + 1
+        {
+            a.head_started.notify_one();
+        }
     }
 }
 
@@ -340,6 +349,37 @@ mod tests {
         assert!(a.check().is_ok(), "the second head has 9 ms left");
         tokio::time::advance(Duration::from_millis(20)).await;
         assert_eq!(a.check(), Err(Expired::Head));
+    }
+
+    /// With `idle` shorter than `client_header`, the end of a connection's first request wakes
+    /// the timer (set for the first head's deadline), so the keep-alive wait ends at `idle`.
+    #[tokio::test(start_paused = true)]
+    async fn idle_shorter_than_the_head_deadline_wakes_the_timer() {
+        let limits = Deadlines {
+            client_header: Duration::from_secs(10),
+            idle: Duration::from_secs(2),
+        };
+        let a = Activity::new(limits, Instant::now());
+        let guard = InFlight::start(&a, Version::HTTP_11);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        drop(guard);
+        let woke = tokio::time::timeout(Duration::from_millis(1), a.head_started()).await;
+        assert!(
+            woke.is_ok(),
+            "idle deadline sooner than the armed one: woken"
+        );
+        let next = a.arm().expect("not yet idle");
+        assert!(
+            next <= Instant::now() + Duration::from_secs(2),
+            "set for the idle deadline"
+        );
+        // set for it now: the next request's end (idle deadline later) does not wake
+        drop(InFlight::start(&a, Version::HTTP_11));
+        let woke = tokio::time::timeout(Duration::from_millis(1), a.head_started()).await;
+        assert!(
+            woke.is_err(),
+            "idle deadline after the armed time: no wake-up"
+        );
     }
 
     /// After an HTTP/2 request, reads between requests (control frames) leave only `idle`.
