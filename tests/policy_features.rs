@@ -31,8 +31,18 @@ async fn shadow_limit_counts_but_never_denies() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
     let proxy = Proxy::start(&config(&redis, &upstream, "        mode: shadow\n")).await;
-    for _ in 0..5 {
-        assert_eq!(get(&proxy.url("/"), &[]).await.status, 200);
+    // the limit's figures on every response, also once the shadow limit would deny
+    for left in [1, 0, 0, 0, 0] {
+        let a = get(&proxy.url("/"), &[]).await;
+        assert_eq!(a.status, 200);
+        assert_eq!(a.header("ratelimit-policy"), Some(r#""tight";q=2;w=3600"#));
+        let shown = a
+            .header("ratelimit")
+            .expect("RateLimit on a shadow denial too");
+        assert!(
+            shown.starts_with(&format!(r#""tight";r={left};t="#)),
+            "{shown}"
+        );
     }
     assert_eq!(upstream.seen().len(), 5);
     let key = redis.cli(&["--scan", "--pattern", "tollgate:api:tight:*"]);

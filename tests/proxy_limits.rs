@@ -83,6 +83,38 @@ async fn burst_then_429_with_retry_after_and_headers() {
     assert_eq!(upstream.seen().len(), 3);
 }
 
+/// The rate-limit headers are on every response of a limited route, also the ones the proxy
+/// makes itself once the limits admitted the request: 502 (no upstream) and 504 (too slow).
+#[tokio::test]
+async fn proxy_errors_after_the_limits_carry_the_headers() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let yaml = config(&redis, &upstream, BUCKET).replace(
+        "upstreams:\n",
+        &format!(
+            "timeouts: {{upstream_response: 300ms}}\nupstreams:\n  gone:\n    targets: [{dead}]\n"
+        ),
+    ) + &format!(
+        "  - name: gone\n    match: {{path_prefix: /gone}}\n    upstream: gone\n    limits:\n{BUCKET}\n\
+         \x20 - name: slow\n    match: {{path_prefix: /slow}}\n    upstream: api\n    limits:\n{BUCKET}\n"
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let bad = get(&proxy.url("/gone/x"), &[]).await;
+    assert_eq!(bad.status, 502, "{bad:?}");
+    assert_eq!(
+        bad.header("ratelimit-policy"),
+        Some(r#""per-client";q=3;w=3"#)
+    );
+    assert_eq!(bad.header("ratelimit"), Some(r#""per-client";r=2;t=1"#));
+    let slow = get(&proxy.url("/slow/2000"), &[]).await;
+    assert_eq!(slow.status, 504, "{slow:?}");
+    assert_eq!(slow.header("ratelimit"), Some(r#""per-client";r=2;t=1"#));
+}
+
 /// Tokens come back at the configured rate: 250 ms at 10/s refills two tokens.
 #[tokio::test]
 async fn bucket_refills_at_the_rate() {

@@ -161,17 +161,17 @@ pub(super) async fn check<B>(
             outcome.decision = Some(counted.as_str());
         }
         if !decision.allowed {
-            if limit.shadow {
-                tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would deny");
-                continue;
+            if !limit.shadow {
+                let shown = limit.shown(alg, decision);
+                return Ok(Checked::Denied(respond::rate_limited(
+                    proxy.settings.headers,
+                    &shown.as_shown(),
+                )));
             }
-            let shown = limit.shown(alg, decision);
-            return Ok(Checked::Denied(respond::rate_limited(
-                proxy.settings.headers,
-                &shown.as_shown(),
-            )));
-        }
-        if decision.delay_us > 0 {
+            // a shadow denial admits the request, and its figures are shown like any other
+            // limit's (nothing remains): the headers do not vanish when the limit is reached
+            tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would deny");
+        } else if decision.delay_us > 0 {
             tokio::time::sleep(Duration::from_micros(decision.delay_us)).await;
         }
         if tightest

@@ -260,6 +260,9 @@ struct Outcome<'a> {
     /// the limit phase's verdict: allowed, denied, shadow_denied, or none (no limits ran)
     decision: Option<&'static str>,
     pacing_delay: Duration,
+    /// the most restrictive admitting limit's figures: the rate-limit headers of the response,
+    /// whoever makes it (the upstream, or the proxy when pacing, forwarding or the body fails)
+    shown: Option<limits::ShownOwned>,
 }
 
 impl Proxy {
@@ -267,7 +270,7 @@ impl Proxy {
     pub async fn handle(&self, req: Request<Incoming>, conn: Conn) -> Response<Body> {
         let started = Instant::now();
         let mut outcome = Outcome::default();
-        let resp = match self.phases(req, conn, &mut outcome).await {
+        let mut resp = match self.phases(req, conn, &mut outcome).await {
             Ok(resp) => resp,
             Err(err) => {
                 if let (Some(kind), Some(upstream)) = (err.upstream_kind(), &outcome.upstream) {
@@ -277,6 +280,10 @@ impl Proxy {
                 respond::error(&err)
             }
         };
+        // 6. respond: the rate-limit headers, on every response of a route whose limits ran
+        if let Some(shown) = &outcome.shown {
+            respond::add_rate_headers(resp.headers_mut(), self.settings.headers, &shown.as_shown());
+        }
         let elapsed = started.elapsed();
         let status = resp.status().as_u16();
         let route = outcome.route.as_ref().unwrap_or(self.metrics.no_route());
@@ -322,10 +329,10 @@ impl Proxy {
             outcome.client = Some(ip);
             // 3. limit
             let checked = limits::check(self, route, &req, ip, &path, outcome).await?;
-            let shown = match checked {
+            match checked {
                 limits::Checked::Denied(resp) => return Ok(resp),
-                limits::Checked::Admitted(shown) => shown,
-            };
+                limits::Checked::Admitted(shown) => outcome.shown = shown,
+            }
             // 4. pace
             if let Some(pacer) = &route.upstream.pacer {
                 let paced = pacer.wait(&*self.store).await?;
@@ -348,19 +355,11 @@ impl Proxy {
                 max_body_size: self.settings.max_body_size,
                 tunnels: &self.tunnels,
             };
-            let mut resp = forward::forward(self.clients.of(conn.worker), req, &f).await?;
+            let resp = forward::forward(self.clients.of(conn.worker), req, &f).await?;
             if let Some(pacer) = &route.upstream.pacer {
                 pacer
                     .back_pressure(&*self.store, resp.status(), resp.headers())
                     .await;
-            }
-            // 6. respond
-            if let Some(shown) = shown {
-                respond::add_rate_headers(
-                    resp.headers_mut(),
-                    self.settings.headers,
-                    &shown.as_shown(),
-                );
             }
             Ok(resp)
         }
