@@ -12,7 +12,8 @@ KEYS[2..]  more buckets with the same rate, burst and cost (optional): each is d
           script call for them all instead of one each.)
 
 Returns {allowed 1|0, remaining, retry_after_ms, reset_ms}, all integers:
-  remaining       tokens left after this request
+  remaining       tokens left after this request; when refused, the tokens the bucket holds
+                  (fewer than `cost`: a request of a smaller cost could still pass)
   retry_after_ms  0 when allowed; else how long until this request would be admitted (rounded up)
   reset_ms        how long until the bucket is full again (rounded up)
 
@@ -70,7 +71,10 @@ local function take(key)
   -- after: how far ahead of now the bucket's TAT would be if this request took its tokens
   local after = tat - now + cost * interval
   if after - tolerance > EPS then
-    return {0, 0, math.max(1, math.ceil(after - tolerance - EPS)), math.ceil(tat - now)}
+    -- (capped as below; at 0 when a lowered burst left the TAT past the tolerance)
+    local held = math.floor((tolerance - (tat - now) + EPS) / interval)
+    held = math.max(0, math.min(math.floor(burst), held))
+    return {0, held, math.max(1, math.ceil(after - tolerance - EPS)), math.ceil(tat - now)}
   end
   local new_tat = now + after
   local set = redis.pcall('SET', key, string.format('%.17g', new_tat), 'PX', math.max(1, math.ceil(after)) + slack)

@@ -73,6 +73,37 @@ fn token_bucket_by_hand() {
         ),
         ["0", "0", "100", "300"]
     );
+    // a refusal of a costly request tells the tokens still held: a cost of 3 after 10-3-3-3
+    // finds one token, and 100 ms later (one more token) two
+    for (left, at) in [("7", now), ("4", now), ("1", now)] {
+        assert_eq!(
+            eval(
+                &redis,
+                "token_bucket.lua",
+                "tollgate:demo:erin",
+                &["10", "10", "3", at]
+            )[..2],
+            ["1", left]
+        );
+    }
+    assert_eq!(
+        eval(
+            &redis,
+            "token_bucket.lua",
+            "tollgate:demo:erin",
+            &["10", "10", "3", now]
+        ),
+        ["0", "1", "200", "900"]
+    );
+    assert_eq!(
+        eval(
+            &redis,
+            "token_bucket.lua",
+            "tollgate:demo:erin",
+            &["10", "10", "3", "1700000000100"]
+        ),
+        ["0", "2", "100", "800"]
+    );
     // the shape of the README line: no cost, no now (the server clock)
     let live = eval(
         &redis,

@@ -58,9 +58,13 @@ fn token_bucket(b: &Bucket, state: &mut Option<State>, now: Millis) -> (Decision
     let tat = stored_at(state).filter(|t| *t >= now).unwrap_or(now);
     let after = tat - now + f64::from(b.cost.get()) * interval;
     if after - tolerance > EPS_MS {
+        // refused: the tokens the bucket holds (fewer than the cost)
+        let held = ((tolerance - (tat - now) + EPS_MS) / interval)
+            .floor()
+            .max(0.0) as u64;
         let decision = Decision::counted(
             false,
-            0,
+            held.min(u64::from(b.burst.get())),
             ceil_ms(after - tolerance - EPS_MS),
             ceil0(tat - now),
         );
