@@ -104,7 +104,15 @@ fn parse_redis_url(text: &str) -> Result<String, String> {
     let t = text.trim();
     let schemes = ["redis://", "rediss://", "redis+unix://", "unix://"];
     match schemes.iter().find_map(|s| t.strip_prefix(s)) {
-        Some(rest) if !rest.is_empty() => Ok(t.to_owned()),
+        // the store's own parser, so that a URL that passes here also opens at start-up
+        Some(rest) if !rest.is_empty() => match redis::IntoConnectionInfo::into_connection_info(t) {
+            Ok(_) => Ok(t.to_owned()),
+            Err(e) => Err(format!(
+                "not a Redis URL that can be used ({}): {:?}",
+                e.detail().unwrap_or("bad host, port or database"),
+                redact_url(t)
+            )),
+        },
         _ => Err(format!(
             "expected a URL starting with redis://, rediss://, redis+unix:// or unix://, found {:?}",
             redact_url(t)

@@ -279,6 +279,19 @@ fn store_backend_problems() {
             r#"proxy.yaml:2:30: store.url: expected a URL starting with redis://, rediss://, redis+unix:// or unix://, found "http://u:***@h""#,
         ],
     );
+    // a URL with the right scheme that the store could not open: refused here, not at start-up
+    assert_problems(
+        "listen: 0.0.0.0:1\nstore:\n  url: redis://:pw@h:notaport/0\n",
+        &[
+            r#"proxy.yaml:3:8: store.url: not a Redis URL that can be used (bad host, port or database): "redis://:***@h:notaport/0""#,
+        ],
+    );
+    assert_problems(
+        "listen: 0.0.0.0:1\nstore: {cluster: [redis://a:1, \"redis://b:1/x\"]}\n",
+        &[
+            r#"proxy.yaml:2:32: store.cluster[1]: not a Redis URL that can be used (bad host, port or database): "redis://b:1/x""#,
+        ],
+    );
     assert_problems(
         "listen: 0.0.0.0:1\nstore:\n  url: redis://a\n  cluster: [redis://b]\n",
         &["proxy.yaml:4:3: store.cluster: give either url (one server) or cluster, not both"],
