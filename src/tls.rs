@@ -58,6 +58,8 @@ pub enum TlsError {
     /// The file is not well-formed PEM (bad base64, a section without its END line).
     #[error("{}: malformed PEM: {detail}", path.display())]
     Pem {
+        /// what the file should hold
+        what: &'static str,
         /// the file
         path: PathBuf,
         /// what the PEM parser said
@@ -102,6 +104,16 @@ pub enum TlsError {
         /// rustls's reason
         source: rustls::Error,
     },
+}
+
+impl TlsError {
+    /// Whether the private key (rather than the certificate) is what is wrong.
+    pub fn is_about_key(&self) -> bool {
+        matches!(
+            self,
+            TlsError::NoPrivateKey { .. } | TlsError::BadKey { .. } | TlsError::KeyMismatch { .. }
+        ) || matches!(self, TlsError::Read { what, .. } | TlsError::Pem { what, .. } if *what == "private key")
+    }
 }
 
 /// The listener's TLS config: the PEM certificate chain in `cert` (leaf first) and the PEM
@@ -242,6 +254,7 @@ fn pem_error(e: pem::Error, what: &'static str, path: &Path) -> TlsError {
     match e {
         pem::Error::Io(source) => TlsError::Read { what, path, source },
         other => TlsError::Pem {
+            what,
             path,
             detail: other.to_string(),
         },

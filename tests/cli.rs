@@ -90,6 +90,42 @@ fn missing_config_file_exits_1() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/proxy.yaml"));
 }
 
+/// `check` reads the TLS files the configuration names, as `nginx -t` does: a missing or
+/// unusable certificate or key is a configuration problem at its line (exit 2), not a
+/// start-up failure found only when the proxy runs.
+#[test]
+fn check_reads_the_tls_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = write(&dir, "garbage.pem", "not a certificate\n");
+    let cases = [
+        (
+            "/nonexistent/cert.pem".to_string(),
+            "/nonexistent/key.pem".to_string(),
+            ":3:9: tls.cert: cannot read certificate /nonexistent/cert.pem: No such file or directory",
+        ),
+        (
+            garbage.display().to_string(),
+            garbage.display().to_string(),
+            ":3:9: tls.cert: no certificate found in",
+        ),
+    ];
+    for (cert, key, expected) in cases {
+        let yaml = format!(
+            "listen: 127.0.0.1:0\ntls:\n  cert: {cert}\n  key: {key}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    upstream: api\n"
+        );
+        let path = write(&dir, "tls.yaml", &yaml);
+        for args in [vec!["check", "--config"], vec!["--config"]] {
+            let out = tollgate().args(&args).arg(&path).output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+            assert!(
+                stderr.contains(&format!("{}{expected}", path.display())),
+                "{args:?}: {stderr}"
+            );
+        }
+    }
+}
+
 /// `--version` and `--help` work.
 #[test]
 fn version_and_help() {

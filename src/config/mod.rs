@@ -63,17 +63,32 @@ pub fn load(path: &FilePath) -> Result<Loaded, ConfigError> {
         path: path.to_owned(),
         source,
     })?;
-    parse(&text, &path.display().to_string(), &|name| {
-        std::env::var(name).ok()
-    })
+    parse_with(
+        &text,
+        &path.display().to_string(),
+        &|name| std::env::var(name).ok(),
+        true,
+    )
 }
 
 /// Validates `text` as the contents of `file` (used only in messages), expanding `${VAR}` with
 /// `env`. On failure, every problem found is returned, in file order.
+/// Files the configuration names (the TLS certificate and key) are not read: see [`load`].
 pub fn parse(
     text: &str,
     file: &str,
     env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Loaded, ConfigError> {
+    parse_with(text, file, env, false)
+}
+
+/// [`parse`]; with `read_files`, the files the configuration names are read and checked too,
+/// so that `check` (and a reload) finds a missing or unusable certificate, as `nginx -t` does.
+fn parse_with(
+    text: &str,
+    file: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    read_files: bool,
 ) -> Result<Loaded, ConfigError> {
     let mut tree = match tree::parse(text) {
         Ok(tree) => tree,
@@ -95,6 +110,7 @@ pub fn parse(
     let raw: Option<raw::RawConfig> = de::from_node(&tree, &ctx);
     errors.extend(ctx.into_problems());
     let mut chk = validate::Checker::new(&locator);
+    chk.read_files = read_files;
     let config = raw.map(|raw| validate::config(&mut chk, &raw));
     errors.append(&mut chk.errors);
     let errors = place(errors, file, &locator);

@@ -42,7 +42,7 @@ impl fmt::Display for Problem {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read (missing, unreadable, not UTF-8).
-    #[error("cannot read {}", path.display())]
+    #[error("cannot read {}: {source}", path.display())]
     Read {
         /// the file asked for
         path: PathBuf,

@@ -26,6 +26,8 @@ pub(crate) struct Checker<'l> {
     pub errors: Vec<Pending>,
     /// problems that do not (an unreachable route, no routes at all)
     pub warnings: Vec<Pending>,
+    /// read the files the configuration names (TLS certificate and key) and check them
+    pub read_files: bool,
     locator: &'l Locator<'l>,
 }
 
@@ -35,6 +37,7 @@ impl<'l> Checker<'l> {
         Checker {
             errors: Vec::new(),
             warnings: Vec::new(),
+            read_files: false,
             locator,
         }
     }
@@ -261,11 +264,14 @@ fn tls(chk: &mut Checker<'_>, cert: Field<String>, key: Field<String>) -> Option
         }
         Some(PathBuf::from(text))
     };
-    let (cert, key) = (file(&cert, "cert"), file(&key, "key"));
-    Some(TlsConfig {
-        cert: cert?,
-        key: key?,
-    })
+    let (cert, key) = (file(&cert, "cert")?, file(&key, "key")?);
+    if chk.read_files {
+        if let Err(e) = crate::tls::server_config(&cert, &key) {
+            let name = if e.is_about_key() { "key" } else { "cert" };
+            chk.error(path.key(name), e.to_string());
+        }
+    }
+    Some(TlsConfig { cert, key })
 }
 
 fn timeouts(chk: &mut Checker<'_>, raw: &RawTimeouts) -> Timeouts {

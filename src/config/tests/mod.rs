@@ -242,6 +242,12 @@ fn load_reads_the_file_and_names_it_in_problems() {
     assert!(matches!(err, ConfigError::Read { .. }), "{err:?}");
     assert_eq!(
         err.to_string(),
-        format!("cannot read {}", missing.display())
+        format!(
+            "cannot read {}: No such file or directory (os error 2)",
+            missing.display()
+        )
     );
+    // a directory: the system's reason, not only "cannot read"
+    let err = super::load(dir.path()).expect_err("a directory");
+    assert!(err.to_string().contains("directory"), "{err}");
 }
