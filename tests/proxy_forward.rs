@@ -479,11 +479,45 @@ async fn x_forwarded_for_from_a_trusted_proxy_appends_the_peer() {
     let proxy = Proxy::start(&config(&[upstream.url()], top, "", "")).await;
     let a = get(&proxy.url("/v1/x"), &[("x-forwarded-for", "203.0.113.7")]).await;
     assert_eq!(a.status, 200, "{a:?}");
+    // a TLS-terminating balancer's X-Forwarded-Proto and -Host are kept from a trusted peer
+    let b = get(
+        &proxy.url("/v1/y"),
+        &[
+            ("x-forwarded-for", "203.0.113.7"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "pub.example.com"),
+        ],
+    )
+    .await;
+    assert_eq!(b.status, 200, "{b:?}");
     let seen = upstream.seen();
     assert_eq!(
         seen[0].headers.get("x-forwarded-for").unwrap(),
         "203.0.113.7, 127.0.0.1"
     );
+    let proxy_host = proxy.addr.to_string();
+    assert_eq!(seen[0].headers.get("x-forwarded-proto").unwrap(), "http");
+    assert_eq!(
+        seen[0].headers.get("x-forwarded-host").unwrap(),
+        proxy_host.as_str()
+    );
+    assert_eq!(seen[1].headers.get("x-forwarded-proto").unwrap(), "https");
+    let xfh: Vec<_> = seen[1].headers.get_all("x-forwarded-host").iter().collect();
+    assert_eq!(xfh, ["pub.example.com"]);
+}
+
+/// On a dual-stack listener (`[::]`) an IPv4 client is written as IPv4 in X-Forwarded-For,
+/// not as `::ffff:127.0.0.1`.
+#[tokio::test]
+async fn dual_stack_listener_forwards_ipv4_clients_as_ipv4() {
+    let upstream = Upstream::start().await;
+    let yaml =
+        config(&[upstream.url()], "", "", "").replace("listen: 127.0.0.1:0", "listen: \"[::]:0\"");
+    let proxy = Proxy::start(&yaml).await;
+    let url = format!("http://127.0.0.1:{}/v1/x", proxy.addr.port());
+    assert_eq!(get(&url, &[]).await.status, 200);
+    let seen = upstream.seen();
+    assert_eq!(seen[0].headers.get("x-forwarded-for").unwrap(), "127.0.0.1");
 }
 
 /// An `Upgrade` request that the upstream accepts with 101 becomes a two-way byte tunnel; the

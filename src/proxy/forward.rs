@@ -173,6 +173,10 @@ pub struct Forward<'a> {
     pub client: &'a HeaderValue,
     /// `https` when the client came over TLS
     pub proto: &'static str,
+    /// the TCP peer is a trusted proxy: the `X-Forwarded-Proto` and `X-Forwarded-Host` it sent
+    /// (a TLS-terminating balancer's `https`) are kept rather than replaced, as Traefik and
+    /// Envoy do for trusted hops
+    pub trusted_peer: bool,
     /// past this without a response head: 504
     pub response_timeout: Duration,
     /// larger request bodies get 413
@@ -471,8 +475,15 @@ fn rewrite(
         set_upgrade(headers, proto);
     }
     append_forwarded_for(headers, f.client);
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(f.proto));
-    if let Some(host) = &client_host {
+    let keep =
+        |headers: &HeaderMap, name: &HeaderName| f.trusted_peer && headers.contains_key(name);
+    if !keep(headers, &X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(f.proto));
+    }
+    if let Some(host) = client_host
+        .as_ref()
+        .filter(|_| !keep(headers, &X_FORWARDED_HOST))
+    {
         headers.insert(X_FORWARDED_HOST.clone(), host.clone());
     }
     let (host, host_is_target) = match (&client_host, f.preserve_host) {

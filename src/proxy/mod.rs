@@ -237,6 +237,9 @@ pub struct Conn {
 impl Conn {
     /// A connection from `peer`, over TLS or not, served by worker `worker`.
     pub fn new(peer: SocketAddr, tls: bool, worker: usize) -> Conn {
+        // a dual-stack listener reports IPv4 peers as `::ffff:a.b.c.d`: they are IPv4 clients,
+        // and X-Forwarded-For and the logs say so
+        let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
         let mut text = String::with_capacity(15);
         identity::push_ip(&mut text, peer.ip());
         Conn {
@@ -351,6 +354,8 @@ impl Proxy {
                 path: &forward_path,
                 client: &conn.peer_value,
                 proto: if conn.tls { "https" } else { "http" },
+                trusted_peer: !self.settings.trusted_proxies.is_empty()
+                    && identity::is_trusted(conn.peer.ip(), &self.settings.trusted_proxies),
                 response_timeout: self.settings.upstream_response,
                 max_body_size: self.settings.max_body_size,
                 tunnels: &self.tunnels,
