@@ -241,6 +241,11 @@ impl Params {
             }
             RawAlgorithm::LeakyBucket => {
                 let rate = self.require(chk, self.rate.value(), scope, name, "rate")?;
+                if self.max_delay.value().is_none() {
+                    let message = "leaky_bucket without max_delay: a request waits for its slot \
+                                   however far off it is; set max_delay to answer 429 past it";
+                    chk.warn(scope.clone(), message);
+                }
                 let pace = Pace::new(rate.rate, self.max_delay.value());
                 self.report(chk, pace, scope).map(Algorithm::LeakyBucket)
             }

@@ -165,6 +165,20 @@ fn matcher(chk: &mut Checker<'_>, raw: &RawMatch, path: &Path) -> Option<RouteMa
     let exact = chk.parse(&raw.path, &path.key("path"), |p| {
         parse_path(p).map(|p| PathMatch::Exact(p.to_owned()))
     });
+    for (given, key) in [(&raw.path_prefix, "path_prefix"), (&raw.path, "path")] {
+        let Some(text) = given.get().filter(|t| t.starts_with('/')) else {
+            continue;
+        };
+        if let Ok(normal) = crate::routing::normalize_path(text) {
+            if normal != *text {
+                let message = format!(
+                    "requests are matched on their normalised path, which is never {text:?}: \
+                     this can only match as {normal:?}; write that"
+                );
+                chk.warn(path.key(key), message);
+            }
+        }
+    }
     if raw.path_prefix.is_given() && raw.path.is_given() {
         let message = "give either path_prefix or path, not both";
         chk.key_error(path.key("path"), message);

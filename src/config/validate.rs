@@ -359,6 +359,12 @@ fn pace(chk: &mut Checker<'_>, raw: &RawPace, path: &Path) -> Option<PaceParts> 
     let max_waiting = chk
         .positive(&raw.max_waiting, &path.key("max_waiting"), "max_waiting")
         .and_then(|n| NonZeroUsize::new(usize::try_from(n).unwrap_or(usize::MAX)));
+    if !raw.max_delay.is_given() && !raw.max_waiting.is_given() {
+        let message = "pace without max_delay or max_waiting: requests wait for their slot \
+                       however far off it is, and any number of them; set max_delay to answer \
+                       503 past it";
+        chk.warn(path.clone(), message);
+    }
     let pace = Pace::new(rate?.rate, max_delay)
         .map_err(|e| chk.error(path.key("max_delay"), e.to_string()))
         .ok()?;

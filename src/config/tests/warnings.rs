@@ -83,3 +83,51 @@ fn no_routes_and_unused_upstreams_are_warnings() {
         [r#"proxy.yaml:6:5: upstreams.spare: upstream "spare" is not used by any route"#]
     );
 }
+
+/// A match path that normalisation never produces can only match as its normal form: a
+/// warning that says which; a leaky bucket or pace with no bound on the wait: a warning.
+#[test]
+fn unnormalised_match_paths_and_unbounded_waits_are_warnings() {
+    let routes = "\
+routes:
+  - name: dots
+    upstream: api
+    match: {path: /f/../g}
+  - name: escaped
+    upstream: api
+    match: {path_prefix: /h%41}
+  - name: plain
+    upstream: api
+    match: {path_prefix: /v1/}
+    limits:
+      - {name: bounded, algorithm: leaky_bucket, rate: 5/s, max_delay: 1s}
+      - {name: unbounded, algorithm: leaky_bucket, rate: 5/s}
+";
+    let text = MINIMAL
+        .split("routes:")
+        .next()
+        .expect("has routes")
+        .to_owned()
+        + routes;
+    assert_eq!(
+        warnings(&text),
+        [
+            r#"proxy.yaml:8:19: routes[0].match.path: requests are matched on their normalised path, which is never "/f/../g": this can only match as "/g"; write that"#,
+            r#"proxy.yaml:11:26: routes[1].match.path_prefix: requests are matched on their normalised path, which is never "/h%41": this can only match as "/hA"; write that"#,
+            "proxy.yaml:17:9: routes[2].limits[1]: leaky_bucket without max_delay: a request waits for its slot however far off it is; set max_delay to answer 429 past it",
+        ]
+    );
+    let paced = |pace: &str| {
+        MINIMAL.replace(
+            "    targets:",
+            &format!("    pace: {{{pace}}}\n    targets:"),
+        )
+    };
+    let unbounded = warnings(&paced("rate: 5/s"));
+    assert_eq!(unbounded.len(), 1, "{unbounded:?}");
+    assert!(
+        unbounded[0].contains("upstreams.api.pace: pace without max_delay or max_waiting"),
+        "{unbounded:?}"
+    );
+    assert!(warnings(&paced("rate: 5/s, max_delay: 2s")).is_empty());
+}
