@@ -60,10 +60,16 @@ fn main() -> ExitCode {
         Ok(loaded) => loaded,
         Err(err) => return config_failure(&err),
     };
+    let checking = matches!(cli.command, Some(Command::Check));
     for warning in &loaded.warnings {
-        eprintln!("warning: {warning}");
+        if checking {
+            eprintln!("warning: {warning}");
+        } else {
+            // through the log, so that `--log-format json` lines stay JSON
+            tracing::warn!("{warning}");
+        }
     }
-    if let Some(Command::Check) = cli.command {
+    if checking {
         let summary = loaded.config.summary();
         print!("{summary}");
         if !summary.ends_with('\n') {

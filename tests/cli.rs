@@ -201,6 +201,134 @@ fn sigterm_drains_and_exits_0() {
     }
 }
 
+/// With `--log-format json` every start-up line is JSON, configuration warnings included (they
+/// go through the log, not straight to stderr), and the admin address is logged.
+#[test]
+fn json_logs_carry_the_warnings_and_the_admin_address() {
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (port, admin) = (free(), free());
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\nadmin: {{listen: 127.0.0.1:{admin}}}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\n  unused:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    upstream: api\n"
+    );
+    let path = write(&dir, "p.yaml", &yaml);
+    let mut child = Reaped(
+        tollgate()
+            .args(["--log-format", "json", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = log_lines(&mut child);
+    let mut lines = Vec::new();
+    while let Ok(line) = stderr.recv_timeout(Duration::from_secs(10)) {
+        let done = line.contains("admin listening");
+        lines.push(line);
+        if done {
+            break;
+        }
+    }
+    for line in &lines {
+        let parsed: Result<serde_json::Value, _> = serde_json::from_str(line);
+        assert!(parsed.is_ok(), "not a JSON line: {line}\nall: {lines:#?}");
+    }
+    let all = lines.join("\n");
+    assert!(
+        all.contains("upstream \\\"unused\\\" is not used by any route") && all.contains("WARN"),
+        "{all}"
+    );
+    assert!(all.contains(&format!("127.0.0.1:{port}")), "{all}");
+    assert!(all.contains(&format!("127.0.0.1:{admin}")), "{all}");
+}
+
+/// The access log names the client of a request no route takes, and counts a `leaky_bucket`
+/// limit's wait as the request's pacing delay.
+#[test]
+fn access_log_has_the_client_of_a_404_and_the_wait_of_a_leaky_bucket() {
+    use std::io::Read;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: lb\n    match: {{path_prefix: /lb}}\n    upstream: api\n    limits:\n      - {{name: l, algorithm: leaky_bucket, rate: 5/s, max_delay: 2s}}\n"
+    );
+    let path = write(&dir, "p.yaml", &yaml);
+    let mut child = Reaped(
+        tollgate()
+            .args(["--log-format", "json", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = log_lines(&mut child);
+    let request = |path: &str| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    wait_for("the listener", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    assert!(request("/nowhere").starts_with("HTTP/1.0 404"));
+    request("/lb/1");
+    request("/lb/2"); // waits for its slot, 200 ms after the first
+    let mut access = Vec::new();
+    while access.len() < 3 {
+        let line = stderr
+            .recv_timeout(Duration::from_secs(10))
+            .expect("an access log line");
+        if line.contains("tollgate::access") {
+            access.push(serde_json::from_str::<serde_json::Value>(&line).unwrap());
+        }
+    }
+    let fields: Vec<&serde_json::Value> = access.iter().map(|a| &a["fields"]).collect();
+    assert_eq!(fields[0]["status"], 404);
+    assert_eq!(
+        fields[0]["client"].as_str().map(str::len),
+        Some(12),
+        "{:?}",
+        fields[0]
+    );
+    assert_eq!(fields[0]["client"], fields[1]["client"]);
+    let waited = fields[2]["pacing_delay_ms"].as_f64().unwrap();
+    assert!((100.0..=400.0).contains(&waited), "{:?}", fields[2]);
+}
+
+/// The child's stderr lines, read on a thread: a test waits for them with a deadline, so a
+/// line that never comes fails it rather than hanging it.
+fn log_lines(child: &mut Reaped) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stderr = child.0.stderr.take().expect("stderr piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 /// A child process killed when the test ends, also when it fails.
 struct Reaped(std::process::Child);
 

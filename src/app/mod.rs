@@ -173,6 +173,9 @@ impl Server {
         }
         let (admin_stop, admin_stopped) = watch::channel(false);
         let admin = self.admin.map(|listener| {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(addr = %addr, "admin listening");
+            }
             let mut stop = admin_stopped;
             let state = admin_state(&self.shared);
             tokio::spawn(admin::serve(listener, state, async move {

@@ -172,7 +172,10 @@ pub(super) async fn check<B>(
             // limit's (nothing remains): the headers do not vanish when the limit is reached
             tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would deny");
         } else if decision.delay_us > 0 {
-            tokio::time::sleep(Duration::from_micros(decision.delay_us)).await;
+            let delay = Duration::from_micros(decision.delay_us);
+            tokio::time::sleep(delay).await;
+            // logged with the upstream's pacing: the time the request was held back
+            outcome.pacing_delay += delay;
         }
         if tightest
             .as_ref()

@@ -1,7 +1,8 @@
 //! The request path (SPEC §3) as named phases over one per-request context:
 //!
 //! 1. **route**: normalise the path, pick the first matching route (404 when none);
-//! 2. **identify**: the client's address (trusted proxies, X-Forwarded-For);
+//! 2. **identify**: the client's address (trusted proxies, X-Forwarded-For; found first, so
+//!    that a request no route takes is logged with its client too);
 //! 3. **limit**: each limit in order; the first denial answers 429 (leaky-bucket limits sleep);
 //! 4. **pace**: the upstream's shared leaky bucket, sleeping the delay (503 past max_delay);
 //! 5. **forward**: to a target, streaming both ways;
@@ -308,6 +309,11 @@ impl Proxy {
         outcome: &'o mut Outcome<'s>,
     ) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + use<'s, 'o> {
         async move {
+            // 2. identify (first: the access log names the client of a 404 or 400 too)
+            let xff = req.headers().get_all(&forward::X_FORWARDED_FOR);
+            let ip =
+                identity::client_ip(conn.peer.ip(), xff.iter(), &self.settings.trusted_proxies);
+            outcome.client = Some(ip);
             // 1. route, on the normalised path (which is also the one forwarded)
             // The URI is cloned (reference counts only) so the path can be borrowed from it while
             // the request itself moves on to the forward phase: no copy of the path in the
@@ -325,11 +331,6 @@ impl Proxy {
             outcome.route = Some(route.name.clone());
             outcome.series = Some(&route.series);
             outcome.upstream = Some(route.upstream.name.clone());
-            // 2. identify
-            let xff = req.headers().get_all(&forward::X_FORWARDED_FOR);
-            let ip =
-                identity::client_ip(conn.peer.ip(), xff.iter(), &self.settings.trusted_proxies);
-            outcome.client = Some(ip);
             // 3. limit
             let checked = limits::check(self, route, &req, ip, &path, outcome).await?;
             match checked {
@@ -339,7 +340,7 @@ impl Proxy {
             // 4. pace
             if let Some(pacer) = &route.upstream.pacer {
                 let paced = pacer.wait(&*self.store).await?;
-                outcome.pacing_delay = paced.delay;
+                outcome.pacing_delay += paced.delay;
                 self.metrics.pacing_delay(&route.upstream.name, paced.delay);
             }
             // 5. forward
