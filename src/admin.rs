@@ -3,7 +3,7 @@
 //!
 //! | route | answer |
 //! | --- | --- |
-//! | `GET /metrics` | 200, the registry in OpenMetrics text ([`metrics::CONTENT_TYPE`]) |
+//! | `GET /metrics` | 200, the registry in the Prometheus text format ([`metrics::TEXT_CONTENT_TYPE`]), or OpenMetrics ([`metrics::CONTENT_TYPE`]) when the client's `Accept` asks for it |
 //! | `GET /healthz` | 200 `ok`: the process is alive and serving |
 //! | `GET /readyz` | 200 `ready`, or 503 `not ready` while [`AdminState::ready`] says no |
 //! | `GET /config` | 200, [`AdminState::config_json`] as pretty-printed JSON |
@@ -122,6 +122,15 @@ fn http_builder() -> auto::Builder<TokioExecutor> {
 }
 
 /// The answer to one admin request. The body is never read: no endpoint takes one.
+fn asks_for_openmetrics<B>(req: &Request<B>) -> bool {
+    req.headers().get_all(http::header::ACCEPT).iter().any(|v| {
+        const OPENMETRICS: &[u8] = b"application/openmetrics-text";
+        v.as_bytes()
+            .windows(OPENMETRICS.len())
+            .any(|w| w.eq_ignore_ascii_case(OPENMETRICS))
+    })
+}
+
 fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
     let path = req.uri().path();
     if !matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config") {
@@ -136,10 +145,16 @@ fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
         return response;
     }
     match path {
-        "/metrics" => with_type(
+        // OpenMetrics to a client that asks for it (Prometheus does), else the classic text
+        "/metrics" if asks_for_openmetrics(req) => with_type(
             StatusCode::OK,
             metrics::CONTENT_TYPE,
             state.metrics.encode().into(),
+        ),
+        "/metrics" => with_type(
+            StatusCode::OK,
+            metrics::TEXT_CONTENT_TYPE,
+            state.metrics.encode_text().into(),
         ),
         "/healthz" => text(StatusCode::OK, "ok"),
         "/readyz" if (state.ready)() => text(StatusCode::OK, "ready"),
@@ -245,7 +260,9 @@ mod tests {
         )
     }
 
-    /// `/metrics` answers the registry's current text with the OpenMetrics content type.
+    /// `/metrics` answers the registry's current text: the Prometheus text format 0.0.4 (a
+    /// counter's `# TYPE` names it with `_total`, no `# EOF`), or OpenMetrics to a client whose
+    /// `Accept` asks for it, as Prometheus's does.
     #[tokio::test]
     async fn metrics_endpoint_serves_the_registry() {
         let s = start().await;
@@ -253,12 +270,38 @@ mod tests {
             .request(&"api".into(), 429, Duration::from_millis(1));
         let (status, content_type, body) = call(s.addr, Method::GET, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+        let sample = "tollgate_requests_total{route=\"api\",status=\"429\"} 1\n";
+        assert!(body.contains(sample), "{body}");
+        assert!(
+            body.contains("# TYPE tollgate_requests_total counter\n"),
+            "{body}"
+        );
+        assert!(body.contains("# HELP tollgate_requests_total "), "{body}");
+        assert!(body.contains("# TYPE tollgate_request_duration_seconds histogram\n"));
+        assert!(
+            !body.contains("# EOF") && !body.contains("# UNIT"),
+            "{body}"
+        );
+
+        let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+        let req = Request::get(format!("http://{}/metrics", s.addr))
+            .header(
+                "accept",
+                "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+            )
+            .body(Empty::new())
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
         assert_eq!(
-            content_type,
+            resp.headers()[CONTENT_TYPE],
             "application/openmetrics-text; version=1.0.0; charset=utf-8"
         );
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let body = String::from_utf8(body.to_vec()).unwrap();
+        assert!(body.contains(sample), "{body}");
         assert!(
-            body.contains("tollgate_requests_total{route=\"api\",status=\"429\"} 1\n"),
+            body.contains("# TYPE tollgate_requests counter\n"),
             "{body}"
         );
         assert!(body.ends_with("# EOF\n"), "{body}");

@@ -43,6 +43,10 @@ use prometheus_client::registry::{Registry, Unit};
 /// Prometheus parses when a target answers with it.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// The `Content-Type` of [`Metrics::encode_text`]: the Prometheus text format 0.0.4, what
+/// `/metrics` answers a client that does not ask for OpenMetrics (curl, older scrapers).
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
 /// The route label of a request that matched no route.
 pub const NO_ROUTE: &str = "-";
 
@@ -467,6 +471,11 @@ impl Metrics {
         text
     }
 
+    /// The whole registry in the Prometheus text format 0.0.4 (see [`TEXT_CONTENT_TYPE`]).
+    pub fn encode_text(&self) -> String {
+        prometheus_text(&self.encode())
+    }
+
     fn lock_hooks(&self) -> std::sync::MutexGuard<'_, Vec<ScrapeHook>> {
         // a hook that panicked leaves the list intact: keep using it
         self.inner
@@ -474,6 +483,42 @@ impl Metrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// OpenMetrics text as the Prometheus text format 0.0.4. The samples are written the same;
+/// what differs is the metadata: a counter family is named with its `_total` in `# HELP` and
+/// `# TYPE` (OpenMetrics names it without), and there is no `# UNIT` nor `# EOF`.
+fn prometheus_text(open: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open.len() + 16 * counters.len());
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|tag| Some((tag, line.strip_prefix(tag)?)));
+        match meta {
+            Some((tag, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(tag);
+                out.push_str(name);
+                if counters.contains(name) {
+                    out.push_str("_total");
+                }
+                if !tail.is_empty() {
+                    out.push(' ');
+                    out.push_str(tail);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 fn request_histogram() -> Histogram {

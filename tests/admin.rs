@@ -49,10 +49,10 @@ routes:
     let admin = format!("http://{}", proxy.admin.expect("admin listener"));
     let m = get(&format!("{admin}/metrics"), &[]).await;
     assert_eq!(m.status, 200);
-    assert!(m
-        .header("content-type")
-        .unwrap()
-        .contains("openmetrics-text"));
+    assert_eq!(
+        m.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
     let t = &m.body;
     for expected in [
         r#"tollgate_requests_total{route="api",status="200"} 3"#,
