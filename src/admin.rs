@@ -121,7 +121,7 @@ fn http_builder() -> auto::Builder<TokioExecutor> {
     builder
 }
 
-/// The answer to one admin request. The body is never read: no endpoint takes one.
+/// Whether the client's `Accept` asks for OpenMetrics (Prometheus's scraper does).
 fn asks_for_openmetrics<B>(req: &Request<B>) -> bool {
     req.headers().get_all(http::header::ACCEPT).iter().any(|v| {
         const OPENMETRICS: &[u8] = b"application/openmetrics-text";
@@ -131,6 +131,7 @@ fn asks_for_openmetrics<B>(req: &Request<B>) -> bool {
     })
 }
 
+/// The answer to one admin request. The body is never read: no endpoint takes one.
 fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
     let path = req.uri().path();
     if !matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config") {
@@ -146,16 +147,25 @@ fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
     }
     match path {
         // OpenMetrics to a client that asks for it (Prometheus does), else the classic text
-        "/metrics" if asks_for_openmetrics(req) => with_type(
-            StatusCode::OK,
-            metrics::CONTENT_TYPE,
-            state.metrics.encode().into(),
-        ),
-        "/metrics" => with_type(
-            StatusCode::OK,
-            metrics::TEXT_CONTENT_TYPE,
-            state.metrics.encode_text().into(),
-        ),
+        "/metrics" => {
+            let mut response = if asks_for_openmetrics(req) {
+                with_type(
+                    StatusCode::OK,
+                    metrics::CONTENT_TYPE,
+                    state.metrics.encode().into(),
+                )
+            } else {
+                with_type(
+                    StatusCode::OK,
+                    metrics::TEXT_CONTENT_TYPE,
+                    state.metrics.encode_text().into(),
+                )
+            };
+            response
+                .headers_mut()
+                .insert(http::header::VARY, HeaderValue::from_static("accept"));
+            response
+        }
         "/healthz" => text(StatusCode::OK, "ok"),
         "/readyz" if (state.ready)() => text(StatusCode::OK, "ready"),
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready"),

@@ -7,8 +7,9 @@
 //! counters that live elsewhere (such as the deny-cache hits the store's failure policy
 //! counts) are brought in at scrape time through [`Metrics::on_scrape`].
 //!
-//! The exposition is OpenMetrics text as prometheus-client writes it (it ends with `# EOF`);
-//! serve it as [`CONTENT_TYPE`]. Counters are registered by their base name because
+//! The exposition is OpenMetrics text as prometheus-client writes it (it ends with `# EOF`),
+//! served as [`CONTENT_TYPE`] to a client that asks for it, or the same turned into the
+//! Prometheus text format 0.0.4 ([`Metrics::encode_text`], [`TEXT_CONTENT_TYPE`]). Counters are registered by their base name because
 //! prometheus-client appends `_total` to the sample name itself, and histograms in seconds carry
 //! the OpenMetrics unit, so the sample names are exactly SPEC §6's:
 //!
@@ -498,6 +499,8 @@ fn prometheus_text(open: &str) -> String {
         if line == "# EOF" || line.starts_with("# UNIT ") {
             continue;
         }
+        // (no family of ours is `unknown`, `info` or `stateset`; 0.0.4 would call the first
+        // `untyped` and has no others)
         let meta = ["# HELP ", "# TYPE "]
             .into_iter()
             .find_map(|tag| Some((tag, line.strip_prefix(tag)?)));

@@ -1262,8 +1262,10 @@ async fn idle_shorter_than_client_header_ends_keep_alive_waits() {
     for requests in [1, 3] {
         let mut conn = RawConn::open(proxy.addr).await;
         for i in 0..requests {
+            if i > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             assert_eq!(conn.get(&format!("/v1/short-idle/{i}")).await, Some(200));
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let idle_from = Instant::now();
         assert!(

@@ -506,20 +506,6 @@ async fn x_forwarded_for_from_a_trusted_proxy_appends_the_peer() {
     assert_eq!(xfh, ["pub.example.com"]);
 }
 
-/// On a dual-stack listener (`[::]`) an IPv4 client is written as IPv4 in X-Forwarded-For,
-/// not as `::ffff:127.0.0.1`.
-#[tokio::test]
-async fn dual_stack_listener_forwards_ipv4_clients_as_ipv4() {
-    let upstream = Upstream::start().await;
-    let yaml =
-        config(&[upstream.url()], "", "", "").replace("listen: 127.0.0.1:0", "listen: \"[::]:0\"");
-    let proxy = Proxy::start(&yaml).await;
-    let url = format!("http://127.0.0.1:{}/v1/x", proxy.addr.port());
-    assert_eq!(get(&url, &[]).await.status, 200);
-    let seen = upstream.seen();
-    assert_eq!(seen[0].headers.get("x-forwarded-for").unwrap(), "127.0.0.1");
-}
-
 /// An `Upgrade` request that the upstream accepts with 101 becomes a two-way byte tunnel; the
 /// upstream sees the handshake headers and the client gets them back.
 #[tokio::test]

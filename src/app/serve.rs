@@ -324,6 +324,8 @@ where
                 closing = true;
                 graceful_shutdown(connection.as_mut());
             }
+            // while closing, the timer holds the grace deadline: nothing moves it
+            Side::Head if closing => {}
             Side::Head => {
                 let next = activity.arm().unwrap_or_else(|_| Instant::now());
                 timer.as_mut().reset(next);

@@ -107,11 +107,24 @@ fn parse_redis_url(text: &str) -> Result<String, String> {
         // the store's own parser, so that a URL that passes here also opens at start-up
         Some(rest) if !rest.is_empty() => match redis::IntoConnectionInfo::into_connection_info(t) {
             Ok(_) => Ok(t.to_owned()),
-            Err(e) => Err(format!(
-                "not a Redis URL that can be used ({}): {:?}",
-                e.detail().unwrap_or("bad host, port or database"),
-                redact_url(t)
-            )),
+            Err(e) => {
+                // redis-rs's reason where it has a specific one (none quotes the URL)
+                let reason = match e.detail() {
+                    Some(detail) => detail.to_owned(),
+                    None if e.to_string().contains("did not parse") => {
+                        "bad host, port or database".to_owned()
+                    }
+                    // "Invalid database number - InvalidClientConfig": the kind is noise here
+                    None => {
+                        let text = e.to_string();
+                        text.rsplit_once(" - ").map_or(text.clone(), |(r, _)| r.to_owned())
+                    }
+                };
+                Err(format!(
+                    "not a Redis URL that can be used ({reason}): {:?}",
+                    redact_url(t)
+                ))
+            }
         },
         _ => Err(format!(
             "expected a URL starting with redis://, rediss://, redis+unix:// or unix://, found {:?}",

@@ -38,6 +38,12 @@ pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Optio
         own.check_belongs(chk, kind);
         own.build(chk, kind, path)
     });
+    // (once for the limit, not again for each of its overrides)
+    if matches!(algorithm, Some(Algorithm::LeakyBucket(_))) && own.max_delay.value().is_none() {
+        let message = "leaky_bucket without max_delay: a request waits for its slot however \
+                       far off it is; set max_delay to answer 429 past it";
+        chk.warn(path.clone(), message);
+    }
     let mut overrides = Vec::new();
     for (value, field) in raw.overrides.get().map_or(&[][..], |o| o.0.as_slice()) {
         let opath = path.key("overrides").key(value);
@@ -241,11 +247,6 @@ impl Params {
             }
             RawAlgorithm::LeakyBucket => {
                 let rate = self.require(chk, self.rate.value(), scope, name, "rate")?;
-                if self.max_delay.value().is_none() {
-                    let message = "leaky_bucket without max_delay: a request waits for its slot \
-                                   however far off it is; set max_delay to answer 429 past it";
-                    chk.warn(scope.clone(), message);
-                }
                 let pace = Pace::new(rate.rate, self.max_delay.value());
                 self.report(chk, pace, scope).map(Algorithm::LeakyBucket)
             }

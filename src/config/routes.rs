@@ -172,8 +172,8 @@ fn matcher(chk: &mut Checker<'_>, raw: &RawMatch, path: &Path) -> Option<RouteMa
         if let Ok(normal) = crate::routing::normalize_path(text) {
             if normal != *text {
                 let message = format!(
-                    "requests are matched on their normalised path, which is never {text:?}: \
-                     this can only match as {normal:?}; write that"
+                    "never matches as written: requests are matched on their normalised path, \
+                     and {text:?} normalises to {normal:?}; write that"
                 );
                 chk.warn(path.key(key), message);
             }

@@ -264,7 +264,10 @@ fn tls(chk: &mut Checker<'_>, cert: Field<String>, key: Field<String>) -> Option
         }
         Some(PathBuf::from(text))
     };
-    let (cert, key) = (file(&cert, "cert")?, file(&key, "key")?);
+    // both looked at before giving up, so that every problem is reported
+    let (Some(cert), Some(key)) = (file(&cert, "cert"), file(&key, "key")) else {
+        return None;
+    };
     if chk.read_files {
         if let Err(e) = crate::tls::server_config(&cert, &key) {
             let name = if e.is_about_key() { "key" } else { "cert" };

@@ -169,7 +169,7 @@ pub(super) async fn check<B>(
                 )));
             }
             // a shadow denial admits the request, and its figures are shown like any other
-            // limit's (nothing remains): the headers do not vanish when the limit is reached
+            // limit's (what the refusal reported): the headers do not vanish when it is reached
             tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would deny");
         } else if decision.delay_us > 0 {
             let delay = Duration::from_micros(decision.delay_us);

@@ -415,3 +415,20 @@ fn request_host<B>(req: &Request<B>) -> Option<&str> {
             .and_then(|h| h.to_str().ok())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dual-stack listener reports an IPv4 client as `::ffff:a.b.c.d`: the connection holds
+    /// it as IPv4, and X-Forwarded-For gets it so.
+    #[test]
+    fn ipv4_mapped_peers_are_ipv4() {
+        let mapped: SocketAddr = "[::ffff:192.0.2.7]:5000".parse().unwrap();
+        let conn = Conn::new(mapped, false, 0);
+        assert_eq!(conn.peer, "192.0.2.7:5000".parse::<SocketAddr>().unwrap());
+        assert_eq!(conn.peer_value, "192.0.2.7");
+        let v6: SocketAddr = "[2001:db8::1]:5000".parse().unwrap();
+        assert_eq!(Conn::new(v6, false, 0).peer_value, "2001:db8::1");
+    }
+}

@@ -319,9 +319,13 @@ mod tests {
             tolerance,
             tolerance + 0.2,
         ] {
+            // a refusal tells the tokens held, whatever the cost asked
+            let held = ((tolerance - ahead + eps) / interval)
+                .floor()
+                .clamp(0.0, 10.0) as i64;
             let lua = |cost: f64| {
                 let y = ahead + cost * interval - tolerance - eps;
-                (y > 0.0).then(|| reply(0, 0, (y.ceil() as i64).max(1), ahead.ceil() as i64))
+                (y > 0.0).then(|| reply(0, held, (y.ceil() as i64).max(1), ahead.ceil() as i64))
             };
             let Some(joined) = lua(5.0) else {
                 unreachable!("5 checks never fit")

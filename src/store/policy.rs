@@ -385,6 +385,9 @@ struct Denied {
     /// decided no earlier)
     after: Instant,
     reset_at: Instant,
+    /// the tokens the refusal said were held (fewer than the cost; 0 for a window): a snapshot,
+    /// so later refusals from the cache may under-state them as tokens come back, never over
+    remaining: u64,
     /// the limit that denied: after a reload changes it, the entry no longer applies
     alg: Algorithm,
 }
@@ -430,7 +433,7 @@ impl DenyCache {
         let retry = ms(denied.until).max(1);
         Some(Decision::counted(
             false,
-            0,
+            denied.remaining,
             retry,
             ms(denied.reset_at).max(retry),
         ))
@@ -451,6 +454,7 @@ impl DenyCache {
         // represent is not cached.
         let retry = Duration::from_millis(d.retry_after_ms);
         let rounded = retry.saturating_sub(Duration::from_millis(1));
+        let mut remaining = d.remaining;
         let (Some(mut until), Some(mut after), Some(mut reset_at)) = (
             now.checked_add(retry),
             sent.checked_add(rounded),
@@ -469,6 +473,7 @@ impl DenyCache {
                     until = until.min(cached.until);
                     after = after.max(cached.after);
                     reset_at = reset_at.min(cached.reset_at);
+                    remaining = remaining.min(cached.remaining);
                 }
             }
         }
@@ -476,6 +481,7 @@ impl DenyCache {
             until,
             after,
             reset_at,
+            remaining,
             alg: *alg,
         };
         let before = shard.len();

@@ -289,7 +289,7 @@ fn store_backend_problems() {
     assert_problems(
         "listen: 0.0.0.0:1\nstore: {cluster: [redis://a:1, \"redis://b:1/x\"]}\n",
         &[
-            r#"proxy.yaml:2:32: store.cluster[1]: not a Redis URL that can be used (bad host, port or database): "redis://b:1/x""#,
+            r#"proxy.yaml:2:32: store.cluster[1]: not a Redis URL that can be used (Invalid database number): "redis://b:1/x""#,
         ],
     );
     assert_problems(
@@ -398,6 +398,14 @@ fn bad_mode_and_incomplete_tls_are_errors() {
         &[
             r#"proxy.yaml:2:6: tls: missing required key "key""#,
             r#"proxy.yaml:10:61: routes[0].limits[0].mode: expected enforce or shadow, found "Shadow" (did you mean "shadow"?)"#,
+        ],
+    );
+    // both halves missing: both reported
+    assert_problems(
+        "listen: 0.0.0.0:8080\ntls: {}\n",
+        &[
+            r#"proxy.yaml:2:6: tls: missing required key "cert""#,
+            r#"proxy.yaml:2:6: tls: missing required key "key""#,
         ],
     );
 }

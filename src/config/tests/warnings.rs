@@ -112,8 +112,8 @@ routes:
     assert_eq!(
         warnings(&text),
         [
-            r#"proxy.yaml:8:19: routes[0].match.path: requests are matched on their normalised path, which is never "/f/../g": this can only match as "/g"; write that"#,
-            r#"proxy.yaml:11:26: routes[1].match.path_prefix: requests are matched on their normalised path, which is never "/h%41": this can only match as "/hA"; write that"#,
+            r#"proxy.yaml:8:19: routes[0].match.path: never matches as written: requests are matched on their normalised path, and "/f/../g" normalises to "/g"; write that"#,
+            r#"proxy.yaml:11:26: routes[1].match.path_prefix: never matches as written: requests are matched on their normalised path, and "/h%41" normalises to "/hA"; write that"#,
             "proxy.yaml:17:9: routes[2].limits[1]: leaky_bucket without max_delay: a request waits for its slot however far off it is; set max_delay to answer 429 past it",
         ]
     );
