@@ -32,7 +32,8 @@ pub struct Config {
     pub rate_limit_headers: HeaderStyle,
     /// `timeouts`
     pub timeouts: Timeouts,
-    /// `max_body_size` in bytes: larger request bodies get 413; `None`: no bound
+    /// `max_body_size` in bytes: larger request bodies get 413; `None`: no bound (absent, or
+    /// written 0 as nginx's `client_max_body_size 0`)
     pub max_body_size: Option<u64>,
     /// `upstreams`, in file order
     pub upstreams: Vec<UpstreamConfig>,

@@ -219,11 +219,14 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
             .timeouts
             .get()
             .map_or_else(Timeouts::default, |t| timeouts(chk, t)),
-        max_body_size: chk.parse(
-            &raw.max_body_size,
-            &root.key("max_body_size"),
-            units::parse_size,
-        ),
+        // 0 is no bound, as nginx's `client_max_body_size 0`
+        max_body_size: chk
+            .parse(
+                &raw.max_body_size,
+                &root.key("max_body_size"),
+                units::parse_size,
+            )
+            .filter(|&size| size > 0),
         upstreams,
         routes,
     }

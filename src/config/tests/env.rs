@@ -65,6 +65,14 @@ fn expanded_values_are_typed_after_expansion() {
     assert_eq!(config.listen, [addr("10.0.0.5:9090")]);
     assert_eq!(config.workers.map(|w| w.get()), Some(4));
     assert_eq!(config.max_body_size, Some(1 << 20));
+    // 0: no bound (nginx's client_max_body_size 0)
+    let zero = parse(
+        "listen: 0.0.0.0:1\nmax_body_size: 0\n",
+        "proxy.yaml",
+        &no_env,
+    )
+    .unwrap();
+    assert_eq!(zero.config.max_body_size, None);
 }
 
 /// An unset variable without a default is an error at its value, naming the variable, and
