@@ -152,7 +152,7 @@ fn dead_port() -> u16 {
 // An upstream of this file's own, for what the harness's cannot show: it counts the TCP
 // connections it accepts, answers `/v1/hop` with hop-by-hop headers, answers `/v1/drain`
 // only after reading the whole request body (as most APIs do), with the number of bytes read,
-// and switches `/v1/ws` with `Upgrade: echo-proto` to a raw byte echo.
+// and switches `/v1/ws` with any `Upgrade` to a raw byte echo.
 
 struct CountingUpstream {
     addr: SocketAddr,
@@ -216,12 +216,9 @@ impl CountingUpstream {
 
 async fn counting_handle(mut req: Request<Incoming>) -> Response<TestBody> {
     match req.uri().path() {
-        "/v1/ws"
-            if req
-                .headers()
-                .get("upgrade")
-                .is_some_and(|v| v == "echo-proto") =>
-        {
+        // any protocol asked for is accepted: what reaches it is the proxy's choice
+        "/v1/ws" if req.headers().contains_key("upgrade") => {
+            let proto = req.headers()["upgrade"].clone();
             let upgraded = hyper::upgrade::on(&mut req);
             tokio::spawn(async move {
                 let mut io = TokioIo::new(upgraded.await.expect("upgrade"));
@@ -236,8 +233,7 @@ async fn counting_handle(mut req: Request<Incoming>) -> Response<TestBody> {
             *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
             resp.headers_mut()
                 .insert("connection", "upgrade".parse().unwrap());
-            resp.headers_mut()
-                .insert("upgrade", "echo-proto".parse().unwrap());
+            resp.headers_mut().insert("upgrade", proto);
             resp
         }
         "/v1/hop" => {
@@ -515,7 +511,7 @@ async fn upgrade_requests_are_tunnelled_after_101() {
     let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     s.write_all(
         b"GET /v1/ws HTTP/1.1\r\nHost: api.example.com\r\n\
-          Connection: keep-alive, Upgrade\r\nUpgrade: echo-proto\r\n\r\n",
+          Connection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n\r\n",
     )
     .await
     .unwrap();
@@ -531,7 +527,7 @@ async fn upgrade_requests_are_tunnelled_after_101() {
     }
     let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 101"), "{head}");
-    assert!(head.contains("\r\nupgrade: echo-proto\r\n"), "{head}");
+    assert!(head.contains("\r\nupgrade: websocket\r\n"), "{head}");
     assert!(head.contains("\r\nconnection: upgrade\r\n"), "{head}");
     for message in [&b"ping"[..], b"a longer second message"] {
         s.write_all(message).await.unwrap();
@@ -543,8 +539,45 @@ async fn upgrade_requests_are_tunnelled_after_101() {
         assert_eq!(back, message);
     }
     let seen = upstream.headers.lock().unwrap().clone();
-    assert_eq!(seen[0].get("upgrade").unwrap(), "echo-proto");
+    assert_eq!(seen[0].get("upgrade").unwrap(), "websocket");
     assert_eq!(seen[0].get("connection").unwrap(), "upgrade");
+}
+
+/// An upgrade to anything but WebSocket is not passed on (`h2c` above all: a tunnel would
+/// carry later requests past the routes and limits): the request goes on as a plain one, and
+/// bytes sent after it are read as the next request, routed like any other.
+#[tokio::test]
+async fn only_websocket_upgrades_are_tunnelled() {
+    let upstream = CountingUpstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(
+        b"GET /v1/ws HTTP/1.1\r\nHost: api.example.com\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+          Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n\
+          GET /admin/secret HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while String::from_utf8_lossy(&got).matches("HTTP/1.1 ").count() < 2 {
+        let n = tokio::time::timeout_at(deadline, s.read(&mut buf))
+            .await
+            .expect("two answers in time")
+            .unwrap();
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(!text.contains(" 101 "), "{text}");
+    // the second request was routed: no route for /admin
+    assert!(text.contains("HTTP/1.1 404"), "{text}");
+    let seen = upstream.headers.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "only the first request reached the upstream");
+    assert!(seen[0].get("upgrade").is_none(), "{:?}", seen[0]);
+    assert!(seen[0].get("http2-settings").is_none(), "{:?}", seen[0]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -354,8 +354,11 @@ impl Resend {
     }
 }
 
-/// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` header, when its
-/// `Connection` header names `upgrade` (RFC 9110 §7.8). HTTP/2 has no such mechanism.
+/// The protocol an HTTP/1.1 request asks to switch to, when its `Connection` header names
+/// `upgrade` (RFC 9110 §7.8) and its `Upgrade` header offers WebSocket: the one protocol
+/// tunnelled (as Envoy's and Traefik's defaults). Any other (`h2c` above all: a tunnel would
+/// carry requests past routing and limits to the upstream) is not passed on: `Upgrade` is
+/// hop-by-hop, so the request goes on as a plain one. HTTP/2 has no such mechanism.
 fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
     if req.version() != Version::HTTP_11 {
         return None;
@@ -367,8 +370,18 @@ fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    asks.then(|| req.headers().get(header::UPGRADE).cloned())
-        .flatten()
+    let websocket = || {
+        req.headers()
+            .get_all(header::UPGRADE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|offer| {
+                let name = offer.trim().split('/').next().unwrap_or_default();
+                name.eq_ignore_ascii_case("websocket")
+            })
+    };
+    (asks && websocket()).then(|| HeaderValue::from_static("websocket"))
 }
 
 /// Puts back the two hop-by-hop headers an upgrade needs on the next hop.
@@ -711,6 +724,19 @@ mod tests {
             ws
         );
         assert_eq!(upgrade_protocol(&req(Version::HTTP_11, "")), None);
+        // only WebSocket is tunnelled: an h2c upgrade would carry requests past the routes
+        let h2c = Request::builder()
+            .header(header::UPGRADE, "h2c")
+            .header(header::CONNECTION, "Upgrade, HTTP2-Settings")
+            .body(())
+            .expect("test request");
+        assert_eq!(upgrade_protocol(&h2c), None);
+        let offers = Request::builder()
+            .header(header::UPGRADE, "foo/2, WebSocket")
+            .header(header::CONNECTION, "upgrade")
+            .body(())
+            .expect("test request");
+        assert_eq!(upgrade_protocol(&offers), ws);
         assert_eq!(upgrade_protocol(&req(Version::HTTP_11, "upgrades")), None);
         assert_eq!(upgrade_protocol(&req(Version::HTTP_2, "upgrade")), None);
     }
