@@ -133,8 +133,30 @@ fn parse_redis_url(text: &str) -> Result<String, String> {
     }
 }
 
-/// A URL with its password replaced by `***`, for messages and summaries.
+/// A URL with its password replaced by `***`, for messages and summaries: the user-info's
+/// (`redis://user:pw@host`) and a `pass=` or `password=` query parameter's (the form
+/// `redis+unix://` URLs carry it in).
 pub(crate) fn redact_url(url: &str) -> String {
+    let (url, query) = match url.split_once('?') {
+        Some((url, query)) => (url, Some(query)),
+        None => (url, None),
+    };
+    let mut out = redact_user_info(url);
+    if let Some(query) = query {
+        out.push('?');
+        let params: Vec<String> = query
+            .split('&')
+            .map(|param| match param.split_once('=') {
+                Some((key, _)) if key == "pass" || key == "password" => format!("{key}=***"),
+                _ => param.to_owned(),
+            })
+            .collect();
+        out.push_str(&params.join("&"));
+    }
+    out
+}
+
+fn redact_user_info(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };

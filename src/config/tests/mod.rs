@@ -205,6 +205,21 @@ fn summary_and_json_redact_redis_passwords() {
     let json = config.to_json().to_string();
     assert!(json.contains("redis://app:***@cache:6379"), "{json}");
     assert!(!summary.contains("s3cret") && !json.contains("s3cret"));
+    // a unix socket's URL carries it as a query parameter
+    let text = MINIMAL.replace(
+        "listen: 0.0.0.0:8080\n",
+        "listen: 0.0.0.0:8080\nstore: {url: \"redis+unix:///run/redis.sock?db=2&pass=s3cret\"}\n",
+    );
+    let config = ok(&text).config;
+    let (summary, json) = (config.summary(), config.to_json().to_string());
+    assert!(
+        summary.contains("redis+unix:///run/redis.sock?db=2&pass=***"),
+        "{summary}"
+    );
+    assert!(
+        !summary.contains("s3cret") && !json.contains("s3cret"),
+        "{json}"
+    );
 }
 
 /// The JSON for `/config` has the effective values, defaults included.
