@@ -68,12 +68,25 @@ local function take(key)
   if tat == nil or tat < now then
     tat = now
   end
+  -- A bucket written under other parameters (its limit changed by a reload) may lie further
+  -- ahead than this bucket holds: it is empty now, written so (also when this request is
+  -- refused), and refills at the rate given here from now on.
+  local emptied = tat - now > tolerance
+  if emptied then
+    tat = now + tolerance
+  end
   -- after: how far ahead of now the bucket's TAT would be if this request took its tokens
   local after = tat - now + cost * interval
   if after - tolerance > EPS then
     -- (capped as below; at 0 when a lowered burst left the TAT past the tolerance)
     local held = math.floor((tolerance - (tat - now) + EPS) / interval)
     held = math.max(0, math.min(math.floor(burst), held))
+    if emptied then
+      local set = redis.pcall('SET', key, string.format('%.17g', tat), 'PX', math.max(1, math.ceil(tolerance)) + slack)
+      if type(set) == 'table' and set.err then
+        return set
+      end
+    end
     return {0, held, math.max(1, math.ceil(after - tolerance - EPS)), math.ceil(tat - now)}
   end
   local new_tat = now + after

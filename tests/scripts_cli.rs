@@ -104,6 +104,15 @@ fn token_bucket_by_hand() {
         ),
         ["0", "2", "100", "800"]
     );
+    // a limit raised by a reload: the bucket written at 1/m (two minutes ahead) is empty
+    // under 100/s with a burst of 100, not two minutes in debt
+    let frank = |args: &[&str]| eval(&redis, "token_bucket.lua", "tollgate:demo:frank", args);
+    assert_eq!(frank(&["0.0166667", "2", "2", now])[..2], ["1", "0"]);
+    assert_eq!(frank(&["100", "100", "1", now]), ["0", "0", "10", "1000"]);
+    assert_eq!(
+        frank(&["100", "100", "1", "1700000000010"])[..2],
+        ["1", "0"]
+    );
     // the shape of the README line: no cost, no now (the server clock)
     let live = eval(
         &redis,

@@ -55,7 +55,14 @@ fn stored_at(state: &Option<State>) -> Option<Millis> {
 fn token_bucket(b: &Bucket, state: &mut Option<State>, now: Millis) -> (Decision, Option<u64>) {
     let interval = b.rate.interval_ms();
     let tolerance = f64::from(b.burst.get()) * interval;
-    let tat = stored_at(state).filter(|t| *t >= now).unwrap_or(now);
+    let mut tat = stored_at(state).filter(|t| *t >= now).unwrap_or(now);
+    // A bucket written under other parameters (a limit changed by a reload) may lie further
+    // ahead than this one holds: it is empty now, written so (also when this request is
+    // refused), and refills at this rate from here.
+    let emptied = tat - now > tolerance;
+    if emptied {
+        tat = now + tolerance;
+    }
     let after = tat - now + f64::from(b.cost.get()) * interval;
     if after - tolerance > EPS_MS {
         // refused: the tokens the bucket holds (fewer than the cost)
@@ -68,6 +75,10 @@ fn token_bucket(b: &Bucket, state: &mut Option<State>, now: Millis) -> (Decision
             ceil_ms(after - tolerance - EPS_MS),
             ceil0(tat - now),
         );
+        if emptied {
+            *state = Some(State::At(tat));
+            return (decision, Some(ceil_ms(tolerance)));
+        }
         return (decision, None);
     }
     *state = Some(State::At(now + after));

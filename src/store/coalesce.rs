@@ -13,7 +13,8 @@
 //! So when the joined call is admitted, every check is, and each gets the reply it would have
 //! got in its turn: check k leaves `remaining + (Σc − c₁ − … − c_k)` tokens, and its bucket is
 //! full again `(Σc − c₁ − … − c_k) · interval` sooner. When the joined call is refused, it took
-//! nothing (a refusal writes no state), and each check is sent again alone, so the checks at the
+//! nothing (a refusal writes no state — but for a bucket left by other parameters, which it
+//! writes empty, as each check alone would first), and each check is sent again alone, so the checks at the
 //! edge of the burst are decided one by one as if they had never been joined, at the cost of one
 //! more round trip for them — unless the refusal shows that each check alone is refused too (the
 //! usual case of a client past its limit): then each gets its own refusal at once.

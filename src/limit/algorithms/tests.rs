@@ -82,6 +82,23 @@ fn token_bucket_cost_takes_several_tokens() {
     assert_eq!(d[2].remaining, 0);
 }
 
+/// A bucket left by a slower limit (a reload raised it) is empty under the new one, not in
+/// debt for the old one's time: refused for one new interval, then it refills at the new rate;
+/// and the refusal that found it so told an honest wait.
+#[test]
+fn token_bucket_left_by_other_parameters_is_empty_not_in_debt() {
+    let mut state = None;
+    let slow = bucket(1.0 / 60.0, 2, 2);
+    assert!(apply(&slow, &mut state, T0).0.allowed); // two minutes ahead now
+    let fast = bucket(100.0, 100, 1);
+    let (refused, written) = apply(&fast, &mut state, T0);
+    assert!(!refused.allowed);
+    assert_eq!((refused.retry_after_ms, refused.reset_ms), (10, 1000));
+    assert_eq!(written, Some(1000), "the emptied bucket is written");
+    let (later, _) = apply(&fast, &mut state, T0 + 10.0);
+    assert!(later.allowed, "admitted when the refusal said: {later:?}");
+}
+
 /// A fixed window resets at its aligned end even for a client that never stops.
 #[test]
 fn fixed_window_resets_at_aligned_end_under_constant_traffic() {
