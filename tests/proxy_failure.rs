@@ -163,6 +163,8 @@ async fn deny_answers_503_during_outage_and_redis_resumes_after_restart() {
             assert_eq!(a.header("content-type"), Some("application/json"));
             let body: serde_json::Value = serde_json::from_str(&a.body).expect("JSON body");
             assert_eq!(body["error"], "limiter_unavailable", "{a:?}");
+            // the store's own error (addresses, Redis replies) stays in the log
+            assert_eq!(body["message"], "rate limiter unavailable", "{a:?}");
             let retry: u64 = a
                 .header("retry-after")
                 .expect("Retry-After on the 503")

@@ -1015,6 +1015,8 @@ async fn refused_connection_is_502_json() {
     let a = get(&proxy.url("/v1/x"), &[]).await;
     assert_eq!(a.status, 502, "{a:?}");
     assert_eq!(json(&a)["error"], "upstream_unreachable");
+    // the connection's own error (the target's address) is for the log, not the client
+    assert_eq!(json(&a)["message"], "upstream api: connect failed");
 }
 
 /// No response head within `timeouts.upstream_response`: 504 with a JSON body, answered soon

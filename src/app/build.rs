@@ -51,7 +51,7 @@ pub async fn build_store(
     let redis = RedisStore::connect(&target, config.timeout, workers).context("redis store")?;
     if let Err(e) = redis.ping().await {
         tracing::warn!(error = %e, on_error = ?config.on_error,
-            "redis is not answering; limiting falls back to on_error until it does");
+            "redis cannot be used (see the error); limiting falls back to on_error until it can");
     }
     let guarded = GuardedStore::new(
         Arc::new(redis),

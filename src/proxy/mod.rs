@@ -184,6 +184,21 @@ impl ProxyError {
         }
     }
 
+    /// The `message` field of the JSON body: what a client may be told. The store's and the
+    /// upstream connection's own errors (addresses, Redis replies) stay in the log.
+    pub fn public_message(&self) -> std::borrow::Cow<'static, str> {
+        match self {
+            ProxyError::StoreUnavailable(_) => "rate limiter unavailable".into(),
+            ProxyError::UpstreamConnect { upstream, .. } => {
+                format!("upstream {upstream}: connect failed").into()
+            }
+            ProxyError::Upstream { upstream, .. } => {
+                format!("upstream {upstream}: the connection failed").into()
+            }
+            other => other.to_string().into(),
+        }
+    }
+
     /// The `error` field of the JSON body.
     pub fn code(&self) -> &'static str {
         match self {

@@ -139,7 +139,7 @@ pub fn error(err: &ProxyError) -> Response<Body> {
     let body = format!(
         r#"{{"error":"{}","message":{}}}"#,
         err.code(),
-        json_string(&err.to_string())
+        json_string(&err.public_message())
     );
     let mut resp = json(err.status(), body);
     if let Some(ms) = err.retry_after_ms() {
