@@ -417,6 +417,27 @@ async fn oversized_heads_get_431() {
     assert_healthy(&proxy, "after oversized heads").await;
 }
 
+/// A head that fits over HTTP/1.1 fits over HTTP/2 too (h2's default header list is 16 KiB).
+#[tokio::test]
+async fn http2_heads_fit_as_http1_heads_do() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    let stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2c handshake");
+    tokio::spawn(conn);
+    for size in [20 * 1024, 48 * 1024] {
+        let req = Request::get("http://x/v1/h2-big")
+            .header("x-big", "b".repeat(size))
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let resp = sender.send_request(req).await.expect("h2 response");
+        assert_eq!(resp.status(), 200, "a {size}-byte header over h2");
+    }
+}
+
 /// An absolute-form target routes by its authority (over Host) and normalised path, as forwarded.
 #[tokio::test]
 async fn absolute_form_is_routed_by_authority_and_normalised_path() {

@@ -364,8 +364,9 @@ enum Side {
 /// hyper's `header_read_timeout` is off: it would also end keep-alive pauses at
 /// `client_header`; [`idle`] keeps both deadlines instead. hyper's other defaults already bound
 /// what a client can make a connection hold: 100 header lines per head, and for HTTP/2 200
-/// concurrent streams, 16 KiB of header list and 20 streams reset before being accepted (the
-/// rapid-reset defence, answered with GOAWAY).
+/// concurrent streams and 20 streams reset before being accepted (the rapid-reset defence,
+/// answered with GOAWAY). A head may be 64 KiB in either protocol (HTTP/2's default header list
+/// is 16 KiB: a request served over HTTP/1.1 would have got 431 over h2, which browsers pick).
 pub(super) struct Http {
     h1: http1::Builder,
     h2: http2::Builder<TokioExecutor>,
@@ -380,14 +381,17 @@ pub(super) fn http_builder(_config: &Config) -> Http {
         .max_header_size(MAX_HEAD_BYTES)
         .keep_alive(true);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
-    h2.timer(TokioTimer::new());
+    h2.timer(TokioTimer::new())
+        .max_header_list_size(MAX_HEAD_BYTES as u32);
     let mut auto = auto::Builder::new(TokioExecutor::new());
     auto.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(None)
         .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true);
-    auto.http2().timer(TokioTimer::new());
+    auto.http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_HEAD_BYTES as u32);
     Http { h1, h2, auto }
 }
 
