@@ -18,7 +18,10 @@ RUN cargo build --release --locked --bin tollgate \
  && strip target/release/tollgate
 
 FROM debian:bookworm-slim
-RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin tollgate
+# ca-certificates: the system roots that rediss:// and https:// targets are checked against
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin tollgate
 COPY --from=build /src/target/release/tollgate /usr/local/bin/tollgate
 # The shipped example; mount your own over it.
 COPY proxy.yaml /etc/tollgate/proxy.yaml
