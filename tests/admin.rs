@@ -132,3 +132,41 @@ routes:
     }
     assert_eq!(get(&format!("{admin}/readyz"), &[]).await.status, 503);
 }
+
+/// A request whose client goes away before it is answered is still counted and logged, with
+/// status 499 (nginx's "client closed request"), not lost.
+#[tokio::test]
+async fn abandoned_requests_are_counted_as_499() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin: {{listen: 127.0.0.1:0}}\nupstreams:\n  api:\n    targets: [{}]\nroutes:\n  - name: api\n    upstream: api\n",
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    for _ in 0..3 {
+        let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        s.write_all(b"GET /slow/3000 HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        drop(s);
+    }
+    let admin = format!("http://{}/metrics", proxy.admin.expect("admin listener"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let m = get(&admin, &[]).await;
+        let line = metric_line(
+            &m.body,
+            r#"tollgate_requests_total{route="api",status="499"}"#,
+        );
+        if line.is_some_and(|l| l.ends_with(" 3")) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "three abandoned requests not counted as 499: {line:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

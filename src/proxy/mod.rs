@@ -287,12 +287,18 @@ struct Outcome<'a> {
 impl Proxy {
     /// Serves one request through the phases, then records its metrics and access log line.
     pub async fn handle(&self, req: Request<Incoming>, conn: Conn) -> Response<Body> {
-        let started = Instant::now();
-        let mut outcome = Outcome::default();
-        let mut resp = match self.phases(req, conn, &mut outcome).await {
+        let mut record = Record {
+            proxy: self,
+            started: Instant::now(),
+            outcome: Outcome::default(),
+            answered: false,
+        };
+        let mut resp = match self.phases(req, conn, &mut record.outcome).await {
             Ok(resp) => resp,
             Err(err) => {
-                if let (Some(kind), Some(upstream)) = (err.upstream_kind(), &outcome.upstream) {
+                if let (Some(kind), Some(upstream)) =
+                    (err.upstream_kind(), &record.outcome.upstream)
+                {
                     self.metrics.upstream_error(upstream, kind);
                 }
                 tracing::debug!(error = %err, "answered by the proxy");
@@ -300,17 +306,10 @@ impl Proxy {
             }
         };
         // 6. respond: the rate-limit headers, on every response of a route whose limits ran
-        if let Some(shown) = &outcome.shown {
+        if let Some(shown) = &record.outcome.shown {
             respond::add_rate_headers(resp.headers_mut(), self.settings.headers, &shown.as_shown());
         }
-        let elapsed = started.elapsed();
-        let status = resp.status().as_u16();
-        let route = outcome.route.as_ref().unwrap_or(self.metrics.no_route());
-        match outcome.series {
-            Some(series) => self.metrics.route_request(series, status, elapsed),
-            None => self.metrics.request(route, status, elapsed),
-        }
-        log_request(&outcome, route, status, elapsed);
+        record.done(resp.status().as_u16());
         resp
     }
 
@@ -383,6 +382,41 @@ impl Proxy {
                     .await;
             }
             Ok(resp)
+        }
+    }
+}
+
+/// A request's metrics and access log line, written when it is answered — or, when the client
+/// goes away first (its connection closed, its HTTP/2 stream reset) and the request is dropped
+/// unanswered, written then with status 499, nginx's "client closed request".
+struct Record<'a> {
+    proxy: &'a Proxy,
+    started: Instant,
+    outcome: Outcome<'a>,
+    answered: bool,
+}
+
+/// The status recorded for a request its client abandoned (nginx's).
+const CLIENT_CLOSED: u16 = 499;
+
+impl Record<'_> {
+    fn done(&mut self, status: u16) {
+        self.answered = true;
+        let elapsed = self.started.elapsed();
+        let metrics = &self.proxy.metrics;
+        let route = self.outcome.route.as_ref().unwrap_or(metrics.no_route());
+        match self.outcome.series {
+            Some(series) => metrics.route_request(series, status, elapsed),
+            None => metrics.request(route, status, elapsed),
+        }
+        log_request(&self.outcome, route, status, elapsed);
+    }
+}
+
+impl Drop for Record<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.done(CLIENT_CLOSED);
         }
     }
 }
