@@ -93,7 +93,7 @@ fn backend(chk: &mut Checker<'_>, raw: &RawStore, path: &Path) -> Backend {
             if raw.cluster.get().is_some_and(StrList::is_empty) {
                 chk.error(path.key("cluster"), "needs at least one node URL");
             }
-            let urls = chk.parse_list(&raw.cluster, &path.key("cluster"), parse_redis_url);
+            let urls = chk.parse_list(&raw.cluster, &path.key("cluster"), parse_cluster_url);
             Backend::Cluster { urls }
         }
     }
@@ -131,6 +131,22 @@ fn parse_redis_url(text: &str) -> Result<String, String> {
             redact_url(t)
         )),
     }
+}
+
+/// A Cluster node's URL: as [`parse_redis_url`], and no database but 0 (a Cluster has no
+/// other; the node would refuse the `SELECT`).
+fn parse_cluster_url(text: &str) -> Result<String, String> {
+    let url = parse_redis_url(text)?;
+    let db = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+        .map(|info| info.redis_settings().db())
+        .unwrap_or(0);
+    if db != 0 {
+        return Err(format!(
+            "a Redis Cluster has only database 0; leave /{db} out of {:?}",
+            redact_url(&url)
+        ));
+    }
+    Ok(url)
 }
 
 /// A URL with its password replaced by `***`, for messages and summaries: the user-info's

@@ -293,6 +293,12 @@ fn store_backend_problems() {
         ],
     );
     assert_problems(
+        "listen: 0.0.0.0:1\nstore: {cluster: [redis://a:1/0, redis://b:1/3]}\n",
+        &[
+            r#"proxy.yaml:2:34: store.cluster[1]: a Redis Cluster has only database 0; leave /3 out of "redis://b:1/3""#,
+        ],
+    );
+    assert_problems(
         "listen: 0.0.0.0:1\nstore:\n  url: redis://a\n  cluster: [redis://b]\n",
         &["proxy.yaml:4:3: store.cluster: give either url (one server) or cluster, not both"],
     );
