@@ -135,3 +135,26 @@ async fn reloads_under_load_drop_nothing() {
     );
     proxy.shutdown().await;
 }
+
+/// A reload cannot move the listeners: `/config` goes on showing the ones in force (not the
+/// file's new `listen`), alongside the routes the reload did change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_shows_the_listeners_in_force_after_a_reload() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proxy.yaml");
+    let admin = "admin: {listen: 127.0.0.1:0}\n";
+    std::fs::write(&path, format!("{admin}{}", yaml(&upstream, 5, ""))).unwrap();
+    let proxy = Proxy::start_watching(&path).await;
+    let config_url = format!("http://{}/config", proxy.admin.expect("admin listener"));
+    let route = "  - name: new\n    match: {path: /new}\n    upstream: api\n";
+    let moved = yaml(&upstream, 5, route).replace("listen: 127.0.0.1:0", "listen: 127.0.0.1:1");
+    replace_file(&path, &format!("{admin}{moved}"));
+    eventually(Duration::from_secs(5), || async {
+        get(&config_url, &[]).await.body.contains("\"new\"")
+    })
+    .await;
+    let json: serde_json::Value = serde_json::from_str(&get(&config_url, &[]).await.body).unwrap();
+    assert_eq!(json["listen"][0], "127.0.0.1:0", "{json}");
+    proxy.shutdown().await;
+}

@@ -66,6 +66,14 @@ impl Reloader {
         {
             tracing::warn!("listen, tls and workers changes take effect at the next restart");
         }
+        // what is in force: the listeners, TLS and workers stay those of the start (so /config
+        // shows them, and a file put back to them is no change)
+        let config = Config {
+            listen: current.0.listen.clone(),
+            tls: current.0.tls.clone(),
+            workers: current.0.workers,
+            ..config
+        };
         self.shared.proxy.store(Arc::new(proxy));
         *current = (config, store);
         Ok(())
