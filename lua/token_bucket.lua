@@ -71,14 +71,14 @@ local function take(key)
   -- A bucket written under other parameters (its limit changed by a reload) may lie further
   -- ahead than this bucket holds: it is empty now, written so (also when this request is
   -- refused), and refills at the rate given here from now on.
-  local emptied = tat - now > tolerance
+  local emptied = tat - now - tolerance > EPS
   if emptied then
     tat = now + tolerance
   end
   -- after: how far ahead of now the bucket's TAT would be if this request took its tokens
   local after = tat - now + cost * interval
   if after - tolerance > EPS then
-    -- (capped as below; at 0 when a lowered burst left the TAT past the tolerance)
+    -- (capped as below)
     local held = math.floor((tolerance - (tat - now) + EPS) / interval)
     held = math.max(0, math.min(math.floor(burst), held))
     if emptied then

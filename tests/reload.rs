@@ -149,12 +149,16 @@ async fn config_shows_the_listeners_in_force_after_a_reload() {
     let config_url = format!("http://{}/config", proxy.admin.expect("admin listener"));
     let route = "  - name: new\n    match: {path: /new}\n    upstream: api\n";
     let moved = yaml(&upstream, 5, route).replace("listen: 127.0.0.1:0", "listen: 127.0.0.1:1");
-    replace_file(&path, &format!("{admin}{moved}"));
+    replace_file(
+        &path,
+        &format!("{}{moved}", admin.replace("127.0.0.1:0", "127.0.0.1:2")),
+    );
     eventually(Duration::from_secs(5), || async {
         get(&config_url, &[]).await.body.contains("\"new\"")
     })
     .await;
     let json: serde_json::Value = serde_json::from_str(&get(&config_url, &[]).await.body).unwrap();
     assert_eq!(json["listen"][0], "127.0.0.1:0", "{json}");
+    assert_eq!(json["admin"]["listen"], "127.0.0.1:0", "{json}");
     proxy.shutdown().await;
 }

@@ -60,18 +60,29 @@ impl Reloader {
             .current
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if current.0.listen != config.listen
-            || current.0.tls != config.tls
-            || current.0.workers != config.workers
+        let was = &current.0;
+        if was.listen != config.listen
+            || was.tls != config.tls
+            || was.workers != config.workers
+            || was.admin != config.admin
+            || was.timeouts.upstream_connect != config.timeouts.upstream_connect
         {
-            tracing::warn!("listen, tls and workers changes take effect at the next restart");
+            tracing::warn!(
+                "listen, tls, workers, admin and timeouts.upstream_connect changes take effect \
+                 at the next restart"
+            );
         }
-        // what is in force: the listeners, TLS and workers stay those of the start (so /config
-        // shows them, and a file put back to them is no change)
+        // what is in force: those stay as they were at the start (so /config shows them, and a
+        // file put back to them is no change)
         let config = Config {
-            listen: current.0.listen.clone(),
-            tls: current.0.tls.clone(),
-            workers: current.0.workers,
+            listen: was.listen.clone(),
+            tls: was.tls.clone(),
+            workers: was.workers,
+            admin: was.admin.clone(),
+            timeouts: config::Timeouts {
+                upstream_connect: was.timeouts.upstream_connect,
+                ..config.timeouts
+            },
             ..config
         };
         self.shared.proxy.store(Arc::new(proxy));

@@ -153,11 +153,14 @@ fn parse_cluster_url(text: &str) -> Result<String, String> {
 /// (`redis://user:pw@host`) and a `pass=` or `password=` query parameter's (the form
 /// `redis+unix://` URLs carry it in).
 pub(crate) fn redact_url(url: &str) -> String {
-    let (url, query) = match url.split_once('?') {
-        Some((url, query)) => (url, Some(query)),
-        None => (url, None),
+    // the user-info first, up to the last `@` (a password may hold a `?`), then the query
+    // after what is left
+    let hidden = redact_user_info(url);
+    let (url, query) = match hidden.split_once('?') {
+        Some((url, query)) => (url.to_owned(), Some(query)),
+        None => (hidden.clone(), None),
     };
-    let mut out = redact_user_info(url);
+    let mut out = url;
     if let Some(query) = query {
         out.push('?');
         let params: Vec<String> = query
@@ -176,7 +179,11 @@ fn redact_user_info(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
+    // the authority ends at the first `/` after its last `@` (a password may hold `/` or `?`)
+    let at_end = rest.rfind('@').map_or(0, |at| at + 1);
+    let authority_end = rest[at_end..]
+        .find(['/', '?'])
+        .map_or(rest.len(), |i| at_end + i);
     match rest[..authority_end].rfind('@') {
         Some(at) => {
             let user_info = &rest[..at];

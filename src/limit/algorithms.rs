@@ -32,7 +32,8 @@ pub enum State {
 }
 
 /// Decides one request at `now` against `state` (`None`: the key is new or expired), updating
-/// `state` when the request is admitted. Returns the decision and, when the state was written,
+/// `state` when the request is admitted (or, for a token bucket left by other parameters, when
+/// it is found empty). Returns the decision and, when the state was written,
 /// its time to live in ms (the `PX` the script sets): after that the state is equivalent to none.
 pub fn apply(alg: &Algorithm, state: &mut Option<State>, now: Millis) -> (Decision, Option<u64>) {
     match alg {
@@ -59,7 +60,7 @@ fn token_bucket(b: &Bucket, state: &mut Option<State>, now: Millis) -> (Decision
     // A bucket written under other parameters (a limit changed by a reload) may lie further
     // ahead than this one holds: it is empty now, written so (also when this request is
     // refused), and refills at this rate from here.
-    let emptied = tat - now > tolerance;
+    let emptied = tat - now - tolerance > EPS_MS;
     if emptied {
         tat = now + tolerance;
     }

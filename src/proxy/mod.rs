@@ -195,7 +195,14 @@ impl ProxyError {
             ProxyError::Upstream { upstream, .. } => {
                 format!("upstream {upstream}: the connection failed").into()
             }
-            other => other.to_string().into(),
+            ProxyError::BadPath
+            | ProxyError::NoRoute
+            | ProxyError::BodyTooLarge
+            | ProxyError::BadBody
+            | ProxyError::PacingRefused { .. }
+            | ProxyError::TooManyWaiting { .. }
+            | ProxyError::NoTarget(_)
+            | ProxyError::UpstreamTimeout { .. } => self.to_string().into(),
         }
     }
 
@@ -301,7 +308,17 @@ impl Proxy {
                 {
                     self.metrics.upstream_error(upstream, kind);
                 }
-                tracing::debug!(error = %err, "answered by the proxy");
+                // the upstream's failures at warn, with their cause (as nginx's error log):
+                // the client's body says less; the rest (404s, 400s, refusals, a store outage
+                // the breaker logs) at debug
+                match err {
+                    ProxyError::UpstreamConnect { .. }
+                    | ProxyError::Upstream { .. }
+                    | ProxyError::UpstreamTimeout { .. } => {
+                        tracing::warn!(error = %err, "upstream failed; answered by the proxy")
+                    }
+                    _ => tracing::debug!(error = %err, "answered by the proxy"),
+                }
                 respond::error(&err)
             }
         };

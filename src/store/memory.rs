@@ -120,8 +120,11 @@ impl MemoryStore {
         step: impl FnOnce(&mut Option<State>, Millis) -> (R, Option<u64>),
     ) -> R {
         let shards = &*self.shards;
-        let now = now.unwrap_or_else(|| shards.clock.now());
         let mut map = shards.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        // the clock read under the lock: a key's decisions then see time only move forward (a
+        // `now` read before waiting for the lock could lag one written since, and a token bucket
+        // would take its TAT for one left by other parameters)
+        let now = now.unwrap_or_else(|| shards.clock.now());
         if let Some(entry) = map.get_mut(key) {
             if entry.expires_at <= now {
                 entry.state = None;

@@ -220,6 +220,16 @@ fn summary_and_json_redact_redis_passwords() {
         !summary.contains("s3cret") && !json.contains("s3cret"),
         "{json}"
     );
+    // a password with `?` and `/` in it (a generated secret) is hidden whole, also in the
+    // message about a URL that does not parse
+    for url in ["redis://:pa?ss@h:6379/0", "redis://u:p/a?s=s@h:6379/0"] {
+        let redacted = super::backend::redact_url(url);
+        assert!(redacted.ends_with("***@h:6379/0"), "{url} -> {redacted}");
+        assert!(
+            !redacted.contains("pa?ss") && !redacted.contains("p/a"),
+            "{redacted}"
+        );
+    }
 }
 
 /// The JSON for `/config` has the effective values, defaults included.
