@@ -205,30 +205,13 @@ fn sigterm_drains_and_exits_0() {
 /// go through the log, not straight to stderr), and the admin address is logged.
 #[test]
 fn json_logs_carry_the_warnings_and_the_admin_address() {
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
-    let (port, admin) = (free(), free());
+    let (port, admin) = (free_port(), free_port());
     let dir = tempfile::tempdir().unwrap();
     let yaml = format!(
         "listen: 127.0.0.1:{port}\nadmin: {{listen: 127.0.0.1:{admin}}}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\n  unused:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    upstream: api\n"
     );
     let path = write(&dir, "p.yaml", &yaml);
-    let mut child = Reaped(
-        tollgate()
-            .args(["--log-format", "json", "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let stderr = log_lines(&mut child);
+    let (_child, stderr) = run_json_logging(&path);
     let mut lines = Vec::new();
     while let Ok(line) = stderr.recv_timeout(Duration::from_secs(10)) {
         let done = line.contains("admin listening");
@@ -255,27 +238,13 @@ fn json_logs_carry_the_warnings_and_the_admin_address() {
 #[test]
 fn access_log_has_the_client_of_a_404_and_the_wait_of_a_leaky_bucket() {
     use std::io::Read;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let yaml = format!(
         "listen: 127.0.0.1:{port}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: lb\n    match: {{path_prefix: /lb}}\n    upstream: api\n    limits:\n      - {{name: l, algorithm: leaky_bucket, rate: 1/s, max_delay: 5s}}\n"
     );
     let path = write(&dir, "p.yaml", &yaml);
-    let mut child = Reaped(
-        tollgate()
-            .args(["--log-format", "json", "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let stderr = log_lines(&mut child);
+    let (_child, stderr) = run_json_logging(&path);
     let request = |path: &str| {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
@@ -310,6 +279,31 @@ fn access_log_has_the_client_of_a_404_and_the_wait_of_a_leaky_bucket() {
     assert_eq!(fields[0]["client"], fields[1]["client"]);
     let waited = fields[2]["pacing_delay_ms"].as_f64().unwrap();
     assert!((400.0..=1100.0).contains(&waited), "{:?}", fields[2]);
+}
+
+/// A loopback port free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// tollgate run with the config at `path`, logging JSON lines at info; its log lines.
+fn run_json_logging(path: &std::path::Path) -> (Reaped, std::sync::mpsc::Receiver<String>) {
+    let mut child = Reaped(
+        tollgate()
+            .args(["--log-format", "json", "--config"])
+            .arg(path)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = log_lines(&mut child);
+    (child, lines)
 }
 
 /// The child's stderr lines, read on a thread: a test waits for them with a deadline, so a
@@ -361,14 +355,7 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 /// messages in the log (counted as error) and the proxy keeps serving; logs can be JSON lines.
 #[test]
 fn sighup_reloads_and_invalid_files_are_rejected() {
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
-    let (port, admin) = (free(), free());
+    let (port, admin) = (free_port(), free_port());
     let dir = tempfile::tempdir().unwrap();
     let good = format!(
         "listen: 127.0.0.1:{port}\nadmin: {{listen: 127.0.0.1:{admin}}}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    upstream: api\n"

@@ -315,7 +315,8 @@ impl Proxy {
                     ProxyError::UpstreamConnect { .. }
                     | ProxyError::Upstream { .. }
                     | ProxyError::UpstreamTimeout { .. } => {
-                        tracing::warn!(error = %err, "upstream failed; answered by the proxy")
+                        let cause = causes(&err);
+                        tracing::warn!(error = %cause, "upstream failed; answered by the proxy")
                     }
                     _ => tracing::debug!(error = %err, "answered by the proxy"),
                 }
@@ -401,6 +402,22 @@ impl Proxy {
             Ok(resp)
         }
     }
+}
+
+/// An error and its sources on one line, each once (a source its error's message already
+/// quotes is not repeated): "connect failed: tcp connect error: Connection refused (os error 111)".
+fn causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line
 }
 
 /// A request's metrics and access log line, written when it is answered — or, when the client
