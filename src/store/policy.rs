@@ -2,10 +2,9 @@
 //! Redis off the hot path: the circuit breaker and the deny cache.
 //!
 //! [`GuardedStore`] wraps the Redis store. A call that fails or passes the timeout applies
-//! `on_error`: `allow` (fail open; but a leaky-bucket schedule — upstream `pace`, a
-//! `leaky_bucket` limit — keeps pacing in process, as `local` does), `deny` (fail closed: the
-//! error goes up and the proxy answers 503) or `local` (the same algorithm in process, each
-//! instance enforcing 1/`instances` of the limit). After [`TRIP_AFTER`] consecutive failures the breaker opens: Redis is skipped for
+//! `on_error`: `allow` (fail open), `deny` (fail closed: the error goes up and the proxy answers
+//! 503) or `local` (the same algorithm in process, each instance enforcing 1/`instances` of the
+//! limit). After [`TRIP_AFTER`] consecutive failures the breaker opens: Redis is skipped for
 //! [`COOL_DOWN`], then one probe is let through; its success closes the breaker. A key that the
 //! store denied is denied locally until its `retry_after` (the deny cache), without a Redis call;
 //! the entry counts from when the answer arrived (so it is never early) and holds only for the
@@ -129,12 +128,6 @@ impl GuardedStore {
             }
         };
         match self.on_error {
-            // a schedule (upstream `pace`, a `leaky_bucket` limit) is kept in process instead:
-            // failing open would send everything waiting at once, the flood pacing is there
-            // to prevent
-            OnError::Allow if matches!(alg, Algorithm::LeakyBucket(_)) => {
-                Ok(self.local.decide(key, &share(alg, self.instances), now))
-            }
             OnError::Allow => Ok(Decision::counted(true, alg.policy().0, 0, 0)),
             OnError::Deny => Err(error),
             OnError::Local => Ok(self.local.decide(key, &share(alg, self.instances), now)),
