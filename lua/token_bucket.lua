@@ -59,6 +59,16 @@ local tolerance = burst * interval
 -- With several keys, a key the script cannot use (one holding another type) answers its own
 -- error and the others go on: pcall, so that one bad key does not stop the script half-way,
 -- with the keys before it already written (a caller would then run those again).
+-- Writes a bucket's TAT, kept `ahead` ms (the time until it is full again); the error reply
+-- when the key cannot be written, else nil.
+local function put(key, tat, ahead)
+  local set = redis.pcall('SET', key, string.format('%.17g', tat), 'PX', math.max(1, math.ceil(ahead)) + slack)
+  if type(set) == 'table' and set.err then
+    return set
+  end
+  return nil
+end
+
 local function take(key)
   local got = redis.pcall('GET', key)
   if type(got) == 'table' and got.err then
@@ -81,18 +91,15 @@ local function take(key)
     -- (capped as below)
     local held = math.floor((tolerance - (tat - now) + EPS) / interval)
     held = math.max(0, math.min(math.floor(burst), held))
-    if emptied then
-      local set = redis.pcall('SET', key, string.format('%.17g', tat), 'PX', math.max(1, math.ceil(tolerance)) + slack)
-      if type(set) == 'table' and set.err then
-        return set
-      end
+    local failed = emptied and put(key, tat, tolerance)
+    if failed then
+      return failed
     end
     return {0, held, math.max(1, math.ceil(after - tolerance - EPS)), math.ceil(tat - now)}
   end
-  local new_tat = now + after
-  local set = redis.pcall('SET', key, string.format('%.17g', new_tat), 'PX', math.max(1, math.ceil(after)) + slack)
-  if type(set) == 'table' and set.err then
-    return set
+  local failed = put(key, now + after, after)
+  if failed then
+    return failed
   end
   -- (EPS is in ms: past 1 000 000 tokens a second it is worth more than a token, so the count is
   -- capped at what a full bucket keeps after this request, and at 0 when that is none)

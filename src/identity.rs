@@ -69,6 +69,16 @@ pub fn client_ip<'a>(
     if !is_trusted(peer, trusted) {
         return peer;
     }
+    forwarded_client(peer, xff, trusted)
+}
+
+/// [`client_ip`] for a canonical `peer` already known to be `trusted`: the client that the
+/// `X-Forwarded-For` lines name (for a caller that needs the peer's trust for more than this).
+pub fn forwarded_client<'a>(
+    peer: IpAddr,
+    xff: impl Iterator<Item = &'a HeaderValue>,
+    trusted: &[IpNet],
+) -> IpAddr {
     // One pass left to right that ends in the state a right-to-left walk would stop in, so the
     // lines need not be collected: the right-most entry that is not a trusted address decides.
     let mut leftmost = None;

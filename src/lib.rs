@@ -24,3 +24,21 @@ pub mod proxy;
 pub mod routing;
 pub mod store;
 pub mod tls;
+
+/// An error and its sources on one line, each once: a source that its error's message already
+/// quotes (thiserror's `{source}`) is not repeated. "upstream api: connect failed: tcp connect
+/// error: Connection refused (os error 111)". For start-up failures (`anyhow`, through
+/// `as_ref`) and the proxy's warnings alike.
+pub fn error_line(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line
+}

@@ -81,24 +81,10 @@ fn main() -> ExitCode {
     match serve(loaded.config, cli.config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("tollgate: {}", one_line(&err));
+            eprintln!("tollgate: {}", tollgate::error_line(err.as_ref()));
             ExitCode::from(1)
         }
     }
-}
-
-/// The error and its causes on one line, each cause once: an error whose message already
-/// quotes its cause (thiserror's `{source}`) would otherwise show it twice.
-fn one_line(err: &anyhow::Error) -> String {
-    let mut line = err.to_string();
-    for cause in err.chain().skip(1) {
-        let cause = cause.to_string();
-        if !line.contains(&cause) {
-            line.push_str(": ");
-            line.push_str(&cause);
-        }
-    }
-    line
 }
 
 fn config_failure(err: &ConfigError) -> ExitCode {

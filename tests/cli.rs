@@ -155,11 +155,7 @@ fn port_in_use_exits_1() {
 /// SIGTERM stops the proxy and it exits 0; the config path can come from $TOLLGATE_CONFIG.
 #[test]
 fn sigterm_drains_and_exits_0() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let yaml = format!(
         "listen: 127.0.0.1:{port}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    upstream: api\n"

@@ -101,12 +101,30 @@ fn backend(chk: &mut Checker<'_>, raw: &RawStore, path: &Path) -> Backend {
 
 /// `redis://`, `rediss://`, `redis+unix://` or `unix://` followed by something.
 fn parse_redis_url(text: &str) -> Result<String, String> {
+    checked_url(text).map(|(url, _)| url)
+}
+
+/// A Cluster node's URL: as [`parse_redis_url`], and no database but 0 (a Cluster has no
+/// other; the node would refuse the `SELECT`).
+fn parse_cluster_url(text: &str) -> Result<String, String> {
+    let (url, db) = checked_url(text)?;
+    if db != 0 {
+        return Err(format!(
+            "a Redis Cluster has only database 0; leave /{db} out of {:?}",
+            redact_url(&url)
+        ));
+    }
+    Ok(url)
+}
+
+/// The URL, trimmed, and the database it selects: read by the store's own parser, so that a URL
+/// that passes here also opens at start-up.
+fn checked_url(text: &str) -> Result<(String, i64), String> {
     let t = text.trim();
     let schemes = ["redis://", "rediss://", "redis+unix://", "unix://"];
     match schemes.iter().find_map(|s| t.strip_prefix(s)) {
-        // the store's own parser, so that a URL that passes here also opens at start-up
         Some(rest) if !rest.is_empty() => match redis::IntoConnectionInfo::into_connection_info(t) {
-            Ok(_) => Ok(t.to_owned()),
+            Ok(info) => Ok((t.to_owned(), info.redis_settings().db())),
             Err(e) => {
                 // redis-rs's reason where it has a specific one (none quotes the URL)
                 let reason = match e.detail() {
@@ -133,22 +151,6 @@ fn parse_redis_url(text: &str) -> Result<String, String> {
     }
 }
 
-/// A Cluster node's URL: as [`parse_redis_url`], and no database but 0 (a Cluster has no
-/// other; the node would refuse the `SELECT`).
-fn parse_cluster_url(text: &str) -> Result<String, String> {
-    let url = parse_redis_url(text)?;
-    let db = redis::IntoConnectionInfo::into_connection_info(url.as_str())
-        .map(|info| info.redis_settings().db())
-        .unwrap_or(0);
-    if db != 0 {
-        return Err(format!(
-            "a Redis Cluster has only database 0; leave /{db} out of {:?}",
-            redact_url(&url)
-        ));
-    }
-    Ok(url)
-}
-
 /// A URL with its password replaced by `***`, for messages and summaries: the user-info's
 /// (`redis://user:pw@host`) and a `pass=` or `password=` query parameter's (the form
 /// `redis+unix://` URLs carry it in).
@@ -156,23 +158,17 @@ pub(crate) fn redact_url(url: &str) -> String {
     // the user-info first, up to the last `@` (a password may hold a `?`), then the query
     // after what is left
     let hidden = redact_user_info(url);
-    let (url, query) = match hidden.split_once('?') {
-        Some((url, query)) => (url.to_owned(), Some(query)),
-        None => (hidden.clone(), None),
+    let Some((base, query)) = hidden.split_once('?') else {
+        return hidden;
     };
-    let mut out = url;
-    if let Some(query) = query {
-        out.push('?');
-        let params: Vec<String> = query
-            .split('&')
-            .map(|param| match param.split_once('=') {
-                Some((key, _)) if key == "pass" || key == "password" => format!("{key}=***"),
-                _ => param.to_owned(),
-            })
-            .collect();
-        out.push_str(&params.join("&"));
-    }
-    out
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((key, _)) if key == "pass" || key == "password" => format!("{key}=***"),
+            _ => param.to_owned(),
+        })
+        .collect();
+    format!("{base}?{}", params.join("&"))
 }
 
 fn redact_user_info(url: &str) -> String {

@@ -315,7 +315,7 @@ impl Proxy {
                     ProxyError::UpstreamConnect { .. }
                     | ProxyError::Upstream { .. }
                     | ProxyError::UpstreamTimeout { .. } => {
-                        let cause = causes(&err);
+                        let cause = crate::error_line(&err);
                         tracing::warn!(error = %cause, "upstream failed; answered by the proxy")
                     }
                     _ => tracing::debug!(error = %err, "answered by the proxy"),
@@ -342,9 +342,15 @@ impl Proxy {
     ) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + use<'s, 'o> {
         async move {
             // 2. identify (first: the access log names the client of a 404 or 400 too)
-            let xff = req.headers().get_all(&forward::X_FORWARDED_FOR);
-            let ip =
-                identity::client_ip(conn.peer.ip(), xff.iter(), &self.settings.trusted_proxies);
+            // (the peer is canonical: `Conn::new`)
+            let trusted = &self.settings.trusted_proxies;
+            let peer_trusted = identity::is_trusted(conn.peer.ip(), trusted);
+            let ip = if peer_trusted {
+                let xff = req.headers().get_all(&forward::X_FORWARDED_FOR);
+                identity::forwarded_client(conn.peer.ip(), xff.iter(), trusted)
+            } else {
+                conn.peer.ip()
+            };
             outcome.client = Some(ip);
             // 1. route, on the normalised path (which is also the one forwarded)
             // The URI is cloned (reference counts only) so the path can be borrowed from it while
@@ -387,8 +393,7 @@ impl Proxy {
                 path: &forward_path,
                 client: &conn.peer_value,
                 proto: if conn.tls { "https" } else { "http" },
-                trusted_peer: !self.settings.trusted_proxies.is_empty()
-                    && identity::is_trusted(conn.peer.ip(), &self.settings.trusted_proxies),
+                trusted_peer: peer_trusted,
                 response_timeout: self.settings.upstream_response,
                 max_body_size: self.settings.max_body_size,
                 tunnels: &self.tunnels,
@@ -402,22 +407,6 @@ impl Proxy {
             Ok(resp)
         }
     }
-}
-
-/// An error and its sources on one line, each once (a source its error's message already
-/// quotes is not repeated): "connect failed: tcp connect error: Connection refused (os error 111)".
-fn causes(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = cause.source();
-    }
-    line
 }
 
 /// A request's metrics and access log line, written when it is answered — or, when the client

@@ -15,9 +15,10 @@
 //! full again `(Σc − c₁ − … − c_k) · interval` sooner. When the joined call is refused, it took
 //! nothing (a refusal writes no state, but for a bucket left by other parameters, which it
 //! writes empty as each check alone would first), and each check is sent again alone, so the
-//! checks at the edge of the burst are decided one by one as if they had never been joined, at the cost of one
-//! more round trip for them — unless the refusal shows that each check alone is refused too (the
-//! usual case of a client past its limit): then each gets its own refusal at once.
+//! checks at the edge of the burst are decided one by one as if they had never been joined, at
+//! the cost of one more round trip for them — unless the refusal shows that each check alone is
+//! refused too (the usual case of a client past its limit): then each gets its own refusal at
+//! once.
 //!
 //! Leaky-bucket checks (pacing) of one schedule are joined the same way: n checks run one after
 //! another at one instant get the slots `s, s + i, …, s + (n−1)·i` (i = 1/rate; s the first free
@@ -213,9 +214,10 @@ fn share(reply: &[i64; 4], after: u64, join: &Join) -> [i64; 4] {
 /// The script refuses when `y = tat − now + cost · interval − tolerance − ε > 0` and answers
 /// `retry_after = max(1, ceil(y))`, so the joined call's `y` lies in `(retry_after − 1,
 /// retry_after]`. The check alone has `y' = y − others · interval`: when `retry_after ≥ 1 +
-/// others · interval`, `y' > 0` and it is refused too (a refusal writes nothing, or the emptied bucket each would write, so the order of
-/// the checks does not matter), with `retry_after' = ceil(retry_after − others · interval)`:
-/// never sooner than its own, at most 1 ms later. `None` when the reply does not prove it.
+/// others · interval`, `y' > 0` and it is refused too (a refusal writes nothing, or the emptied
+/// bucket each would write, so the order of the checks does not matter), with
+/// `retry_after' = ceil(retry_after − others · interval)`: never sooner than its own, at most
+/// 1 ms later. `None` when the reply does not prove it.
 fn refusal(reply: &[i64; 4], others: u64, join: &Join) -> Option<[i64; 4]> {
     let [0, remaining, retry_after, reset] = *reply else {
         return None;

@@ -2,6 +2,16 @@
 
 use super::*;
 
+/// [`MINIMAL`] with its `routes` section replaced by `routes` (which starts with `routes:`).
+fn with_routes(routes: &str) -> String {
+    MINIMAL
+        .split("routes:")
+        .next()
+        .expect("has routes")
+        .to_owned()
+        + routes
+}
+
 /// A route after a catch-all (`path_prefix: /`, no other condition) can never match: a
 /// warning at the shadowed route, naming the one that shadows it.
 #[test]
@@ -47,12 +57,7 @@ routes:
     upstream: api
     match: {host: example.com}
 ";
-    let text = MINIMAL
-        .split("routes:")
-        .next()
-        .expect("has routes")
-        .to_owned()
-        + routes;
+    let text = with_routes(routes);
     let found = warnings(&text);
     assert_eq!(found.len(), 2, "{found:#?}");
     assert!(
@@ -103,12 +108,7 @@ routes:
       - {name: bounded, algorithm: leaky_bucket, rate: 5/s, max_delay: 1s}
       - {name: unbounded, algorithm: leaky_bucket, rate: 5/s}
 ";
-    let text = MINIMAL
-        .split("routes:")
-        .next()
-        .expect("has routes")
-        .to_owned()
-        + routes;
+    let text = with_routes(routes);
     assert_eq!(
         warnings(&text),
         [
