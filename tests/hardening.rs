@@ -219,6 +219,17 @@ async fn one(addr: SocketAddr, bytes: &[u8]) -> RawResponse {
         .unwrap_or_else(|| panic!("no response to {:.80?}", String::from_utf8_lossy(bytes)))
 }
 
+/// An HTTP/2 (prior knowledge, cleartext) connection to `addr`, driven by a task of its own.
+async fn h2c(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Empty<Bytes>> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2c handshake");
+    tokio::spawn(conn);
+    sender
+}
+
 /// A keep-alive connection opened before the abuse: it must still be served afterwards.
 async fn bystander(proxy: &Proxy) -> RawConn {
     let mut conn = RawConn::open(proxy.addr).await;
@@ -422,12 +433,7 @@ async fn oversized_heads_get_431() {
 async fn http2_heads_fit_as_http1_heads_do() {
     let upstream = Upstream::start().await;
     let proxy = Proxy::start(&config(&upstream.url(), "")).await;
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .expect("h2c handshake");
-    tokio::spawn(conn);
+    let mut sender = h2c(proxy.addr).await;
     for size in [20 * 1024, 48 * 1024] {
         let req = Request::get("http://x/v1/h2-big")
             .header("x-big", "b".repeat(size))
@@ -527,12 +533,7 @@ async fn invalid_percent_encoding_is_refused_or_passed_verbatim() {
     let r = one(proxy.addr, request).await;
     assert_eq!((r.status, error_code(&r).as_str()), (400, "bad_request"));
     // and over HTTP/2, where the path arrives in a HEADERS frame
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .expect("h2c handshake");
-    tokio::spawn(conn);
+    let mut sender = h2c(proxy.addr).await;
     for path in ["/v1/%zz", "/v1/%2", "/v1/a%"] {
         let req = Request::get(format!("http://x{path}"))
             .body(Empty::<Bytes>::new())
@@ -947,12 +948,7 @@ async fn protocol_is_told_however_the_first_bytes_arrive() {
 
 /// A well-behaved HTTP/2 client is served (a fresh h2c connection).
 async fn h2_healthy(proxy: &Proxy) {
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .expect("h2c handshake");
-    tokio::spawn(conn);
+    let mut sender = h2c(proxy.addr).await;
     let req = Request::get("http://x/v1/h2-healthy")
         .body(Empty::<Bytes>::new())
         .unwrap();

@@ -708,15 +708,16 @@ mod tests {
     /// Only an HTTP/1.1 request whose Connection names `upgrade` asks for an upgrade.
     #[test]
     fn recognises_upgrade_requests() {
-        let req = |version, connection: &str| {
+        let offer = |version, upgrade: &str, connection: &str| {
             let mut b = Request::builder()
                 .version(version)
-                .header(header::UPGRADE, "websocket");
+                .header(header::UPGRADE, upgrade);
             if !connection.is_empty() {
                 b = b.header(header::CONNECTION, connection);
             }
             b.body(()).expect("test request")
         };
+        let req = |version, connection: &str| offer(version, "websocket", connection);
         let ws = Some(HeaderValue::from_static("websocket"));
         assert_eq!(upgrade_protocol(&req(Version::HTTP_11, "Upgrade")), ws);
         assert_eq!(
@@ -725,17 +726,9 @@ mod tests {
         );
         assert_eq!(upgrade_protocol(&req(Version::HTTP_11, "")), None);
         // only WebSocket is tunnelled: an h2c upgrade would carry requests past the routes
-        let h2c = Request::builder()
-            .header(header::UPGRADE, "h2c")
-            .header(header::CONNECTION, "Upgrade, HTTP2-Settings")
-            .body(())
-            .expect("test request");
+        let h2c = offer(Version::HTTP_11, "h2c", "Upgrade, HTTP2-Settings");
         assert_eq!(upgrade_protocol(&h2c), None);
-        let offers = Request::builder()
-            .header(header::UPGRADE, "foo/2, WebSocket")
-            .header(header::CONNECTION, "upgrade")
-            .body(())
-            .expect("test request");
+        let offers = offer(Version::HTTP_11, "foo/2, WebSocket", "upgrade");
         assert_eq!(upgrade_protocol(&offers), ws);
         assert_eq!(upgrade_protocol(&req(Version::HTTP_11, "upgrades")), None);
         assert_eq!(upgrade_protocol(&req(Version::HTTP_2, "upgrade")), None);
