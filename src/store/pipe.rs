@@ -3,8 +3,8 @@
 //! Every check is one `EVALSHA`; thousands run at once from the proxy's tasks. A caller writes
 //! its command (already encoded, see [`super::scripts::Call::encode`]) into a channel and waits
 //! on a oneshot; one driver task owns the socket, writes every command waiting in the channel
-//! with one `write` once fewer than [`IN_FLIGHT`] batches are unanswered (under load the next
-//! gathers while Redis works; see [`serve`] for when that rule is set aside), reads the
+//! with one `write` once the batch before is answered (one batch in flight: under load the
+//! next gathers while Redis works; see [`serve`] for when that rule is set aside), reads the
 //! replies as they come and hands each, in order, to its caller (Redis answers the commands of
 //! one connection in order). The replies are parsed here, with no intermediate frames.
 //! redis-rs does the same with more layers (about 15 000 instructions a call more, measured
@@ -65,14 +65,6 @@ const BATCH: usize = 256;
 /// batches written back to back while others were in flight; one batch in flight without the
 /// turns ran more scripts than either (0.14 per request at two workers; BENCHMARKS.md).
 const GATHER_TURNS: usize = 4;
-/// Batches written and not yet answered, at most, on one connection (while Redis answers in
-/// time). One alone made each batch hold everything that came during a round trip, but let the
-/// checks go on in waves: a batch's requests reach the upstream together and leave it idle
-/// until the next, so an upstream as fast as the benchmark's slept and was woken five times as
-/// often as without limits. With two, batches are a little smaller (0.075–0.080 script runs per
-/// request at two workers against 0.066) and the waves half as deep: 5–7 % more requests/s at
-/// two workers, 1–3 % at one, with the same CPU in Redis (BENCHMARKS.md, "Changes measured").
-const IN_FLIGHT: usize = 2;
 /// Nested arrays deeper than this are not a reply of ours.
 const MAX_DEPTH: usize = 4;
 /// Replies to our commands are a few dozen bytes: a longer line or bulk string (or a length
@@ -520,30 +512,21 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut overdue = false;
     // the checks of joined calls that were refused, to be sent again alone
     let mut again = Vec::new();
-    // entries pushed to `waiting` since the connection opened, and the count at the end of each
-    // batch not yet wholly answered (replies are taken from `waiting` in order, one per entry)
-    let mut pushed: u64 = 0;
-    let mut ends: VecDeque<u64> = VecDeque::with_capacity(IN_FLIGHT + 1);
     loop {
         if waiting.is_empty() {
             overdue = false;
         }
-        let answered = pushed - waiting.len() as u64;
-        while ends.front().is_some_and(|&end| end <= answered) {
-            ends.pop_front();
-        }
-        // At most IN_FLIGHT batches in flight: calls made while they are answered wait for a
-        // reply and go together. Before it is written, a batch waits a few turns of the scheduler
+        // One batch in flight at a time: calls made while one is answered wait for its replies
+        // and go together. Before it is written, a batch waits a few turns of the scheduler
         // when the last one held more than one call (under load): the tasks ready to run, or
         // about to be woken by their sockets, make their calls a moment later. So under load a
-        // batch holds what came while the batches before it were answered and a few scheduler
-        // passes: more
+        // batch holds what came in a round trip to Redis and a few scheduler passes: more
         // checks of one bucket are joined, fewer scripts run, Redis is woken less often. After
         // a batch of one call (no load), a call goes at once. Once Redis is late with a reply
         // (a written call past its deadline), batches go as they come, as before this rule:
         // a Redis that stopped answering then has data unacknowledged, so `TCP_USER_TIMEOUT`
         // breaks the connection, and calls that came meanwhile are not held for it.
-        if written == out.len() && !batch.is_empty() && (ends.len() < IN_FLIGHT || overdue) {
+        if written == out.len() && !batch.is_empty() && (waiting.is_empty() || overdue) {
             if busy {
                 for _ in 0..GATHER_TURNS {
                     tokio::task::yield_now().await;
@@ -557,10 +540,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             out.clear();
             written = 0;
             busy = batch.len() > 1;
-            let before = waiting.len();
             queue(batch, &mut entries, &mut joins, &mut out, &mut waiting);
-            pushed += (waiting.len() - before) as u64;
-            ends.push_back(pushed);
             // Most often the socket takes it all at once; what it does not take is written as
             // it drains, while replies are read and deadlines kept.
             if !out.is_empty() {
