@@ -760,6 +760,58 @@ async fn calls_behind_a_full_socket_time_out_by_their_deadline() {
     }
 }
 
+/// Waits (up to 5 s) until `ok`; fails with `what` if it never is.
+async fn eventually(what: &str, ok: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !ok() {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// While Redis holds its clients' commands (`CLIENT PAUSE … WRITE`: it reads them and runs
+/// none), a call made while a batch is unanswered waits for its reply: one batch in flight.
+/// Seen from Redis: the connection blocked on its `EVALSHA` has nothing more in its query
+/// buffer. When Redis goes on, the held call is written and each call gets its own reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_made_while_a_batch_is_unanswered_waits_for_its_reply() {
+    let redis = common::Redis::start();
+    let s = store(redis.url(), Duration::from_secs(10));
+    let alg = Algorithm::FixedWindow(win(10, 60_000));
+    s.check("warm-up", &alg, None).await.unwrap();
+    // the query buffer of the store's connection, once it is blocked on a command
+    let blocked_qbuf = || -> Option<usize> {
+        let list = redis.cli(&["client", "list"]);
+        let line = list.lines().find(|l| l.contains(" flags=b "))?;
+        let qbuf = line.split(' ').find_map(|f| f.strip_prefix("qbuf="))?;
+        Some(qbuf.parse().unwrap())
+    };
+    assert_eq!(redis.cli(&["client", "pause", "8000", "write"]), "OK");
+    let call = |key: &'static str| {
+        let s = s.clone();
+        tokio::spawn(async move { s.check(key, &alg, None).await })
+    };
+    let first = call("first");
+    eventually("the first call never reached Redis", || {
+        blocked_qbuf().is_some()
+    })
+    .await;
+    assert_eq!(blocked_qbuf(), Some(0), "only the first command is there");
+    let second = call("second");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        blocked_qbuf(),
+        Some(0),
+        "a second batch was written while the first was unanswered"
+    );
+    assert_eq!(redis.cli(&["client", "unpause"]), "OK");
+    for call in [first, second] {
+        let d = call.await.unwrap().expect("answered once Redis goes on");
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 9, "each key's own window");
+    }
+}
+
 /// A call answered `Timeout` keeps its place for its reply: when Redis wakes (from `DEBUG
 /// SLEEP`), the late reply goes to no one and a call written behind it gets its own (a fixed
 /// window of 5 counts 4, 3, 2 down, not a late call's 999). Calls made while it is in flight
