@@ -123,12 +123,15 @@ impl Reloader {
         result
     }
 
-    /// Reloads `path` on SIGHUP and whenever the file changes, until the task is aborted.
+    /// Reloads `path` on SIGHUP and whenever the file changes, until the task is aborted. The
+    /// watch and the signal handler are in place when this returns (it must be called on the
+    /// runtime): a change made right after is seen, not lost to a task not yet run.
     pub fn watch(self, path: PathBuf) -> tokio::task::JoinHandle<()> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
+        let watch = watch::watch_file(&path, tx.clone());
+        spawn_sighup(tx);
         tokio::spawn(async move {
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
-            let _watch = watch::watch_file(&path, tx.clone());
-            spawn_sighup(tx);
+            let _watch = watch;
             while rx.recv().await.is_some() {
                 tokio::time::sleep(SETTLE).await;
                 while rx.try_recv().is_ok() {}
