@@ -30,14 +30,18 @@
 
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
+
+mod sharded;
+
+pub use sharded::set_thread_slot;
+use sharded::Histogram;
 
 /// The `Content-Type` of [`Metrics::encode`]'s text: OpenMetrics 1.0, which is what
 /// prometheus-client writes (`# EOF`, counter families named without `_total`) and what
@@ -153,10 +157,15 @@ type ScrapeHook = Box<dyn Fn(&Metrics) + Send + Sync>;
 pub struct RouteSeries {
     route: Arc<str>,
     duration: OnceLock<Histogram>,
-    /// `tollgate_requests_total{route,status}` for the statuses seen so far (a std lock: read
-    /// on every request, written once per status)
-    counts: RwLock<Vec<(u16, Counter)>>,
+    /// `tollgate_requests_total{route,status}` for the statuses seen so far, each in the first
+    /// free place when first seen; read on every request without a lock (a lock's read side
+    /// is a write to a line every worker shares)
+    counts: [OnceLock<(u16, sharded::Counter)>; STATUS_PLACES],
 }
+
+/// Statuses a route keeps its own counter for; past them, a status's counter is found in the
+/// family (HTTP has fewer than this in use).
+const STATUS_PLACES: usize = 64;
 
 impl RouteSeries {
     /// The series of the route named `route`.
@@ -164,7 +173,7 @@ impl RouteSeries {
         RouteSeries {
             route,
             duration: OnceLock::new(),
-            counts: RwLock::new(Vec::new()),
+            counts: [const { OnceLock::new() }; STATUS_PLACES],
         }
     }
 }
@@ -174,7 +183,7 @@ pub struct DecisionSeries {
     route: Arc<str>,
     limit: Arc<str>,
     /// by [`Decision`], in its order
-    counters: [OnceLock<Counter>; 3],
+    counters: [OnceLock<sharded::Counter>; 3],
 }
 
 impl DecisionSeries {
@@ -191,8 +200,10 @@ impl DecisionSeries {
 /// A handle to the process's metrics; clones share one registry.
 ///
 /// Every recording method is cheap on the hot path: a read lock and a hash lookup for a
-/// series already seen, an atomic add (counters) or a short mutex (histograms), and no
-/// allocation beyond the first time a label combination appears.
+/// series already seen (none through a [`RouteSeries`] or [`DecisionSeries`], which keep
+/// theirs), then atomic adds to the calling worker's own slot of the request-path counters
+/// and histograms (`sharded`), and no allocation beyond the first time a label combination
+/// appears.
 #[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Inner>,
@@ -201,9 +212,9 @@ pub struct Metrics {
 struct Inner {
     /// The metrics below are registered here; the handles below share their state with it.
     registry: Registry,
-    requests: Family<RouteStatus, Counter>,
+    requests: Family<RouteStatus, sharded::Counter>,
     request_duration: Histograms<RouteLabel>,
-    limit_decisions: Family<DecisionLabels, Counter>,
+    limit_decisions: Family<DecisionLabels, sharded::Counter>,
     pacing_delay: Histograms<UpstreamLabel>,
     store_errors: Family<KindLabel, Counter>,
     store_duration: Histogram,
@@ -238,7 +249,7 @@ impl Metrics {
         let limit_decisions = Family::default();
         let pacing_delay = Histograms::new_with_constructor(pacing_histogram as fn() -> _);
         let store_errors = Family::default();
-        let store_duration = Histogram::new(STORE_BUCKETS);
+        let store_duration = Histogram::new(&STORE_BUCKETS);
         let deny_cache_hits = Counter::default();
         let upstream_errors = Family::default();
         let config_reloads: Family<ResultLabel, Counter> = Family::default();
@@ -336,39 +347,45 @@ impl Metrics {
         self.inner
             .request_duration
             .get_or_create(&labels)
-            .observe(elapsed.as_secs_f64());
+            .observe(elapsed);
     }
 
     /// [`Metrics::request`] for a request of the route whose series `series` are.
     pub fn route_request(&self, series: &RouteSeries, status: u16, elapsed: Duration) {
-        let counts = series.counts.read().unwrap_or_else(PoisonError::into_inner);
-        let known = counts
-            .iter()
-            .find(|(s, _)| *s == status)
-            .map(|(_, c)| c.inc());
-        drop(counts);
-        if known.is_none() {
-            let labels = RouteStatus {
-                route: series.route.clone(),
-                status,
-            };
-            let counter = self.inner.requests.get_or_create(&labels).clone();
-            counter.inc();
-            let mut counts = series
-                .counts
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
-            if !counts.iter().any(|(s, _)| *s == status) {
-                counts.push((status, counter));
-            }
-        }
+        self.route_status_counter(series, status).inc();
         let duration = series.duration.get_or_init(|| {
             let labels = RouteLabel {
                 route: series.route.clone(),
             };
             self.inner.request_duration.get_or_create(&labels).clone()
         });
-        duration.observe(elapsed.as_secs_f64());
+        duration.observe(elapsed);
+    }
+
+    /// The `tollgate_requests_total{route,status}` counter of `series`'s route for `status`.
+    fn route_status_counter(&self, series: &RouteSeries, status: u16) -> sharded::Counter {
+        let find = || {
+            let labels = RouteStatus {
+                route: series.route.clone(),
+                status,
+            };
+            self.inner.requests.get_or_create(&labels).clone()
+        };
+        for place in &series.counts {
+            match place.get() {
+                Some((s, counter)) if *s == status => return counter.clone(),
+                Some(_) => continue,
+                None => {
+                    // taken by another status meanwhile: on to the next place (a status put in
+                    // two places by a race has the family's one counter in both)
+                    let (s, counter) = place.get_or_init(|| (status, find()));
+                    if *s == status {
+                        return counter.clone();
+                    }
+                }
+            }
+        }
+        find()
     }
 
     /// Records what one limit decided, `tollgate_limit_decisions_total{route,limit,decision}`,
@@ -395,12 +412,12 @@ impl Metrics {
         self.inner
             .pacing_delay
             .get_or_create(&labels)
-            .observe(delay.as_secs_f64());
+            .observe(delay);
     }
 
     /// Records the time of one store call, failed or not: `tollgate_store_duration_seconds`.
     pub fn store_call(&self, elapsed: Duration) {
-        self.inner.store_duration.observe(elapsed.as_secs_f64());
+        self.inner.store_duration.observe(elapsed);
     }
 
     /// Records a failed store call: `tollgate_store_errors_total{kind}` (e.g. `timeout`,
@@ -525,11 +542,11 @@ fn prometheus_text(open: &str) -> String {
 }
 
 fn request_histogram() -> Histogram {
-    Histogram::new(REQUEST_BUCKETS)
+    Histogram::new(&REQUEST_BUCKETS)
 }
 
 fn pacing_histogram() -> Histogram {
-    Histogram::new(PACING_BUCKETS)
+    Histogram::new(&PACING_BUCKETS)
 }
 
 #[cfg(test)]

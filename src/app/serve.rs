@@ -19,6 +19,7 @@ mod gate;
 mod idle;
 mod pass;
 
+use std::cell::RefCell;
 use std::convert::Infallible;
 use std::fmt::Display;
 use std::future::Future;
@@ -26,6 +27,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::Guard;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -200,12 +202,23 @@ async fn serve<I>(
     let activity = Activity::new(deadlines, began);
     let shared = ctx.shared.clone();
     let requests = activity.clone();
-    // The proxy in force is loaded per request, so a reload applies to the next request of a
-    // kept-alive connection.
+    // The proxy in force is looked up per request, so a reload applies to the next request of
+    // a kept-alive connection. The connection holds it in a handle of its own, and a request
+    // takes a reference to that handle: a reference to the proxy itself would write its count,
+    // shared by every worker, twice per request, and the cores would pass that cache line back
+    // and forth. The handle's count is written by this connection's worker only.
+    let held = RefCell::new(Arc::new(shared.proxy.load_full()));
     let service_conn = conn.clone();
     let service = service_fn(move |req| {
         let in_flight = InFlight::start(&requests, req.version());
-        let proxy: Arc<Proxy> = shared.proxy.load_full();
+        let proxy: Arc<Arc<Proxy>> = {
+            let mut held = held.borrow_mut();
+            let current = shared.proxy.load();
+            if !Arc::ptr_eq(&**held, &*current) {
+                *held = Arc::new(Guard::into_inner(current));
+            }
+            held.clone()
+        };
         let conn = service_conn.clone();
         // Boxed: hyper keeps a slot the size of this future for the whole life of the
         // connection; boxed, the slot is a pointer and the request's state is freed when it

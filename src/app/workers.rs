@@ -10,7 +10,8 @@
 //! What is process-wide stays on worker 0: the accept loops, the admin server, the reloader.
 //! Each worker has its own Redis connection too ([`crate::store::set_worker`]), driven by its
 //! own runtime (redis-rs's TLS and Cluster connections are shared: their drivers run on the
-//! worker whose request started them). Connections are handed out round robin, worker 0
+//! worker whose request started them), and its own slot in the request metrics
+//! ([`crate::metrics::set_thread_slot`]). Connections are handed out round robin, worker 0
 //! included.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -60,6 +61,7 @@ impl Workers {
                     };
                     let _ = handle_tx.send(Ok(runtime.handle().clone()));
                     crate::store::set_worker(k);
+                    crate::metrics::set_thread_slot(k);
                     // the runtime runs its connections' tasks while this waits
                     runtime.block_on(async move {
                         let _ = stopped.wait_for(|stop| *stop).await;

@@ -113,8 +113,10 @@ impl Targets {
     /// The next target in turn that is in the rotation; when none is, the next in turn.
     fn pick(&self) -> Option<usize> {
         let n = self.targets.len();
-        if n == 0 {
-            return None;
+        if n <= 1 {
+            // one target is the pick whether it is in the rotation or not: no turn to take (a
+            // counter every worker writes per request) and no clock to read
+            return (n == 1).then_some(0);
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let now = self.now_ms();

@@ -48,7 +48,7 @@ impl Limit {
         overrides: HashMap<String, Algorithm>,
     ) -> Limit {
         let (quota, window_secs) = figures(&alg);
-        let policy = respond::policy_value(&name, quota, window_secs);
+        let policy = respond::lasting_policy_value(&name, quota, window_secs);
         let series = DecisionSeries::new(route.clone(), name.clone());
         Limit {
             series,
@@ -62,12 +62,14 @@ impl Limit {
         }
     }
 
-    fn shown(&self, alg: &Algorithm, decision: Decision) -> ShownOwned {
+    /// What a response shows of this limit's `decision` under `alg` (its own parameters or an
+    /// override's), borrowed from the limit: nothing shared is written per request.
+    fn shown<'a>(&'a self, alg: &'a Algorithm, decision: Decision) -> Shown<'a> {
         let (quota, window_secs) = figures(alg);
         // the limit's own parameters (not an override's): its policy value is made already
-        let policy = std::ptr::eq(alg, &self.alg).then(|| self.policy.clone());
-        ShownOwned {
-            name: self.name.clone(),
+        let policy = std::ptr::eq(alg, &self.alg).then_some(&self.policy);
+        Shown {
+            name: &self.name,
             quota,
             window_secs,
             policy,
@@ -82,44 +84,23 @@ fn figures(alg: &Algorithm) -> (u64, u64) {
     (quota, window.ceil().max(1.0) as u64)
 }
 
-/// A [`Shown`] that owns its name, to outlive the route borrow.
-pub(super) struct ShownOwned {
-    name: Arc<str>,
-    quota: u64,
-    window_secs: u64,
-    policy: Option<HeaderValue>,
-    decision: Decision,
-}
-
-impl ShownOwned {
-    pub(super) fn as_shown(&self) -> Shown<'_> {
-        Shown {
-            name: &self.name,
-            quota: self.quota,
-            window_secs: self.window_secs,
-            policy: self.policy.as_ref(),
-            decision: self.decision,
-        }
-    }
-}
-
 /// The limit phase's outcome.
-pub(super) enum Checked {
+pub(super) enum Checked<'r> {
     /// a limit denied: send this 429
     Denied(Response<Body>),
     /// go on; the most restrictive limit's figures (none when the route has no limits)
-    Admitted(Option<ShownOwned>),
+    Admitted(Option<Shown<'r>>),
 }
 
 /// Runs the route's limits for a request from `ip`.
-pub(super) async fn check<B>(
+pub(super) async fn check<'r, B>(
     proxy: &Proxy,
-    route: &Route,
+    route: &'r Route,
     req: &Request<B>,
     ip: IpAddr,
     path: &str,
     outcome: &mut Outcome<'_>,
-) -> Result<Checked, ProxyError> {
+) -> Result<Checked<'r>, ProxyError> {
     let ctx = KeyContext {
         ip,
         headers: req.headers(),
@@ -130,7 +111,7 @@ pub(super) async fn check<B>(
     };
     // the store key, its client part written in place (one buffer for all the limits)
     let mut key = String::with_capacity(96);
-    let mut tightest: Option<ShownOwned> = None;
+    let mut tightest: Option<Shown<'r>> = None;
     for limit in &route.limits {
         if identity::is_trusted(ip, &limit.exempt) {
             continue;
@@ -162,10 +143,9 @@ pub(super) async fn check<B>(
         }
         if !decision.allowed {
             if !limit.shadow {
-                let shown = limit.shown(alg, decision);
                 return Ok(Checked::Denied(respond::rate_limited(
                     proxy.settings.headers,
-                    &shown.as_shown(),
+                    &limit.shown(alg, decision),
                 )));
             }
             // a shadow denial admits the request, and its figures are shown like any other

@@ -35,6 +35,7 @@ use crate::identity;
 use crate::metrics::{Metrics, RouteSeries};
 use crate::routing::{normalize_path, strip_prefix, PathMatch, RequestParts, RouteTable};
 use crate::store::{Store, StoreError};
+use respond::Shown;
 
 pub use forward::{Targets, UpstreamClients};
 pub use limits::Limit;
@@ -278,17 +279,20 @@ impl Conn {
 /// What one request did, filled in by the phases: the metrics and the access log line.
 #[derive(Default)]
 struct Outcome<'a> {
-    route: Option<Arc<str>>,
+    /// (borrowed from the proxy in force, as the other fields: a clone of a name shared by
+    /// every worker would write its reference count, a cache line the cores then pass back
+    /// and forth on every request)
+    route: Option<&'a Arc<str>>,
     /// the matched route's request metrics
     series: Option<&'a RouteSeries>,
-    upstream: Option<Arc<str>>,
+    upstream: Option<&'a Arc<str>>,
     client: Option<std::net::IpAddr>,
     /// the limit phase's verdict: allowed, denied, shadow_denied, or none (no limits ran)
     decision: Option<&'static str>,
     pacing_delay: Duration,
     /// the most restrictive admitting limit's figures: the rate-limit headers of the response,
     /// whoever makes it (the upstream, or the proxy when pacing, forwarding or the body fails)
-    shown: Option<limits::ShownOwned>,
+    shown: Option<Shown<'a>>,
 }
 
 impl Proxy {
@@ -325,7 +329,7 @@ impl Proxy {
         };
         // 6. respond: the rate-limit headers, on every response of a route whose limits ran
         if let Some(shown) = &record.outcome.shown {
-            respond::add_rate_headers(resp.headers_mut(), self.settings.headers, &shown.as_shown());
+            respond::add_rate_headers(resp.headers_mut(), self.settings.headers, shown);
         }
         record.done(resp.status().as_u16());
         resp
@@ -366,9 +370,9 @@ impl Proxy {
                 headers: req.headers(),
             };
             let route = self.routes.find(&parts).ok_or(ProxyError::NoRoute)?;
-            outcome.route = Some(route.name.clone());
+            outcome.route = Some(&route.name);
             outcome.series = Some(&route.series);
-            outcome.upstream = Some(route.upstream.name.clone());
+            outcome.upstream = Some(&route.upstream.name);
             // 3. limit
             let checked = limits::check(self, route, &req, ip, &path, outcome).await?;
             match checked {
@@ -427,7 +431,7 @@ impl Record<'_> {
         self.answered = true;
         let elapsed = self.started.elapsed();
         let metrics = &self.proxy.metrics;
-        let route = self.outcome.route.as_ref().unwrap_or(metrics.no_route());
+        let route = self.outcome.route.unwrap_or(metrics.no_route());
         match self.outcome.series {
             Some(series) => metrics.route_request(series, status, elapsed),
             None => metrics.request(route, status, elapsed),
@@ -461,7 +465,7 @@ fn log_request(outcome: &Outcome<'_>, route: &str, status: u16, elapsed: Duratio
         client = %client,
         decision = outcome.decision.unwrap_or("-"),
         pacing_delay_ms = millis(outcome.pacing_delay),
-        upstream = outcome.upstream.as_deref().unwrap_or("-"),
+        upstream = outcome.upstream.map_or("-", |u| &**u),
         duration_ms = millis(elapsed),
     );
 }

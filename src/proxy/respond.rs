@@ -1,7 +1,9 @@
 //! Every response tollgate writes itself: the JSON errors (mapped from [`ProxyError`] in one
 //! place), the 429, and the rate-limit headers added to every response of a limited route.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
+use std::sync::{Mutex, PoisonError};
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -74,6 +76,27 @@ pub fn policy_value(name: &str, quota: u64, window_secs: u64) -> HeaderValue {
     // Structured-field strings: the limit name is quoted; names are validated to be tokens.
     let text = item(name, ";q=", quota, ";w=", window_secs);
     HeaderValue::from_maybe_shared(Bytes::from(text))
+        .unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+}
+
+/// [`policy_value`] for a limit's own parameters, made once when the config is loaded and put
+/// on every response of its route: its bytes are static (kept for the life of the process,
+/// one copy of each distinct value), so cloning it onto a response writes no reference count.
+/// A value held in shared `Bytes` would: one count, written by every worker for every
+/// response, and so a cache line the cores pass back and forth.
+pub fn lasting_policy_value(name: &str, quota: u64, window_secs: u64) -> HeaderValue {
+    static KEPT: Mutex<BTreeSet<&'static [u8]>> = Mutex::new(BTreeSet::new());
+    let text = item(name, ";q=", quota, ";w=", window_secs);
+    let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
+    let bytes: &'static [u8] = match kept.get(text.as_slice()) {
+        Some(&b) => b,
+        None => {
+            let b: &'static [u8] = Vec::leak(text);
+            kept.insert(b);
+            b
+        }
+    };
+    HeaderValue::from_maybe_shared(Bytes::from_static(bytes))
         .unwrap_or_else(|_| HeaderValue::from_static("\"\""))
 }
 
