@@ -566,6 +566,28 @@ mod tests {
     }
 
     /// Requests count by route and status; their durations land in the route's histogram.
+    /// A route's series counts every status, also past the places it keeps counters in, and
+    /// a status seen again is counted in the same series.
+    #[test]
+    fn a_route_counts_more_statuses_than_it_keeps_places_for() {
+        let m = Metrics::new();
+        let series = RouteSeries::new("api".into());
+        let statuses: Vec<u16> = (0..STATUS_PLACES as u16 + 6).map(|k| 200 + k).collect();
+        for (k, &status) in statuses.iter().enumerate() {
+            for _ in 0..=k % 3 {
+                m.route_request(&series, status, Duration::from_millis(1));
+            }
+        }
+        let text = m.encode();
+        for (k, status) in statuses.iter().enumerate() {
+            let line = format!(
+                r#"tollgate_requests_total{{route="api",status="{status}"}} {}"#,
+                k % 3 + 1
+            );
+            assert_has(&text, &[&line]);
+        }
+    }
+
     #[test]
     fn requests_count_by_route_and_status_and_time_by_route() {
         let m = Metrics::new();

@@ -162,3 +162,57 @@ async fn config_shows_the_listeners_in_force_after_a_reload() {
     assert_eq!(json["admin"]["listen"], "127.0.0.1:0", "{json}");
     proxy.shutdown().await;
 }
+
+/// A reload applies to the next request of a connection kept alive across it: the proxy in
+/// force is looked up for each request, not once per connection (a connection holds it between
+/// requests, and must let it go when a reload swaps it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_sees_a_reload_at_its_next_request() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::TokioIo;
+
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proxy.yaml");
+    // a burst the test never spends: every answer is a 200
+    std::fs::write(&path, yaml(&upstream, 1000, "")).unwrap();
+    let proxy = Proxy::start_watching(&path).await;
+
+    let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut conn, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let driven = tokio::spawn(driver);
+    // one request on the one connection; its `RateLimit` header, if any
+    let mut ask = || {
+        let req = hyper::Request::get("/new")
+            .header("host", "localhost")
+            .header("x-client", "kept")
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let sent = conn.send_request(req);
+        async move {
+            let resp = sent.await.expect("the kept-alive connection still serves");
+            assert_eq!(resp.status(), 200);
+            let limited = resp.headers().contains_key("ratelimit");
+            resp.into_body().collect().await.unwrap();
+            limited
+        }
+    };
+    // `/new` is served by the limited catch-all route
+    assert!(ask().await, "the catch-all route's limit shows");
+
+    // a route of its own for `/new`, without limits, in front of the catch-all
+    let route = "  - name: new\n    match: {path: /new}\n    upstream: api\n";
+    replace_file(&path, &yaml(&upstream, 1000, route));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ask().await {
+        assert!(
+            Instant::now() < deadline,
+            "the reload never reached the kept-alive connection"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!driven.is_finished(), "one connection throughout");
+    proxy.shutdown().await;
+}

@@ -193,6 +193,21 @@ pub fn json_string(s: &str) -> String {
 mod tests {
     use super::*;
 
+    /// A limit's own policy value is kept once: equal values share their bytes (cloning one
+    /// onto a response writes no reference count), and the text is `policy_value`'s.
+    #[test]
+    fn lasting_policy_values_are_kept_once() {
+        let a = lasting_policy_value("per-client", 20, 4);
+        let b = lasting_policy_value("per-client", 20, 4);
+        let c = lasting_policy_value("per-client", 21, 4);
+        assert_eq!(a, policy_value("per-client", 20, 4));
+        assert_eq!(a.as_bytes(), br#""per-client";q=20;w=4"#);
+        assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr(), "one copy");
+        assert_eq!(c.as_bytes(), br#""per-client";q=21;w=4"#);
+        let clone = a.clone();
+        assert_eq!(clone.as_bytes().as_ptr(), a.as_bytes().as_ptr());
+    }
+
     /// The hand-written items are exactly what `format!` writes, at every digit count.
     #[test]
     fn items_match_format() {
