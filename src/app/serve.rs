@@ -206,7 +206,10 @@ async fn serve<I>(
     // a kept-alive connection. The connection holds it in a handle of its own, and a request
     // takes a reference to that handle: a reference to the proxy itself would write its count,
     // shared by every worker, twice per request, and the cores would pass that cache line back
-    // and forth. The handle's count is written by this connection's worker only.
+    // and forth. The handle's count is written by this connection's worker only. An idle
+    // connection keeps the proxy of its last request until its next one or its close (within
+    // `timeouts.idle`): an older config's routes, not its pools, store or tunnels, which every
+    // config shares.
     let held = RefCell::new(Arc::new(shared.proxy.load_full()));
     let service_conn = conn.clone();
     let service = service_fn(move |req| {
