@@ -352,7 +352,7 @@ impl Metrics {
 
     /// [`Metrics::request`] for a request of the route whose series `series` are.
     pub fn route_request(&self, series: &RouteSeries, status: u16, elapsed: Duration) {
-        self.route_status_counter(series, status).inc();
+        self.count_status(series, status);
         let duration = series.duration.get_or_init(|| {
             let labels = RouteLabel {
                 route: series.route.clone(),
@@ -362,8 +362,12 @@ impl Metrics {
         duration.observe(elapsed);
     }
 
-    /// The `tollgate_requests_total{route,status}` counter of `series`'s route for `status`.
-    fn route_status_counter(&self, series: &RouteSeries, status: u16) -> sharded::Counter {
+    /// Adds one to `tollgate_requests_total{route,status}` of `series`'s route for `status`,
+    /// through the counter kept in the route's first place that is free or holds `status`.
+    /// The counter is used where it is kept, not cloned: a clone writes its reference count,
+    /// shared by every worker. (A status put in two places by a race has the family's one
+    /// counter in both.)
+    fn count_status(&self, series: &RouteSeries, status: u16) {
         let find = || {
             let labels = RouteStatus {
                 route: series.route.clone(),
@@ -372,20 +376,13 @@ impl Metrics {
             self.inner.requests.get_or_create(&labels).clone()
         };
         for place in &series.counts {
-            match place.get() {
-                Some((s, counter)) if *s == status => return counter.clone(),
-                Some(_) => continue,
-                None => {
-                    // taken by another status meanwhile: on to the next place (a status put in
-                    // two places by a race has the family's one counter in both)
-                    let (s, counter) = place.get_or_init(|| (status, find()));
-                    if *s == status {
-                        return counter.clone();
-                    }
-                }
+            let (kept, counter) = place.get_or_init(|| (status, find()));
+            if *kept == status {
+                counter.inc();
+                return;
             }
         }
-        find()
+        find().inc();
     }
 
     /// Records what one limit decided, `tollgate_limit_decisions_total{route,limit,decision}`,
@@ -565,7 +562,6 @@ mod tests {
         }
     }
 
-    /// Requests count by route and status; their durations land in the route's histogram.
     /// A route's series counts every status, also past the places it keeps counters in, and
     /// a status seen again is counted in the same series.
     #[test]
@@ -588,6 +584,7 @@ mod tests {
         }
     }
 
+    /// Requests count by route and status; their durations land in the route's histogram.
     #[test]
     fn requests_count_by_route_and_status_and_time_by_route() {
         let m = Metrics::new();

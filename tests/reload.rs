@@ -37,6 +37,16 @@ fn replace_file(path: &std::path::Path, text: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
+/// Writes `text` to `proxy.yaml` in a new temporary directory and starts tollgate on it,
+/// reloading it when it changes; the directory lives as long as the returned guard.
+async fn start_watching(text: &str) -> (tempfile::TempDir, std::path::PathBuf, Proxy) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proxy.yaml");
+    std::fs::write(&path, text).unwrap();
+    let proxy = Proxy::start_watching(&path).await;
+    (dir, path, proxy)
+}
+
 /// Waits until `probe` holds, polling; panics after `limit`.
 async fn eventually<F, Fut>(limit: Duration, mut probe: F)
 where
@@ -58,10 +68,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloads_under_load_drop_nothing() {
     let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("proxy.yaml");
-    std::fs::write(&path, yaml(&upstream, 2, "")).unwrap();
-    let proxy = Proxy::start_watching(&path).await;
+    let (_dir, path, proxy) = start_watching(&yaml(&upstream, 2, "")).await;
 
     // the background client: a fresh identity per request so limits never deny it
     let stop = Arc::new(AtomicBool::new(false));
@@ -141,11 +148,8 @@ async fn reloads_under_load_drop_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_shows_the_listeners_in_force_after_a_reload() {
     let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("proxy.yaml");
     let admin = "admin: {listen: 127.0.0.1:0}\n";
-    std::fs::write(&path, format!("{admin}{}", yaml(&upstream, 5, ""))).unwrap();
-    let proxy = Proxy::start_watching(&path).await;
+    let (_dir, path, proxy) = start_watching(&format!("{admin}{}", yaml(&upstream, 5, ""))).await;
     let config_url = format!("http://{}/config", proxy.admin.expect("admin listener"));
     let route = "  - name: new\n    match: {path: /new}\n    upstream: api\n";
     let moved = yaml(&upstream, 5, route).replace("listen: 127.0.0.1:0", "listen: 127.0.0.1:1");
@@ -172,11 +176,8 @@ async fn a_kept_alive_connection_sees_a_reload_at_its_next_request() {
     use hyper_util::rt::TokioIo;
 
     let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("proxy.yaml");
     // a burst the test never spends: every answer is a 200
-    std::fs::write(&path, yaml(&upstream, 1000, "")).unwrap();
-    let proxy = Proxy::start_watching(&path).await;
+    let (_dir, path, proxy) = start_watching(&yaml(&upstream, 1000, "")).await;
 
     let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let (mut conn, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -205,14 +206,11 @@ async fn a_kept_alive_connection_sees_a_reload_at_its_next_request() {
     // a route of its own for `/new`, without limits, in front of the catch-all
     let route = "  - name: new\n    match: {path: /new}\n    upstream: api\n";
     replace_file(&path, &yaml(&upstream, 1000, route));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while ask().await {
-        assert!(
-            Instant::now() < deadline,
-            "the reload never reached the kept-alive connection"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(5), || {
+        let limited = ask();
+        async move { !limited.await }
+    })
+    .await;
     assert!(!driven.is_finished(), "one connection throughout");
     proxy.shutdown().await;
 }

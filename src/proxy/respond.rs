@@ -74,9 +74,7 @@ pub fn add_rate_headers(headers: &mut HeaderMap, style: HeaderStyle, shown: &Sho
 /// The `RateLimit-Policy` value of a limit named `name` with `quota` per `window_secs`.
 pub fn policy_value(name: &str, quota: u64, window_secs: u64) -> HeaderValue {
     // Structured-field strings: the limit name is quoted; names are validated to be tokens.
-    let text = item(name, ";q=", quota, ";w=", window_secs);
-    HeaderValue::from_maybe_shared(Bytes::from(text))
-        .unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+    item_value(Bytes::from(item(name, ";q=", quota, ";w=", window_secs)))
 }
 
 /// [`policy_value`] for a limit's own parameters, made once when the config is loaded and put
@@ -96,8 +94,13 @@ pub fn lasting_policy_value(name: &str, quota: u64, window_secs: u64) -> HeaderV
             b
         }
     };
-    HeaderValue::from_maybe_shared(Bytes::from_static(bytes))
-        .unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+    item_value(Bytes::from_static(bytes))
+}
+
+/// An [`item`] as a header value (the empty string item should its bytes not be a valid
+/// value; limit names are validated tokens, so they are).
+fn item_value(bytes: Bytes) -> HeaderValue {
+    HeaderValue::from_maybe_shared(bytes).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
 }
 
 /// `"name";k1=v1;k2=v2`, written without the formatting machinery: this runs on every

@@ -144,8 +144,6 @@ impl GuardedStore {
             breaker: &self.breaker,
             permit,
         };
-        // (the calls are counted by the observer's histogram only: a counter here, written by
-        // every worker on every call, was a cache line the cores passed back and forth)
         let started = Instant::now();
         let result = self.primary.check(key, alg, now).await;
         if let Some(observer) = &self.observer {
