@@ -184,33 +184,38 @@ async fn a_kept_alive_connection_sees_a_reload_at_its_next_request() {
         .await
         .unwrap();
     let driven = tokio::spawn(driver);
-    // one request on the one connection; its `RateLimit` header, if any
-    let mut ask = || {
+    // one request on the one connection, once it is ready for the next; its `RateLimit`
+    // header, if any
+    async fn ask(conn: &mut hyper::client::conn::http1::SendRequest<Empty<bytes::Bytes>>) -> bool {
+        // the connection may still be finishing the last answer: wait, rather than be refused
+        conn.ready()
+            .await
+            .expect("the kept-alive connection stays open");
         let req = hyper::Request::get("/new")
             .header("host", "localhost")
             .header("x-client", "kept")
             .body(Empty::<bytes::Bytes>::new())
             .unwrap();
-        let sent = conn.send_request(req);
-        async move {
-            let resp = sent.await.expect("the kept-alive connection still serves");
-            assert_eq!(resp.status(), 200);
-            let limited = resp.headers().contains_key("ratelimit");
-            resp.into_body().collect().await.unwrap();
-            limited
-        }
-    };
+        let resp = conn
+            .send_request(req)
+            .await
+            .expect("the kept-alive connection still serves");
+        assert_eq!(resp.status(), 200);
+        let limited = resp.headers().contains_key("ratelimit");
+        resp.into_body().collect().await.unwrap();
+        limited
+    }
     // `/new` is served by the limited catch-all route
-    assert!(ask().await, "the catch-all route's limit shows");
+    assert!(ask(&mut conn).await, "the catch-all route's limit shows");
 
     // a route of its own for `/new`, without limits, in front of the catch-all
     let route = "  - name: new\n    match: {path: /new}\n    upstream: api\n";
     replace_file(&path, &yaml(&upstream, 1000, route));
-    eventually(Duration::from_secs(5), || {
-        let limited = ask();
-        async move { !limited.await }
-    })
-    .await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ask(&mut conn).await {
+        assert!(Instant::now() < deadline, "the reload not seen within 5 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(!driven.is_finished(), "one connection throughout");
     proxy.shutdown().await;
 }
