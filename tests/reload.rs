@@ -211,11 +211,13 @@ async fn a_kept_alive_connection_sees_a_reload_at_its_next_request() {
     // a route of its own for `/new`, without limits, in front of the catch-all
     let route = "  - name: new\n    match: {path: /new}\n    upstream: api\n";
     replace_file(&path, &yaml(&upstream, 1000, route));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while ask(&mut conn).await {
-        assert!(Instant::now() < deadline, "the reload not seen within 5 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // (the one connection behind a lock, so that each probe of `eventually` can use it)
+    let conn = Arc::new(tokio::sync::Mutex::new(conn));
+    eventually(Duration::from_secs(5), || {
+        let conn = conn.clone();
+        async move { !ask(&mut *conn.lock().await).await }
+    })
+    .await;
     assert!(!driven.is_finished(), "one connection throughout");
     proxy.shutdown().await;
 }
