@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | `GET /metrics` | 200, the registry in the Prometheus text format ([`metrics::TEXT_CONTENT_TYPE`]), or OpenMetrics ([`metrics::CONTENT_TYPE`]) when the client's `Accept` asks for it |
 //! | `GET /healthz` | 200 `ok`: the process is alive and serving |
-//! | `GET /readyz` | 200 `ready`, or 503 `not ready` while [`AdminState::ready`] says no |
+//! | `GET /readyz` | 200 `ready`, or 503 `not ready: <why>` while [`AdminState::ready`] says no |
 //! | `GET /config` | 200, [`AdminState::config_json`] as pretty-printed JSON |
 //! | any other path | 404 |
 //! | another method on one of the paths above | 405 with `Allow: GET` |
@@ -17,6 +17,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,9 +53,13 @@ pub struct AdminState {
     /// redacted; called on every request so it can read the config currently in force
     pub config_json: Arc<dyn Fn() -> serde_json::Value + Send + Sync>,
     /// whether `/readyz` answers 200: config loaded and the store reachable (or its fallback
-    /// active); called on every probe, so it must be cheap and must not block
-    pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// active), else why not; called on every probe, and may ask the store (bounded by its
+    /// timeout)
+    pub ready: Arc<dyn Fn() -> Readiness + Send + Sync>,
 }
+
+/// The answer of [`AdminState::ready`]: why the instance is not ready, if it is not.
+pub type Readiness = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
 impl std::fmt::Debug for AdminState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,8 +97,10 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let state = state.clone();
-        let service =
-            service_fn(move |req| std::future::ready(Ok::<_, Infallible>(respond(&state, &req))));
+        let service = service_fn(move |req| {
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(answer(&state, &req).await) }
+        });
         let conn = builder.serve_connection(TokioIo::new(stream), service);
         let conn = graceful.watch(conn.into_owned());
         tokio::spawn(async move {
@@ -131,7 +138,24 @@ fn asks_for_openmetrics<B>(req: &Request<B>) -> bool {
     })
 }
 
-/// The answer to one admin request. The body is never read: no endpoint takes one.
+/// The answer to one admin request: `/readyz` waits for [`AdminState::ready`], the others are
+/// answered at once.
+async fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
+    if req.uri().path() != "/readyz" || req.method() != Method::GET {
+        return respond(state, req);
+    }
+    match (state.ready)().await {
+        Ok(()) => text(StatusCode::OK, "ready"),
+        Err(why) => with_type(
+            StatusCode::SERVICE_UNAVAILABLE,
+            TEXT,
+            format!("not ready: {why}").into(),
+        ),
+    }
+}
+
+/// The answer to one admin request but a `GET /readyz`. The body is never read: no endpoint
+/// takes one.
 fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
     let path = req.uri().path();
     if !matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config") {
@@ -167,9 +191,8 @@ fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
             response
         }
         "/healthz" => text(StatusCode::OK, "ok"),
-        "/readyz" if (state.ready)() => text(StatusCode::OK, "ready"),
-        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready"),
-        _ => config(state),
+        "/config" => config(state),
+        _ => unreachable!("/readyz is answered by `answer`"),
     }
 }
 
@@ -232,7 +255,16 @@ mod tests {
             config_json: Arc::new(
                 || serde_json::json!({"store": {"url": "redis://:***@redis:6379"}, "routes": []}),
             ),
-            ready: Arc::new(move || is_ready.load(Ordering::SeqCst)),
+            ready: Arc::new(move || {
+                let ready = is_ready.load(Ordering::SeqCst);
+                Box::pin(async move {
+                    if ready {
+                        Ok(())
+                    } else {
+                        Err("off".into())
+                    }
+                })
+            }),
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(serve(listener, state, async move {
@@ -334,7 +366,7 @@ mod tests {
         let (status, content_type, body) = call(s.addr, Method::GET, "/readyz").await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(content_type, "text/plain; charset=utf-8");
-        assert_eq!(body, "not ready");
+        assert_eq!(body, "not ready: off");
         s.ready.store(true, Ordering::SeqCst);
         let (status, _, body) = call(s.addr, Method::GET, "/readyz").await;
         assert_eq!(status, StatusCode::OK);
@@ -376,7 +408,7 @@ mod tests {
         let s = AdminState {
             metrics: Metrics::new(),
             config_json: Arc::new(|| serde_json::Value::Null),
-            ready: Arc::new(|| true),
+            ready: Arc::new(|| Box::pin(async { Ok(()) })),
         };
         let req = Request::delete("/config").body(()).unwrap();
         let resp = respond(&s, &req);

@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{get, Proxy, Redis, Upstream};
+use std::time::Duration;
+
+use common::{eventually, get, Proxy, Redis, Upstream};
 
 fn metric_line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
     text.lines().find(|l| l.starts_with(prefix))
@@ -131,6 +133,50 @@ routes:
         assert_eq!(get(&proxy.url("/"), &[]).await.status, 503);
     }
     assert_eq!(get(&format!("{admin}/readyz"), &[]).await.status, 503);
+}
+
+/// `/readyz` asks Redis itself (with `on_error: deny`, no fallback): it says no as soon as Redis
+/// is gone and yes as soon as it is back, with no proxied request in between to find out — a
+/// load balancer that stopped sending requests because of the 503 gets the instance back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_asks_redis_without_waiting_for_traffic() {
+    let mut redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+admin: {{listen: 127.0.0.1:0}}
+store: {{backend: redis, url: "{}", timeout: 200ms, on_error: deny}}
+upstreams:
+  api:
+    targets: [{}]
+routes:
+  - name: api
+    upstream: api
+    limits:
+      - {{name: l, algorithm: token_bucket, rate: 100/s}}
+"#,
+        redis.url(),
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let readyz = format!("http://{}/readyz", proxy.admin.unwrap());
+    let status = || async { get(&readyz, &[]).await.status };
+    assert_eq!(status().await, 200);
+    redis.kill();
+    let down = get(&readyz, &[]).await;
+    assert_eq!(down.status, 503, "{}", down.body);
+    assert!(down.body.starts_with("not ready: "), "{}", down.body);
+    // probed again and again while it is out: the breaker opens, and still closes on its own
+    for _ in 0..8 {
+        assert_eq!(status().await, 503);
+    }
+    redis.restart();
+    eventually(Duration::from_secs(10), || async { status().await == 200 }).await;
+    assert!(
+        upstream.seen().is_empty(),
+        "no request went through the proxy"
+    );
+    assert_eq!(get(&proxy.url("/"), &[]).await.status, 200);
 }
 
 /// A request whose client goes away before it is answered is still counted and logged, with

@@ -5,9 +5,9 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{get, Proxy, Upstream};
+use common::{eventually, get, Proxy, Upstream};
 
 fn yaml(upstream: &Upstream, burst: u32, extra_route: &str) -> String {
     format!(
@@ -45,22 +45,6 @@ async fn start_watching(text: &str) -> (tempfile::TempDir, std::path::PathBuf, P
     std::fs::write(&path, text).unwrap();
     let proxy = Proxy::start_watching(&path).await;
     (dir, path, proxy)
-}
-
-/// Waits until `probe` holds, polling; panics after `limit`.
-async fn eventually<F, Fut>(limit: Duration, mut probe: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !probe().await {
-        assert!(
-            Instant::now() < deadline,
-            "condition not reached within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// A client looping requests sees no error across several reloads (one of them invalid);

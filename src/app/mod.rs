@@ -242,7 +242,14 @@ fn admin_state(shared: &Arc<Shared>) -> AdminState {
         metrics: shared.metrics.clone(),
         config_json: Arc::new(move || for_config.config().to_json()),
         ready: Arc::new(move || {
-            !for_ready.draining.load(Ordering::Acquire) && for_ready.store().1.ready()
+            let shared = for_ready.clone();
+            Box::pin(async move {
+                if shared.draining.load(Ordering::Acquire) {
+                    return Err("draining".to_string());
+                }
+                let store = shared.store().1;
+                store.ready().await.map_err(|e| e.to_string())
+            })
         }),
     }
 }

@@ -40,6 +40,9 @@ pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, StoreErr
 /// The future of a [`Store::defer`]: ms until the schedule's next free slot.
 pub type HoldFuture<'a> = Pin<Box<dyn Future<Output = Result<u64, StoreError>> + Send + 'a>>;
 
+/// The future of a [`Store::ready`]: why requests cannot be decided as configured, if so.
+pub type ReadyFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
 /// Keeps limiter state and decides requests.
 pub trait Store: Send + Sync + 'static {
     /// Decides one request for `key` under `alg`. `now` is the time in ms since the epoch;
@@ -63,10 +66,11 @@ pub trait Store: Send + Sync + 'static {
         now: Option<Millis>,
     ) -> HoldFuture<'a>;
 
-    /// Whether requests can be decided as configured: false only when the store is out and
-    /// no fallback is configured (for `/readyz`).
-    fn ready(&self) -> bool {
-        true
+    /// Whether requests can be decided as configured, for `/readyz`: a shared store is asked
+    /// (bounded by its timeout), so the answer does not wait for traffic to find out; an error
+    /// only when the store is out and no fallback is configured.
+    fn ready(&self) -> ReadyFuture<'_> {
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use lru::LruCache;
 
-use super::{HoldFuture, MemoryStore, Store, StoreError, StoreFuture, StoreObserver};
+use super::{HoldFuture, MemoryStore, ReadyFuture, Store, StoreError, StoreFuture, StoreObserver};
 use crate::limit::{Algorithm, Bucket, Decision, Millis, Pace, Rate, Window};
 
 /// Consecutive failures that open the breaker.
@@ -167,9 +167,29 @@ impl GuardedStore {
 }
 
 impl Store for GuardedStore {
-    fn ready(&self) -> bool {
-        // with a fallback (allow or local) requests are served even while Redis is out
-        self.on_error != OnError::Deny || !self.breaker.is_open()
+    fn ready(&self) -> ReadyFuture<'_> {
+        Box::pin(async move {
+            // with a fallback (allow or local) requests are served even while Redis is out
+            if self.on_error != OnError::Deny {
+                return Ok(());
+            }
+            // Without one, the store is asked, through the breaker like a request's call: a
+            // probe that finds Redis back closes the breaker, so an instance that a load
+            // balancer stopped sending requests to (because this said no) still comes back.
+            let Some(permit) = self.breaker.allow_now() else {
+                return Err(StoreError::CircuitOpen);
+            };
+            let _in_flight = InFlight {
+                breaker: &self.breaker,
+                permit,
+            };
+            let result = self.primary.ready().await;
+            match &result {
+                Ok(()) => self.breaker.success(),
+                Err(e) => self.breaker.failure(permit, self.breaker.now(), e),
+            }
+            result
+        })
     }
 
     fn check<'a>(

@@ -21,7 +21,7 @@ use ::redis::{ConnectionAddr, IntoConnectionInfo, Value};
 use super::pipe::{self, Addr, Endpoint, Failure, Pipe};
 use super::reply::{self, Reply};
 use super::scripts::{Call, Scripts};
-use super::{HoldFuture, Store, StoreError, StoreFuture};
+use super::{HoldFuture, ReadyFuture, Store, StoreError, StoreFuture};
 use crate::limit::{Algorithm, Millis, Pace};
 
 /// Reconnection attempts wait at least this long before their second try (one retry): a refusal
@@ -264,6 +264,10 @@ impl Store for RedisStore {
         Box::pin(async move {
             reply::decode_reply(alg, &self.invoke(self.scripts.check(key, alg, now)).await?)
         })
+    }
+
+    fn ready(&self) -> ReadyFuture<'_> {
+        Box::pin(self.ping())
     }
 }
 

@@ -522,3 +522,19 @@ pub async fn send(req: Request<TestBody>) -> Answer {
         body: String::from_utf8_lossy(&body).to_string(),
     }
 }
+
+/// Waits until `probe` holds, polling; panics after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !probe().await {
+        assert!(
+            Instant::now() < deadline,
+            "condition not reached within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
