@@ -44,7 +44,14 @@ end
 
 local start = math.floor(now / window) * window
 local reset = math.max(1, math.ceil(start + window - now))
-local stored = redis.call('HMGET', key, 'w', 'c')
+-- A key of another type was left under this name by another algorithm (a reload changed the
+-- limit's algorithm and kept its name): its state means nothing here, so it starts afresh, as
+-- the memory store does, instead of failing every call until it expires.
+local stored = redis.pcall('HMGET', key, 'w', 'c')
+if stored.err then
+  redis.call('DEL', key)
+  stored = {}
+end
 local count = 0
 if tonumber(stored[1]) == start then
   count = tonumber(stored[2]) or 0

@@ -52,7 +52,15 @@ if key == nil or rate == nil or rate <= 0 or now == nil or (max_delay ~= nil and
   return redis.error_reply('usage: leaky_bucket.lua KEY , RATE>0 [MAX_DELAY_MS] [NOW_MS]')
 end
 
-local slot = tonumber(redis.call('GET', key))
+-- A key of another type was left under this name by another algorithm (a reload changed the
+-- limit's algorithm and kept its name): its state means nothing here, so it starts afresh, as
+-- the memory store does, instead of failing every call until it expires.
+local got = redis.pcall('GET', key)
+if type(got) == 'table' and got.err then
+  redis.call('DEL', key)
+  got = nil
+end
+local slot = tonumber(got)
 if slot == nil or slot < now then
   slot = now
 end

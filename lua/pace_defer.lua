@@ -35,7 +35,14 @@ if key == nil or rate == nil or rate <= 0 or hold == nil or hold < 0 or now == n
   return redis.error_reply('usage: pace_defer.lua KEY , RATE>0 HOLD_MS>=0 [NOW_MS]')
 end
 
-local slot = tonumber(redis.call('GET', key))
+-- A key of another type under this name means nothing here: the schedule starts afresh, as
+-- in the memory store, instead of failing every call until the key expires.
+local got = redis.pcall('GET', key)
+if type(got) == 'table' and got.err then
+  redis.call('DEL', key)
+  got = nil
+end
+local slot = tonumber(got)
 if slot == nil or slot < now + hold then
   slot = now + hold
   -- idle once the held slot and one interval after it have passed, as leaky_bucket.lua keeps it

@@ -43,7 +43,13 @@ if key == nil or limit == nil or limit < 1 or window == nil or window <= 0 or no
   return redis.error_reply('usage: sliding_window.lua KEY , LIMIT>=1 WINDOW_MS>0 [NOW_MS]')
 end
 
-redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now - window))
+-- A key of another type was left under this name by another algorithm (a reload changed the
+-- limit's algorithm and kept its name): its state means nothing here, so it starts afresh, as
+-- the memory store does, instead of failing every call until it expires.
+local trimmed = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now - window))
+if type(trimmed) == 'table' and trimmed.err then
+  redis.call('DEL', key)
+end
 local count = redis.call('ZCARD', key)
 if count >= limit then
   -- the request is admitted once count - limit + 1 of the oldest entries have left

@@ -48,7 +48,14 @@ end
 
 local start = math.floor(now / window) * window
 local window_end = start + window
-local stored = redis.call('HMGET', key, 'w', 'c', 'p')
+-- A key of another type was left under this name by another algorithm (a reload changed the
+-- limit's algorithm and kept its name): its state means nothing here, so it starts afresh, as
+-- the memory store does, instead of failing every call until it expires.
+local stored = redis.pcall('HMGET', key, 'w', 'c', 'p')
+if stored.err then
+  redis.call('DEL', key)
+  stored = {}
+end
 local w = tonumber(stored[1])
 local curr = tonumber(stored[2]) or 0
 local prev = tonumber(stored[3]) or 0

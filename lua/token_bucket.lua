@@ -56,9 +56,9 @@ end
 local interval = 1000 / rate
 local tolerance = burst * interval
 
--- With several keys, a key the script cannot use (one holding another type) answers its own
--- error and the others go on: pcall, so that one bad key does not stop the script half-way,
--- with the keys before it already written (a caller would then run those again).
+-- With several keys, a key the script cannot write answers its own error and the others go
+-- on: pcall, so that one bad key does not stop the script half-way, with the keys before it
+-- already written (a caller would then run those again).
 -- Writes a bucket's TAT, kept `ahead` ms (the time until it is full again); the error reply
 -- when the key cannot be written, else nil.
 local function put(key, tat, ahead)
@@ -72,7 +72,11 @@ end
 local function take(key)
   local got = redis.pcall('GET', key)
   if type(got) == 'table' and got.err then
-    return got
+    -- A key of another type was left under this name by another algorithm (a reload changed
+    -- the limit's algorithm and kept its name): its state means nothing here, so the bucket
+    -- starts full, as in the memory store, instead of failing every call until it expires.
+    redis.call('DEL', key)
+    got = nil
   end
   local tat = tonumber(got)
   if tat == nil or tat < now then

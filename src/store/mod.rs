@@ -105,6 +105,18 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the error says the store cannot be used (so it counts towards the circuit
+    /// breaker), rather than that one call could not be: a key holding another type
+    /// (`WRONGTYPE`) or a reply of the wrong shape comes from a Redis that is up and answering,
+    /// and must not take it away from every client.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            StoreError::Redis(e) => e.code() != Some("WRONGTYPE"),
+            StoreError::Reply { .. } => false,
+            StoreError::Timeout(_) | StoreError::CircuitOpen => true,
+        }
+    }
+
     /// A short label for the `kind` of `tollgate_store_errors_total`.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -149,18 +149,15 @@ impl GuardedStore {
         if let Some(observer) = &self.observer {
             observer.call(started.elapsed(), result.as_ref().err());
         }
-        match &result {
-            Ok(d) => {
-                self.breaker.success();
-                if now.is_none() && !d.allowed && d.retry_after_ms > 0 {
-                    // The store counted `retry_after` from the moment it decided, which is no
-                    // later than now: counting it from now keeps the cached Retry-After from
-                    // ever being early (counting from before the call would make it early by
-                    // the round trip, up to the whole timeout).
-                    self.deny_cache.insert(key, alg, d, started, Instant::now());
-                }
+        self.breaker.record(permit, result.as_ref().err());
+        if let Ok(d) = &result {
+            if now.is_none() && !d.allowed && d.retry_after_ms > 0 {
+                // The store counted `retry_after` from the moment it decided, which is no
+                // later than now: counting it from now keeps the cached Retry-After from
+                // ever being early (counting from before the call would make it early by
+                // the round trip, up to the whole timeout).
+                self.deny_cache.insert(key, alg, d, started, Instant::now());
             }
-            Err(e) => self.breaker.failure(permit, self.breaker.now(), e),
         }
         result
     }
@@ -184,10 +181,7 @@ impl Store for GuardedStore {
                 permit,
             };
             let result = self.primary.ready().await;
-            match &result {
-                Ok(()) => self.breaker.success(),
-                Err(e) => self.breaker.failure(permit, self.breaker.now(), e),
-            }
+            self.breaker.record(permit, result.as_ref().err());
             result
         })
     }
@@ -218,16 +212,9 @@ impl Store for GuardedStore {
                 breaker: &self.breaker,
                 permit,
             };
-            match self.primary.defer(key, pace, hold_ms, now).await {
-                Ok(ms) => {
-                    self.breaker.success();
-                    Ok(ms)
-                }
-                Err(e) => {
-                    self.breaker.failure(permit, self.breaker.now(), &e);
-                    Ok(local)
-                }
-            }
+            let result = self.primary.defer(key, pace, hold_ms, now).await;
+            self.breaker.record(permit, result.as_ref().err());
+            Ok(result.unwrap_or(local))
         })
     }
 }
@@ -329,6 +316,16 @@ impl Breaker {
             && self.open_until.swap(0, Ordering::AcqRel) != 0
         {
             tracing::info!("store reachable again: circuit breaker closed");
+        }
+    }
+
+    /// Records the outcome of a call made with `permit`: an error that says the store is out
+    /// counts as a failure; a success, or an error of one key or call (Redis answered), as a
+    /// success.
+    fn record(&self, permit: Permit, error: Option<&StoreError>) {
+        match error {
+            Some(e) if e.is_outage() => self.failure(permit, self.now(), e),
+            _ => self.success(),
         }
     }
 

@@ -24,6 +24,49 @@ fn tripped(at: u64) -> Breaker {
     b
 }
 
+/// The error Redis answers for a key holding another type, as the store's connection reads it.
+fn wrongtype() -> StoreError {
+    let reply = b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n";
+    let (value, _) = crate::store::parse_reply(reply)
+        .expect("a whole reply")
+        .expect("parsed");
+    StoreError::Redis(value.extract_error().expect_err("a server error"))
+}
+
+/// Errors of one key or call come from a Redis that answers: however many in a row, they do
+/// not open the breaker, and they reset the count of failures as a success does; a probe that
+/// gets one closes it. Timeouts and broken connections are outages.
+#[test]
+fn errors_of_one_key_are_not_outages() {
+    let reply = StoreError::Reply {
+        script: "token_bucket",
+        detail: "not four integers".into(),
+    };
+    let dropped = StoreError::Redis(::redis::RedisError::from(std::io::Error::from(
+        std::io::ErrorKind::ConnectionReset,
+    )));
+    assert!(!wrongtype().is_outage());
+    assert!(!reply.is_outage());
+    assert!(timeout().is_outage());
+    assert!(dropped.is_outage());
+    let b = Breaker::default();
+    for _ in 0..3 * TRIP_AFTER {
+        b.record(Permit::Closed, Some(&wrongtype()));
+        b.record(Permit::Closed, Some(&reply));
+    }
+    assert!(!b.is_open());
+    for _ in 0..TRIP_AFTER - 1 {
+        b.record(Permit::Closed, Some(&dropped));
+    }
+    b.record(Permit::Closed, Some(&wrongtype()));
+    b.record(Permit::Closed, Some(&dropped));
+    assert!(!b.is_open(), "the key's error broke the run of failures");
+    let b = tripped(10);
+    let probe = b.allow_call(10 + COOL_MS).expect("probe");
+    b.record(probe, Some(&wrongtype()));
+    assert!(!b.is_open(), "Redis answered the probe");
+}
+
 /// [`TRIP_AFTER`] - 1 failures leave it closed, a success resets the count, and
 /// [`TRIP_AFTER`] failures in a row open it.
 #[test]
