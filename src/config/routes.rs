@@ -99,6 +99,9 @@ fn route(
         }
     }
     let limits = route_limits(chk, raw, path);
+    if let (Some("upstream"), Some(upstreams)) = (name.as_deref(), upstreams) {
+        pacing_keys_apart(chk, raw, path, upstreams);
+    }
     Some(RouteConfig {
         name: name?,
         matcher: matcher?,
@@ -123,6 +126,33 @@ fn missing_upstream(name: &str, upstreams: &[&str]) -> String {
             "no upstream named {name:?}; upstreams defines {}",
             or_list(upstreams)
         ),
+    }
+}
+
+/// An upstream's pacing schedule is kept at `<key_prefix>:upstream:<upstream>:pace`, so on a
+/// route named `upstream` a limit named like an upstream would share it (with the client key
+/// `pace`, which a header or query key lets a client choose): refused, so that no client can
+/// write over the schedule every instance paces that upstream by.
+fn pacing_keys_apart(chk: &mut Checker<'_>, raw: &RawRoute, path: &Path, upstreams: &[&str]) {
+    let Some(items) = raw.limits.get() else {
+        return;
+    };
+    let lpath = path.key("limits");
+    for (j, field) in items.iter().enumerate() {
+        let Field::Present(limit) = field else {
+            continue;
+        };
+        let Some(name) = limit.name.get() else {
+            continue;
+        };
+        if upstreams.contains(&name.as_str()) {
+            let message = format!(
+                "a limit named {name:?} on a route named \"upstream\" would keep its counts where \
+                 upstream {name:?} keeps its pacing schedule (<key_prefix>:upstream:{name}:pace); \
+                 rename the route or the limit"
+            );
+            chk.error(lpath.index(j).key("name"), message);
+        }
     }
 }
 

@@ -114,6 +114,22 @@ fn duplicate_limit_name_in_a_route_is_an_error() {
     );
 }
 
+/// On a route named `upstream`, a limit named like an upstream would keep its counts at that
+/// upstream's pacing key (`<prefix>:upstream:api:pace` for the client key `pace`): refused;
+/// another limit name, or another route name, is fine.
+#[test]
+fn a_limit_key_that_could_be_a_pacing_key_is_an_error() {
+    let limits = "    limits:\n      - {name: api, algorithm: fixed_window, key: header:x-user, limit: 9, window: 1h}\n      - {name: other, algorithm: token_bucket, rate: 1/s}\n";
+    let text = route_with(limits).replace("name: all", "name: upstream");
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:9:16: routes[0].limits[0].name: a limit named "api" on a route named "upstream" would keep its counts where upstream "api" keeps its pacing schedule (<key_prefix>:upstream:api:pace); rename the route or the limit"#,
+        ],
+    );
+    ok(&route_with(limits));
+}
+
 /// A key written twice in one mapping (here two upstreams of one name) is an error at the
 /// second, even though YAML parsers usually keep the last silently.
 #[test]
