@@ -146,15 +146,20 @@ impl<'l> Checker<'l> {
     /// year, which no timeout needs and which past the clock's range would not add to an
     /// instant (tokio would panic, or never fire).
     pub fn duration(&mut self, field: &Field<String>, path: &Path, default: Duration) -> Duration {
-        const LONGEST: Duration = Duration::from_secs(365 * 24 * 3600);
         let parsed = self.parse(field, path, units::parse_duration);
         if parsed.is_some_and(|d| d.is_zero()) {
             self.error(path.clone(), "must be greater than zero");
         }
+        self.at_most_a_year(parsed, path).unwrap_or(default)
+    }
+
+    /// `parsed`, with an error at `path` when it is more than a year.
+    fn at_most_a_year(&mut self, parsed: Option<Duration>, path: &Path) -> Option<Duration> {
+        const LONGEST: Duration = Duration::from_secs(365 * 24 * 3600);
         if parsed.is_some_and(|d| d > LONGEST) {
             self.error(path.clone(), "must be at most 365d");
         }
-        parsed.unwrap_or(default)
+        parsed
     }
 }
 
@@ -301,9 +306,12 @@ fn timeouts(chk: &mut Checker<'_>, raw: &RawTimeouts) -> Timeouts {
         ),
         idle: chk.duration(&raw.idle, &path.key("idle"), default.idle),
         // Zero is a valid drain time: stop at once.
-        shutdown: chk
-            .parse(&raw.shutdown, &path.key("shutdown"), units::parse_duration)
-            .unwrap_or(default.shutdown),
+        shutdown: {
+            let path = path.key("shutdown");
+            let parsed = chk.parse(&raw.shutdown, &path, units::parse_duration);
+            chk.at_most_a_year(parsed, &path)
+                .unwrap_or(default.shutdown)
+        },
     }
 }
 

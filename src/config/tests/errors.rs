@@ -343,6 +343,12 @@ fn timeouts_over_a_year_are_errors() {
         "listen: 0.0.0.0:1\ntimeouts:\n  upstream_response: 10000000000000000000s\n  idle: 365d\n",
         &["proxy.yaml:3:22: timeouts.upstream_response: must be at most 365d"],
     );
+    // the drain time too (which alone may be zero)
+    assert_problems(
+        "listen: 0.0.0.0:1\ntimeouts:\n  shutdown: 400d\n",
+        &["proxy.yaml:3:13: timeouts.shutdown: must be at most 365d"],
+    );
+    ok("listen: 0.0.0.0:1\ntimeouts:\n  shutdown: 0s\n");
 }
 
 /// Path and path_prefix together, and strip_prefix without a prefix.
