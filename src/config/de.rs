@@ -186,10 +186,14 @@ impl<'a> NodeDe<'a> {
         }
     }
 
-    /// A whole number; a string holding one (from `${VAR}`) counts.
+    /// A whole number; a string holding one (from `${VAR}`) counts, and so does a number
+    /// written with an exponent or a zero fraction that is whole (`1e3`, `20.0`).
     fn integer(&self, min: i128, max: i128) -> Result<i128, DeError> {
+        // within ±2^53 every whole f64 is exact
+        const EXACT: f64 = 9_007_199_254_740_992.0;
         let n = match self.node {
             Node::Int(n) => *n,
+            Node::Float(f) if f.fract() == 0.0 && f.abs() <= EXACT => *f as i128,
             Node::Str(s) => match s.trim().parse::<i128>() {
                 Ok(n) => n,
                 Err(_) => return self.mismatch("a whole number"),

@@ -142,6 +142,23 @@ fn token_bucket_defaults_burst_cost_key_and_mode() {
     }
 }
 
+/// A whole number may be written with an exponent or a zero fraction (`1e3`, `20.0`); a
+/// fraction that is not zero is still refused.
+#[test]
+fn whole_numbers_may_be_written_as_decimals() {
+    let text = with_limit("{name: l, algorithm: fixed_window, limit: 1e3, window: 1m}");
+    let window = ok(&text).config.routes[0].limits[0].algorithm;
+    let text = with_limit("{name: l, algorithm: fixed_window, limit: 1000.0, window: 1m}");
+    assert_eq!(ok(&text).config.routes[0].limits[0].algorithm, window);
+    let text = with_limit("{name: l, algorithm: fixed_window, limit: 1000, window: 1m}");
+    assert_eq!(ok(&text).config.routes[0].limits[0].algorithm, window);
+    let text = with_limit("{name: l, algorithm: fixed_window, limit: 10.5, window: 1m}");
+    assert!(
+        parse(&text, "proxy.yaml", &no_env).is_err(),
+        "a fraction is not a whole number"
+    );
+}
+
 /// A leaky bucket takes rate and an optional max_delay.
 #[test]
 fn leaky_bucket_takes_rate_and_optional_max_delay() {
