@@ -130,14 +130,15 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let number = &trimmed[..split];
     let factor: u128 = match trimmed[split..].trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
-        "kb" | "k" => 1_000,
-        "mb" | "m" => 1_000_000,
-        "gb" | "g" => 1_000_000_000,
-        "tb" | "t" => 1_000_000_000_000,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        // a bare letter is binary, as in nginx (`client_max_body_size 10m`) and HAProxy
+        "kib" | "k" => 1 << 10,
+        "mib" | "m" => 1 << 20,
+        "gib" | "g" => 1 << 30,
+        "tib" | "t" => 1 << 40,
         _ => return Err(bad()),
     };
     // Exact, not through an f64 (which holds every whole number only up to 2^53); a fraction

@@ -87,6 +87,11 @@ fn sizes_take_decimal_and_binary_units() {
         ("1gib", 1 << 30),
         ("2kb", 2000),
         ("1.5MiB", 3 << 19),
+        // a bare letter as nginx reads it: `10m` is 10 MiB
+        ("10m", 10 << 20),
+        ("10M", 10 << 20),
+        ("64k", 64 << 10),
+        ("1g", 1 << 30),
         ("0", 0),
     ];
     for (text, bytes) in cases {
