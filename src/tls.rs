@@ -141,6 +141,23 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsEr
     Ok(Arc::new(config))
 }
 
+/// Every problem of the files given (for `tollgate check`): each read on its own, so that an
+/// unreadable key is reported beside an unreadable certificate; then, when both read, the pair.
+pub fn problems(cert: Option<&Path>, key: Option<&Path>) -> Vec<TlsError> {
+    let chain = cert.map(|c| read_certs(c, "certificate"));
+    let private_key = key.map(read_key);
+    match (cert, key, chain, private_key) {
+        (Some(cert), Some(key), Some(Ok(_)), Some(Ok(_))) => {
+            server_config(cert, key).err().into_iter().collect()
+        }
+        (_, _, chain, private_key) => chain
+            .and_then(Result::err)
+            .into_iter()
+            .chain(private_key.and_then(Result::err))
+            .collect(),
+    }
+}
+
 /// An acceptor that runs the server side of the handshake with `config`.
 pub fn acceptor(config: Arc<ServerConfig>) -> TlsAcceptor {
     TlsAcceptor::from(config)

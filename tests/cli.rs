@@ -92,36 +92,51 @@ fn missing_config_file_exits_1() {
 
 /// `check` reads the TLS files the configuration names, as `nginx -t` does: a missing or
 /// unusable certificate or key is a configuration problem at its line (exit 2), not a
-/// start-up failure found only when the proxy runs.
+/// start-up failure found only when the proxy runs. Each file is read on its own, so every
+/// problem is listed.
 #[test]
 fn check_reads_the_tls_files() {
     let dir = tempfile::tempdir().unwrap();
     let garbage = write(&dir, "garbage.pem", "not a certificate\n");
-    let cases = [
+    let cases: [(String, Option<String>, &[&str]); 3] = [
         (
             "/nonexistent/cert.pem".to_string(),
-            "/nonexistent/key.pem".to_string(),
-            ":3:9: tls.cert: cannot read certificate /nonexistent/cert.pem: No such file or directory",
+            Some("/nonexistent/key.pem".to_string()),
+            &[
+                ":3:9: tls.cert: cannot read certificate /nonexistent/cert.pem: No such file or directory",
+                ":4:8: tls.key: cannot read private key /nonexistent/key.pem: No such file or directory",
+            ],
         ),
         (
             garbage.display().to_string(),
-            garbage.display().to_string(),
-            ":3:9: tls.cert: no certificate found in",
+            Some(garbage.display().to_string()),
+            &[":3:9: tls.cert: no certificate found in"],
+        ),
+        (
+            "/nonexistent/cert.pem".to_string(),
+            None,
+            &[
+                ":3:3: tls: missing required key \"key\"",
+                ":3:9: tls.cert: cannot read certificate /nonexistent/cert.pem",
+            ],
         ),
     ];
     for (cert, key, expected) in cases {
+        let key = key.map_or(String::new(), |key| format!("\n  key: {key}"));
         let yaml = format!(
-            "listen: 127.0.0.1:0\ntls:\n  cert: {cert}\n  key: {key}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    upstream: api\n"
+            "listen: 127.0.0.1:0\ntls:\n  cert: {cert}{key}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    upstream: api\n"
         );
         let path = write(&dir, "tls.yaml", &yaml);
         for args in [vec!["check", "--config"], vec!["--config"]] {
             let out = tollgate().args(&args).arg(&path).output().unwrap();
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-            assert!(
-                stderr.contains(&format!("{}{expected}", path.display())),
-                "{args:?}: {stderr}"
-            );
+            for expected in expected {
+                assert!(
+                    stderr.contains(&format!("{}{expected}", path.display())),
+                    "{args:?}: {stderr}"
+                );
+            }
         }
     }
 }

@@ -272,17 +272,18 @@ fn tls(chk: &mut Checker<'_>, cert: Field<String>, key: Field<String>) -> Option
         }
         Some(PathBuf::from(text))
     };
-    // both looked at before giving up, so that every problem is reported
-    let (Some(cert), Some(key)) = (file(&cert, "cert"), file(&key, "key")) else {
-        return None;
-    };
+    // both looked at, and each file read, before giving up, so that every problem is reported
+    let (cert, key) = (file(&cert, "cert"), file(&key, "key"));
     if chk.read_files {
-        if let Err(e) = crate::tls::server_config(&cert, &key) {
+        for e in crate::tls::problems(cert.as_deref(), key.as_deref()) {
             let name = if e.is_about_key() { "key" } else { "cert" };
             chk.error(path.key(name), e.to_string());
         }
     }
-    Some(TlsConfig { cert, key })
+    Some(TlsConfig {
+        cert: cert?,
+        key: key?,
+    })
 }
 
 fn timeouts(chk: &mut Checker<'_>, raw: &RawTimeouts) -> Timeouts {
