@@ -94,16 +94,13 @@ routes:
     assert_eq!(get(&format!("{admin}/readyz"), &[]).await.status, 200);
 }
 
-/// `/config` shows the effective configuration with the Redis password redacted, and
-/// `/readyz` turns 503 when Redis is out with `on_error: deny` (no fallback).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn config_redacts_secrets_and_readyz_follows_the_store() {
-    let mut redis = Redis::start();
-    let upstream = Upstream::start().await;
-    let yaml = format!(
+/// One route with a Redis token bucket that never denies, `on_error: deny` (no fallback), an
+/// admin listener.
+fn deny_on_error(url: &str, timeout: &str, upstream: &Upstream) -> String {
+    format!(
         r#"listen: 127.0.0.1:0
 admin: {{listen: 127.0.0.1:0}}
-store: {{backend: redis, url: "redis://:s3cret@127.0.0.1:{}/0", timeout: 50ms, on_error: deny}}
+store: {{backend: redis, url: "{url}", timeout: {timeout}, on_error: deny}}
 upstreams:
   api:
     targets: [{}]
@@ -113,9 +110,18 @@ routes:
     limits:
       - {{name: l, algorithm: token_bucket, rate: 100/s}}
 "#,
-        redis.port,
         upstream.url()
-    );
+    )
+}
+
+/// `/config` shows the effective configuration with the Redis password redacted, and
+/// `/readyz` turns 503 when Redis is out with `on_error: deny` (no fallback).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_redacts_secrets_and_readyz_follows_the_store() {
+    let mut redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let url = format!("redis://:s3cret@127.0.0.1:{}/0", redis.port);
+    let yaml = deny_on_error(&url, "50ms", &upstream);
     redis.cli(&["config", "set", "requirepass", "s3cret"]);
     let proxy = Proxy::start(&yaml).await;
     let admin = format!("http://{}", proxy.admin.unwrap());
@@ -142,22 +148,7 @@ routes:
 async fn readyz_asks_redis_without_waiting_for_traffic() {
     let mut redis = Redis::start();
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-admin: {{listen: 127.0.0.1:0}}
-store: {{backend: redis, url: "{}", timeout: 200ms, on_error: deny}}
-upstreams:
-  api:
-    targets: [{}]
-routes:
-  - name: api
-    upstream: api
-    limits:
-      - {{name: l, algorithm: token_bucket, rate: 100/s}}
-"#,
-        redis.url(),
-        upstream.url()
-    );
+    let yaml = deny_on_error(&redis.url(), "200ms", &upstream);
     let proxy = Proxy::start(&yaml).await;
     let readyz = format!("http://{}/readyz", proxy.admin.unwrap());
     let status = || async { get(&readyz, &[]).await.status };
