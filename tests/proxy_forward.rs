@@ -821,6 +821,33 @@ async fn large_response_heads_are_read_across_reads_up_to_a_limit() {
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 2);
 }
 
+/// An upstream response with both Content-Length and Transfer-Encoding is framed by the
+/// chunking (RFC 9112 §6.3): the client gets the whole body, with the stale Content-Length
+/// gone, whether the request had a body (hyper's client) or not (the proxy's own).
+#[tokio::test]
+async fn a_response_with_content_length_and_chunking_is_framed_by_the_chunking() {
+    let both = "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    let upstream = RawUpstream::scripted(vec![(both, true), (both, true)]).await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "workers: 1", "", "")).await;
+    for request in [
+        &b"POST /v1/both HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx"[..],
+        b"GET /v1/both HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    ] {
+        let answer = raw(proxy.addr, request).await;
+        let (head, body) = answer.split_once("\r\n\r\n").expect("a response head");
+        assert!(head.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            !head.to_ascii_lowercase().contains("content-length: 3"),
+            "{answer}"
+        );
+        let whole = body == "hello" || body == "5\r\nhello\r\n0\r\n\r\n";
+        assert!(
+            whole,
+            "the whole body, framed one way or the other: {answer:?}"
+        );
+    }
+}
+
 /// Response bodies reach the client whole however the upstream frames them (chunked with
 /// extensions, none for 204 or HEAD, after interim 1xx heads, until the connection closes), and
 /// an upstream connection is reused after each of them except the one delimited by its close.

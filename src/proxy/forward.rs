@@ -609,6 +609,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if present & 1 != 0 {
         strip_connection(headers);
     }
+    if present & 8 != 0 {
+        // A message with both was framed by Transfer-Encoding (RFC 9112 §6.3), which goes
+        // here: its Content-Length would frame the message sent on wrongly, so it goes too.
+        headers.remove(header::CONTENT_LENGTH);
+    }
     let named = [
         (2, &header::TE),
         (4, &header::TRAILER),
@@ -704,7 +709,12 @@ mod tests {
         // (the order of different names carries no meaning; removal may reorder them)
         let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
-        assert_eq!(left, ["content-length", "x-kept"]);
+        // the Content-Length of a message framed by Transfer-Encoding goes with it
+        assert_eq!(left, ["x-kept"]);
+        let mut h = headers(&[("connection", "keep-alive"), ("content-length", "3")]);
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["content-length"], "kept when it frames the message");
     }
 
     /// Only an HTTP/1.1 request whose Connection names `upgrade` asks for an upgrade.
