@@ -798,15 +798,6 @@ async fn calls_behind_a_full_socket_time_out_by_their_deadline() {
     }
 }
 
-/// Waits (up to 5 s) until `ok`; fails with `what` if it never is.
-async fn eventually(what: &str, ok: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !ok() {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// While Redis holds its clients' commands (`CLIENT PAUSE … WRITE`: it reads them and runs
 /// none), a call made while a batch is unanswered waits for its reply: one batch in flight.
 /// Seen from Redis: the connection blocked on its `EVALSHA` has nothing more in its query
@@ -830,9 +821,12 @@ async fn a_call_made_while_a_batch_is_unanswered_waits_for_its_reply() {
         tokio::spawn(async move { s.check(key, &alg, None).await })
     };
     let first = call("first");
-    eventually("the first call never reached Redis", || {
-        blocked_qbuf().is_some()
-    })
+    // (the first call reaches Redis)
+    let blocked = &blocked_qbuf;
+    common::eventually(
+        Duration::from_secs(5),
+        || async move { blocked().is_some() },
+    )
     .await;
     assert_eq!(blocked_qbuf(), Some(0), "only the first command is there");
     let second = call("second");

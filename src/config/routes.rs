@@ -98,10 +98,14 @@ fn route(
             chk.error(path.key("upstream"), missing_upstream(up, upstreams));
         }
     }
-    let limits = route_limits(chk, raw, path);
-    if let (Some("upstream"), Some(upstreams)) = (name.as_deref(), upstreams) {
-        pacing_keys_apart(chk, raw, path, upstreams);
-    }
+    // An upstream's pacing schedule is kept at `<key_prefix>:upstream:<upstream>:pace`: on a
+    // route named `upstream`, a limit named like an upstream would share it (with the client
+    // key `pace`, which a header or query key lets a client choose)
+    let pacing_keys = match (name.as_deref(), upstreams) {
+        (Some("upstream"), Some(upstreams)) => upstreams,
+        _ => &[],
+    };
+    let limits = route_limits(chk, raw, path, pacing_keys);
     Some(RouteConfig {
         name: name?,
         matcher: matcher?,
@@ -129,34 +133,15 @@ fn missing_upstream(name: &str, upstreams: &[&str]) -> String {
     }
 }
 
-/// An upstream's pacing schedule is kept at `<key_prefix>:upstream:<upstream>:pace`, so on a
-/// route named `upstream` a limit named like an upstream would share it (with the client key
-/// `pace`, which a header or query key lets a client choose): refused, so that no client can
-/// write over the schedule every instance paces that upstream by.
-fn pacing_keys_apart(chk: &mut Checker<'_>, raw: &RawRoute, path: &Path, upstreams: &[&str]) {
-    let Some(items) = raw.limits.get() else {
-        return;
-    };
-    let lpath = path.key("limits");
-    for (j, field) in items.iter().enumerate() {
-        let Field::Present(limit) = field else {
-            continue;
-        };
-        let Some(name) = limit.name.get() else {
-            continue;
-        };
-        if upstreams.contains(&name.as_str()) {
-            let message = format!(
-                "a limit named {name:?} on a route named \"upstream\" would keep its counts where \
-                 upstream {name:?} keeps its pacing schedule (<key_prefix>:upstream:{name}:pace); \
-                 rename the route or the limit"
-            );
-            chk.error(lpath.index(j).key("name"), message);
-        }
-    }
-}
-
-fn route_limits(chk: &mut Checker<'_>, raw: &RawRoute, path: &Path) -> Vec<LimitConfig> {
+/// The route's limits; a limit named like one of `pacing_keys` (the upstreams, on a route named
+/// `upstream`) is refused, so that no client can write over the schedule every instance paces
+/// that upstream by.
+fn route_limits(
+    chk: &mut Checker<'_>,
+    raw: &RawRoute,
+    path: &Path,
+    pacing_keys: &[&str],
+) -> Vec<LimitConfig> {
     let Some(items) = raw.limits.get() else {
         return Vec::new();
     };
@@ -176,6 +161,14 @@ fn route_limits(chk: &mut Checker<'_>, raw: &RawRoute, path: &Path) -> Vec<Limit
                 chk.error(lpath.index(j).key("name"), message);
             } else {
                 names.push((name, j));
+            }
+            if pacing_keys.contains(&name.as_str()) {
+                let message = format!(
+                    "a limit named {name:?} on a route named \"upstream\" would keep its counts \
+                     where upstream {name:?} keeps its pacing schedule \
+                     (<key_prefix>:upstream:{name}:pace); rename the route or the limit"
+                );
+                chk.error(lpath.index(j).key("name"), message);
             }
         }
         out.extend(limits::limit(chk, limit, &lpath.index(j)));

@@ -11,6 +11,7 @@
 //! limit that denied (a reload that changes the limit asks the store again). Callers that pass
 //! their own `now` (replays) bypass the deny cache, which runs on the real clock.
 
+use std::future::Future;
 use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -163,6 +164,26 @@ impl GuardedStore {
     }
 }
 
+impl GuardedStore {
+    /// `call` to the shared store when the breaker lets it go, its outcome recorded;
+    /// [`StoreError::CircuitOpen`] when it does not.
+    async fn through_breaker<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let Some(permit) = self.breaker.allow_now() else {
+            return Err(StoreError::CircuitOpen);
+        };
+        let _in_flight = InFlight {
+            breaker: &self.breaker,
+            permit,
+        };
+        let result = call.await;
+        self.breaker.record(permit, result.as_ref().err());
+        result
+    }
+}
+
 impl Store for GuardedStore {
     fn ready(&self) -> ReadyFuture<'_> {
         Box::pin(async move {
@@ -173,16 +194,7 @@ impl Store for GuardedStore {
             // Without one, the store is asked, through the breaker like a request's call: a
             // probe that finds Redis back closes the breaker, so an instance that a load
             // balancer stopped sending requests to (because this said no) still comes back.
-            let Some(permit) = self.breaker.allow_now() else {
-                return Err(StoreError::CircuitOpen);
-            };
-            let _in_flight = InFlight {
-                breaker: &self.breaker,
-                permit,
-            };
-            let result = self.primary.ready().await;
-            self.breaker.record(permit, result.as_ref().err());
-            result
+            self.through_breaker(self.primary.ready()).await
         })
     }
 
@@ -205,16 +217,8 @@ impl Store for GuardedStore {
         Box::pin(async move {
             // The local schedule holds too, so the fallback obeys the upstream during an outage.
             let local = self.local.hold(key, pace, hold_ms, now);
-            let Some(permit) = self.breaker.allow_now() else {
-                return Ok(local);
-            };
-            let _in_flight = InFlight {
-                breaker: &self.breaker,
-                permit,
-            };
-            let result = self.primary.defer(key, pace, hold_ms, now).await;
-            self.breaker.record(permit, result.as_ref().err());
-            Ok(result.unwrap_or(local))
+            let shared = self.through_breaker(self.primary.defer(key, pace, hold_ms, now));
+            Ok(shared.await.unwrap_or(local))
         })
     }
 }
