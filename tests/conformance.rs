@@ -72,6 +72,16 @@ fn redis_store(redis: &common::Redis) -> RedisStore {
     RedisStore::connect(&RedisTarget::Single(redis.url()), Duration::from_secs(2), 1).unwrap()
 }
 
+/// A runtime to drive proptest's cases on, and a Redis store made on it.
+fn runtime_with_store(server: &common::Redis) -> (tokio::runtime::Runtime, RedisStore) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = rt.block_on(async { redis_store(server) });
+    (rt, redis)
+}
+
 fn allowed(d: &[Decision]) -> Vec<bool> {
     d.iter().map(|d| d.allowed).collect()
 }
@@ -287,11 +297,7 @@ fn any_algorithm() -> impl Strategy<Value = Algorithm> {
 #[test]
 fn random_sequences_agree() {
     let server = common::Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let redis = rt.block_on(async { redis_store(&server) });
+    let (rt, redis) = runtime_with_store(&server);
     let config = ProptestConfig {
         cases: 96,
         ..ProptestConfig::default()
@@ -341,4 +347,87 @@ async fn back_pressure_holds_agree() {
         "{:?}",
         answers[0]
     );
+}
+
+/// A replay in which some admitted checks are given back (a later limit refused the request):
+/// each step is a check at its time, or (`true`) the give-back, at its time, of the latest
+/// admitted check not given back yet. The checks' decisions.
+async fn replay_giving_back(
+    store: &dyn Store,
+    key: &str,
+    alg: &Algorithm,
+    steps: &[(f64, bool)],
+) -> Vec<Decision> {
+    let mut admitted: Vec<f64> = Vec::new();
+    let mut out = Vec::new();
+    for &(t, back) in steps {
+        if back {
+            if let Some(at) = admitted.pop() {
+                store
+                    .give_back(key, alg, t - at, Some(t))
+                    .await
+                    .expect("store answers");
+            }
+            continue;
+        }
+        let d = store.check(key, alg, Some(t)).await.expect("store answers");
+        if d.allowed {
+            admitted.push(t);
+        }
+        out.push(d);
+    }
+    out
+}
+
+/// Give-backs mixed into random sequences: Rust and Lua agree on every decision after them.
+#[test]
+fn give_backs_agree() {
+    let server = common::Redis::start();
+    let (rt, redis) = runtime_with_store(&server);
+    let config = ProptestConfig {
+        cases: 64,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(alg in any_algorithm(), seq in times(120, 60, true), backs in prop::collection::vec(any::<bool>(), 60))| {
+        let steps: Vec<(f64, bool)> = seq.iter().zip(&backs).map(|(t, b)| (*t, *b)).collect();
+        let key = format!("conf:{}", KEY.fetch_add(1, Ordering::Relaxed));
+        let memory = MemoryStore::new(NonZeroUsize::new(1000).unwrap());
+        let from_rust = rt.block_on(replay_giving_back(&memory, &key, &alg, &steps));
+        let from_lua = rt.block_on(replay_giving_back(&redis, &key, &alg, &steps));
+        prop_assert_eq!(from_rust, from_lua, "{}", alg.name());
+    });
+}
+
+/// What a check took and gave back is as if it was never taken: for each algorithm, four
+/// checks at one instant fill the limit; each give-back then makes room for exactly one more.
+#[tokio::test]
+async fn a_check_given_back_is_as_if_never_made() {
+    let server = common::Redis::start();
+    let redis = redis_store(&server);
+    let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
+    for alg in [
+        bucket(1.0, 4, 1),
+        pace(1.0, Some(3000)),
+        Algorithm::FixedWindow(win(4, 60_000)),
+        Algorithm::SlidingWindow(win(4, 60_000)),
+        Algorithm::SlidingWindowCounter(win(4, 60_000)),
+    ] {
+        for store in [&memory as &dyn Store, &redis] {
+            let key = format!("back:{}", KEY.fetch_add(1, Ordering::Relaxed));
+            let t = T0 + 0.25;
+            let mut steps = vec![(t, false); 4];
+            for _ in 0..3 {
+                steps.extend([(t, true), (t, false)]);
+            }
+            steps.extend([(t, false), (t, false)]);
+            let got = replay_giving_back(store, &key, &alg, &steps).await;
+            let admitted: Vec<bool> = got.iter().map(|d| d.allowed).collect();
+            assert_eq!(
+                admitted,
+                [true, true, true, true, true, true, true, false, false],
+                "{}: {got:?}",
+                alg.name()
+            );
+        }
+    }
 }

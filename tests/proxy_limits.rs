@@ -16,14 +16,24 @@ async fn statuses(proxy: &Proxy, path: &str, headers: &[(&str, &str)], n: usize)
 }
 
 fn config(redis: &Redis, upstream: &Upstream, limits: &str) -> String {
+    let store = format!(
+        "store:\n  backend: redis\n  url: {}\n  timeout: 500ms\n",
+        redis.url()
+    );
+    route_config(&store, upstream, limits)
+}
+
+/// The route of `config` with the memory store instead of Redis.
+fn memory_config(upstream: &Upstream, limits: &str) -> String {
+    route_config("", upstream, limits)
+}
+
+/// One route, /v1 to `upstream` under `limits`, with `store` (a YAML section, or none).
+fn route_config(store: &str, upstream: &Upstream, limits: &str) -> String {
     format!(
         r#"
 listen: 127.0.0.1:0
-store:
-  backend: redis
-  url: {redis}
-  timeout: 500ms
-upstreams:
+{store}upstreams:
   api:
     targets: [{upstream}]
 routes:
@@ -33,7 +43,6 @@ routes:
     limits:
 {limits}
 "#,
-        redis = redis.url(),
         upstream = upstream.url(),
     )
 }
@@ -381,4 +390,117 @@ async fn each_worker_has_its_own_redis_connection_onto_one_bucket() {
         .count();
     assert_eq!(proxy_clients, 3, "one connection per worker:\n{clients}");
     proxy.shutdown().await;
+}
+
+/// A token bucket followed by an hourly window of one request.
+const BUCKET_THEN_HOURLY: &str = "      - name: per-client
+        algorithm: token_bucket
+        key: ip
+        rate: 1/m
+        burst: 3
+      - name: hourly
+        algorithm: fixed_window
+        key: ip
+        limit: 1
+        window: 1h";
+
+/// A request that a later limit refuses costs the earlier ones nothing: the bucket before the
+/// hourly window is not drained by the requests the window refuses, so each refusal names the
+/// window and waits for it (not the bucket's short refill, an early Retry-After); with Redis
+/// the bucket's key holds the one token the admitted request took, and on both stores.
+#[tokio::test]
+async fn a_request_refused_by_a_later_limit_costs_the_earlier_ones_nothing() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    for yaml in [
+        config(&redis, &upstream, BUCKET_THEN_HOURLY),
+        memory_config(&upstream, BUCKET_THEN_HOURLY),
+    ] {
+        let proxy = Proxy::start(&yaml).await;
+        assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 200);
+        for i in 0..6 {
+            let denied = get(&proxy.url("/v1"), &[]).await;
+            assert_eq!(denied.status, 429, "{i}: {denied:?}");
+            let body: serde_json::Value = serde_json::from_str(&denied.body).unwrap();
+            assert_eq!(body["limit"], "hourly", "{i}: {denied:?}");
+            let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+            assert!(retry > 60, "{i}: Retry-After {retry}");
+        }
+        drop(proxy);
+    }
+    // one token of the three taken (its bucket full again in a minute), not four or more
+    let ttl: u64 = redis
+        .cli(&["PTTL", "tollgate:api:per-client:127.0.0.1"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((1..=60_000).contains(&ttl), "PTTL {ttl}");
+    assert_eq!(upstream.seen().len(), 2);
+}
+
+/// A leaky bucket before a limit that refuses: the refusal is answered at once, not after the
+/// leaky bucket's wait (every limit is asked before the request waits).
+#[tokio::test]
+async fn a_refusal_after_a_leaky_bucket_does_not_wait_its_slot() {
+    let upstream = Upstream::start().await;
+    let limits = "      - name: smooth
+        algorithm: leaky_bucket
+        rate: 0.5/s
+        max_delay: 10s
+      - name: hourly
+        algorithm: fixed_window
+        limit: 1
+        window: 1h";
+    let proxy = Proxy::start(&memory_config(&upstream, limits)).await;
+    assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 200);
+    let started = Instant::now();
+    let denied = get(&proxy.url("/v1"), &[]).await;
+    assert_eq!(denied.status, 429, "{denied:?}");
+    // the slot was 2 s away
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A leaky bucket in shadow mode counts and logs; it does not hold requests back.
+#[tokio::test]
+async fn a_shadow_leaky_bucket_does_not_delay() {
+    let upstream = Upstream::start().await;
+    let limits = "      - name: smooth
+        algorithm: leaky_bucket
+        rate: 0.5/s
+        max_delay: 10s
+        mode: shadow";
+    let proxy = Proxy::start(&memory_config(&upstream, limits)).await;
+    let started = Instant::now();
+    for _ in 0..3 {
+        assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 200);
+    }
+    // enforced, the third would have waited 4 s
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A shadow limit never refuses a request, also when its store is out and `on_error: deny`.
+#[tokio::test]
+async fn a_shadow_limit_admits_when_the_store_is_out_under_deny() {
+    let mut redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let limits = "      - name: trial
+        algorithm: token_bucket
+        rate: 1/s
+        burst: 1
+        mode: shadow";
+    let yaml = config(&redis, &upstream, limits)
+        .replace("  timeout: 500ms", "  timeout: 200ms\n  on_error: deny");
+    let proxy = Proxy::start(&yaml).await;
+    redis.kill();
+    for _ in 0..3 {
+        assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 200);
+    }
 }

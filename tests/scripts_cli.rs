@@ -375,3 +375,66 @@ fn pace_defer_by_hand() {
         "1000"
     );
 }
+
+/// The give-back script run by hand, as its header shows: a token taken and given back is in
+/// the bucket again; a window's count goes down by one; bad arguments get the usage line.
+#[test]
+fn give_back_by_hand() {
+    let redis = Redis::start();
+    let now = "1700000000000";
+    // 10/s, burst 2: two tokens at one instant, the third refused
+    for _ in 0..2 {
+        assert_eq!(
+            eval(&redis, "token_bucket.lua", "b", &["10", "2", "1", now])[0],
+            "1"
+        );
+    }
+    assert_eq!(
+        eval(&redis, "token_bucket.lua", "b", &["10", "2", "1", now])[0],
+        "0"
+    );
+    assert_eq!(
+        eval(
+            &redis,
+            "give_back.lua",
+            "b",
+            &["token_bucket", "100", "0", now]
+        ),
+        ["1"]
+    );
+    assert_eq!(
+        eval(&redis, "token_bucket.lua", "b", &["10", "2", "1", now])[0],
+        "1",
+        "the token given back is taken again"
+    );
+    // a fixed window of 1 per minute, full; given back, it admits one more
+    assert_eq!(
+        eval(&redis, "fixed_window.lua", "w", &["1", "60000", now])[0],
+        "1"
+    );
+    assert_eq!(
+        eval(
+            &redis,
+            "give_back.lua",
+            "w",
+            &["fixed_window", "60000", "5", now]
+        ),
+        ["1"]
+    );
+    assert_eq!(
+        eval(&redis, "fixed_window.lua", "w", &["1", "60000", now])[0],
+        "1"
+    );
+    // nothing of a check on a key never written
+    assert_eq!(
+        eval(
+            &redis,
+            "give_back.lua",
+            "none",
+            &["sliding_window", "60000"]
+        ),
+        ["0"]
+    );
+    let usage = eval(&redis, "give_back.lua", "b", &["leaky", "100"]).join(" ");
+    assert!(usage.contains("usage: give_back.lua"), "{usage}");
+}

@@ -126,6 +126,71 @@ pub fn defer(p: &Pace, state: &mut Option<State>, now: Millis, hold_ms: f64) -> 
     }
 }
 
+/// Undoes an admitted check of `alg` made `age_ms` before `now` (a later limit of the request
+/// refused it): what the check took goes back, as `lua/give_back.lua` does in Redis. Returns
+/// the state's new time to live when it changes (`Some(0)`: the state is idle, as if none);
+/// `None` when it stays (also when nothing of the check's was left to give back).
+///
+/// * token and leaky bucket: the TAT (next free slot) moves back by what the check moved it
+///   forward, never before `now` (checks made since keep theirs: the sum is what matters);
+/// * fixed window, sliding-window counter: one less in the window the check counted in (the
+///   one holding `now - age_ms`), if that window is still kept;
+/// * sliding window: the newest entry at or before `now - age_ms` leaves the log.
+pub fn give_back(
+    alg: &Algorithm,
+    state: &mut Option<State>,
+    now: Millis,
+    age_ms: f64,
+) -> Option<u64> {
+    let at = now - age_ms.max(0.0);
+    match (alg, state.as_mut()) {
+        (Algorithm::TokenBucket(_) | Algorithm::LeakyBucket(_), Some(State::At(t))) => {
+            let taken = match alg {
+                Algorithm::TokenBucket(b) => f64::from(b.cost.get()) * b.rate.interval_ms(),
+                Algorithm::LeakyBucket(p) => p.rate.interval_ms(),
+                _ => unreachable!("matched above"),
+            };
+            let back = *t - taken;
+            if back - now <= EPS_MS {
+                *state = None;
+                return Some(0);
+            }
+            *t = back;
+            Some(ceil_ms(back - now))
+        }
+        (Algorithm::FixedWindow(w), Some(State::Fixed { start, count })) => {
+            let window = w.window_ms.get() as f64;
+            if *start != window_start(at, window) || *count == 0 {
+                return None;
+            }
+            *count -= 1;
+            Some(ceil_ms(*start + window - now))
+        }
+        (Algorithm::SlidingWindowCounter(w), Some(State::Counter { start, curr, prev })) => {
+            let window = w.window_ms.get() as f64;
+            let counted = window_start(at, window);
+            let held = if *start == counted {
+                curr
+            } else if *start == counted + window {
+                prev
+            } else {
+                return None;
+            };
+            if *held == 0 {
+                return None;
+            }
+            *held -= 1;
+            Some(ceil_ms(*start + 2.0 * window - now))
+        }
+        (Algorithm::SlidingWindow(_), Some(State::Log(log))) => {
+            let newest = log.partition_point(|t| *t <= at).checked_sub(1)?;
+            log.remove(newest);
+            None
+        }
+        _ => None,
+    }
+}
+
 /// The script's `math.floor(ms * 1000 + 0.5)`: a delay to the nearest microsecond.
 fn round_micros(ms: f64) -> u64 {
     (ms * 1000.0 + 0.5).floor().max(0.0) as u64

@@ -14,7 +14,7 @@ mod algorithms;
 mod decision;
 mod params;
 
-pub use algorithms::{apply, defer, State};
+pub use algorithms::{apply, defer, give_back, State};
 pub use decision::Decision;
 pub use params::{Algorithm, Bucket, Pace, ParamError, Rate, Window};
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Request, Response};
 use ipnet::IpNet;
@@ -92,7 +92,35 @@ pub(super) enum Checked<'r> {
     Admitted(Option<Shown<'r>>),
 }
 
+/// Writes the store key of `limit` for the request into `key`; the algorithm that applies to
+/// it (the limit's own, or an override's for the client key).
+fn limit_key<'r>(
+    proxy: &Proxy,
+    route: &Route,
+    limit: &'r Limit,
+    ctx: &KeyContext<'_>,
+    key: &mut String,
+) -> &'r Algorithm {
+    key.clear();
+    identity::push_key_head(key, &proxy.settings.key_prefix, &route.name, &limit.name);
+    let start = key.len();
+    identity::client_key(&limit.key, ctx, key);
+    let alg = limit.overrides.get(&key[start..]).unwrap_or(&limit.alg);
+    identity::shorten_client(key, start);
+    alg
+}
+
 /// Runs the route's limits for a request from `ip`.
+///
+/// Every limit is asked before the request waits or is refused: a refusal answers at once
+/// (a leaky bucket earlier in the list does not first make it wait), and what the limits before
+/// the refusing one took for the request is given back, so a refused request costs no limit
+/// anything (as nginx charges its `limit_req` zones only when all pass). A route with several
+/// limits first looks for a refusal the instance remembers (the deny cache) among them: such a
+/// request is refused without asking any store, and with the longest of those waits, so that
+/// its `Retry-After` is not the short wait of one limit while another refuses for longer.
+/// Leaky-bucket limits' delays are slept together (the longest) once all have admitted; a
+/// shadow limit's delay is not slept.
 pub(super) async fn check<'r, B>(
     proxy: &Proxy,
     route: &'r Route,
@@ -111,27 +139,34 @@ pub(super) async fn check<'r, B>(
     };
     // the store key, its client part written in place (one buffer for all the limits)
     let mut key = String::with_capacity(96);
+    let several = route.limits.len() > 1;
+    if several {
+        if let Some(denied) = remembered_denial(proxy, route, &ctx, &mut key) {
+            outcome.decision = Some(Counted::Denied.as_str());
+            return Ok(Checked::Denied(denied));
+        }
+    }
     let mut tightest: Option<Shown<'r>> = None;
-    for limit in &route.limits {
+    let mut delay_us = 0;
+    // the limits that admitted the request, when more follow: given back if one refuses it
+    let mut taken: Vec<(usize, Instant)> = Vec::new();
+    for (ix, limit) in route.limits.iter().enumerate() {
         if identity::is_trusted(ip, &limit.exempt) {
             continue;
         }
-        key.clear();
-        identity::push_key_head(
-            &mut key,
-            &proxy.settings.key_prefix,
-            &route.name,
-            &limit.name,
-        );
-        let start = key.len();
-        identity::client_key(&limit.key, &ctx, &mut key);
-        let alg = limit.overrides.get(&key[start..]).unwrap_or(&limit.alg);
-        identity::shorten_client(&mut key, start);
-        let decision = proxy
-            .store
-            .check(&key, alg, None)
-            .await
-            .map_err(ProxyError::StoreUnavailable)?;
+        let alg = limit_key(proxy, route, limit, &ctx, &mut key);
+        let decision = match proxy.store.check(&key, alg, None).await {
+            Ok(decision) => decision,
+            // a shadow limit never refuses a request, also when its store cannot answer
+            Err(e) if limit.shadow => {
+                tracing::debug!(route = %route.name, limit = %limit.name, error = %e, "shadow limit not decided");
+                continue;
+            }
+            Err(e) => {
+                give_back(proxy, route, &ctx, &taken, &mut key).await;
+                return Err(ProxyError::StoreUnavailable(e));
+            }
+        };
         let counted = match (decision.allowed, limit.shadow) {
             (true, _) => Counted::Allowed,
             (false, true) => Counted::ShadowDenied,
@@ -143,6 +178,7 @@ pub(super) async fn check<'r, B>(
         }
         if !decision.allowed {
             if !limit.shadow {
+                give_back(proxy, route, &ctx, &taken, &mut key).await;
                 return Ok(Checked::Denied(respond::rate_limited(
                     proxy.settings.headers,
                     &limit.shown(alg, decision),
@@ -151,11 +187,13 @@ pub(super) async fn check<'r, B>(
             // a shadow denial admits the request, and its figures are shown like any other
             // limit's (what the refusal reported): the headers do not vanish when it is reached
             tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would deny");
-        } else if decision.delay_us > 0 {
-            let delay = Duration::from_micros(decision.delay_us);
-            tokio::time::sleep(delay).await;
-            // logged with the upstream's pacing: the time the request was held back
-            outcome.pacing_delay += delay;
+        } else {
+            if ix + 1 < route.limits.len() {
+                taken.push((ix, Instant::now()));
+            }
+            if !limit.shadow {
+                delay_us = delay_us.max(decision.delay_us);
+            }
         }
         if tightest
             .as_ref()
@@ -164,5 +202,62 @@ pub(super) async fn check<'r, B>(
             tightest = Some(limit.shown(alg, decision));
         }
     }
+    if delay_us > 0 {
+        let delay = Duration::from_micros(delay_us);
+        tokio::time::sleep(delay).await;
+        // logged with the upstream's pacing: the time the request was held back
+        outcome.pacing_delay += delay;
+    }
     Ok(Checked::Admitted(tightest))
+}
+
+/// The 429 of the longest refusal the instance remembers among the route's enforced limits for
+/// this request, if there is one (no store is asked).
+fn remembered_denial(
+    proxy: &Proxy,
+    route: &Route,
+    ctx: &KeyContext<'_>,
+    key: &mut String,
+) -> Option<Response<Body>> {
+    let mut longest: Option<(&Limit, &Algorithm, Decision)> = None;
+    for limit in &route.limits {
+        if limit.shadow || identity::is_trusted(ctx.ip, &limit.exempt) {
+            continue;
+        }
+        let alg = limit_key(proxy, route, limit, ctx, key);
+        if let Some(d) = proxy.store.cached_denial(key, alg) {
+            if longest
+                .as_ref()
+                .is_none_or(|(_, _, l)| d.retry_after_ms > l.retry_after_ms)
+            {
+                longest = Some((limit, alg, d));
+            }
+        }
+    }
+    let (limit, alg, decision) = longest?;
+    proxy.metrics.limit_decided(&limit.series, Counted::Denied);
+    Some(respond::rate_limited(
+        proxy.settings.headers,
+        &limit.shown(alg, decision),
+    ))
+}
+
+/// Gives back what the limits in `taken` (index, when they admitted) took for a request that
+/// is not sent after all. A store that cannot take it back keeps it: the limit then counts one
+/// request too many, which errs on the safe side.
+async fn give_back(
+    proxy: &Proxy,
+    route: &Route,
+    ctx: &KeyContext<'_>,
+    taken: &[(usize, Instant)],
+    key: &mut String,
+) {
+    for &(ix, at) in taken {
+        let limit = &route.limits[ix];
+        let alg = limit_key(proxy, route, limit, ctx, key);
+        let age_ms = at.elapsed().as_secs_f64() * 1000.0;
+        if let Err(e) = proxy.store.give_back(key, alg, age_ms, None).await {
+            tracing::debug!(route = %route.name, limit = %limit.name, error = %e, "could not give back");
+        }
+    }
 }

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lru::LruCache;
 
-use super::{HoldFuture, Store, StoreFuture};
-use crate::limit::{apply, defer, Algorithm, Decision, Millis, Pace, State};
+use super::{GiveBackFuture, HoldFuture, Store, StoreFuture};
+use crate::limit::{apply, defer, give_back, Algorithm, Decision, Millis, Pace, State};
 
 type Hasher = foldhash::fast::RandomState;
 /// One shard: an LRU map under its own lock.
@@ -101,6 +101,14 @@ impl MemoryStore {
     /// Decides one request at once (the memory store never waits).
     pub fn decide(&self, key: &str, alg: &Algorithm, now: Option<Millis>) -> Decision {
         self.with_state(key, now, |state, now| apply(alg, state, now))
+    }
+
+    /// Undoes an admitted check of `key` under `alg` made `age_ms` before `now`
+    /// ([`crate::limit::give_back`]).
+    pub fn undo(&self, key: &str, alg: &Algorithm, age_ms: f64, now: Option<Millis>) {
+        self.with_state(key, now, |state, now| {
+            ((), give_back(alg, state, now, age_ms))
+        });
     }
 
     /// Holds the pacing schedule at `key` until `hold_ms` from now (upstream back-pressure);
@@ -230,6 +238,17 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a> {
         let decision = self.decide(key, alg, now);
         Box::pin(std::future::ready(Ok(decision)))
+    }
+
+    fn give_back<'a>(
+        &'a self,
+        key: &'a str,
+        alg: &'a Algorithm,
+        age_ms: f64,
+        now: Option<Millis>,
+    ) -> GiveBackFuture<'a> {
+        self.undo(key, alg, age_ms, now);
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 

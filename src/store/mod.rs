@@ -40,6 +40,9 @@ pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, StoreErr
 /// The future of a [`Store::defer`]: ms until the schedule's next free slot.
 pub type HoldFuture<'a> = Pin<Box<dyn Future<Output = Result<u64, StoreError>> + Send + 'a>>;
 
+/// The future of a [`Store::give_back`].
+pub type GiveBackFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
 /// The future of a [`Store::ready`]: why requests cannot be decided as configured, if so.
 pub type ReadyFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
@@ -65,6 +68,26 @@ pub trait Store: Send + Sync + 'static {
         hold_ms: u64,
         now: Option<Millis>,
     ) -> HoldFuture<'a>;
+
+    /// Undoes an admitted [`check`](Store::check) of `key` under `alg` made `age_ms` ago, when a
+    /// later limit of the request refused it: a refused request costs no limit anything
+    /// (`lua/give_back.lua`; [`crate::limit::give_back`]). `now` as for `check`. A store that
+    /// keeps no state has nothing to give back.
+    fn give_back<'a>(
+        &'a self,
+        _key: &'a str,
+        _alg: &'a Algorithm,
+        _age_ms: f64,
+        _now: Option<Millis>,
+    ) -> GiveBackFuture<'a> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// The refusal of `key` under `alg` that is remembered locally (the deny cache), if any:
+    /// no store call is made.
+    fn cached_denial(&self, _key: &str, _alg: &Algorithm) -> Option<Decision> {
+        None
+    }
 
     /// Whether requests can be decided as configured, for `/readyz`: a shared store is asked
     /// (bounded by its timeout), so the answer does not wait for traffic to find out; an error

@@ -19,7 +19,10 @@ use std::time::{Duration, Instant};
 
 use lru::LruCache;
 
-use super::{HoldFuture, MemoryStore, ReadyFuture, Store, StoreError, StoreFuture, StoreObserver};
+use super::{
+    GiveBackFuture, HoldFuture, MemoryStore, ReadyFuture, Store, StoreError, StoreFuture,
+    StoreObserver,
+};
 use crate::limit::{Algorithm, Bucket, Decision, Millis, Pace, Rate, Window};
 
 /// Consecutive failures that open the breaker.
@@ -205,6 +208,31 @@ impl Store for GuardedStore {
         now: Option<Millis>,
     ) -> StoreFuture<'a> {
         Box::pin(self.decide(key, alg, now))
+    }
+
+    fn cached_denial(&self, key: &str, alg: &Algorithm) -> Option<Decision> {
+        self.deny_cache.get(key, alg, Instant::now())
+    }
+
+    fn give_back<'a>(
+        &'a self,
+        key: &'a str,
+        alg: &'a Algorithm,
+        age_ms: f64,
+        now: Option<Millis>,
+    ) -> GiveBackFuture<'a> {
+        Box::pin(async move {
+            // to the store that decided: the shared one, or (it failing, with `local`) the
+            // fallback; with `allow` or `deny` nothing was taken on a failure
+            let shared = self
+                .through_breaker(self.primary.give_back(key, alg, age_ms, now))
+                .await;
+            if shared.is_err() && self.on_error == OnError::Local {
+                self.local
+                    .undo(key, &share(alg, self.instances), age_ms, now);
+            }
+            shared
+        })
     }
 
     fn defer<'a>(

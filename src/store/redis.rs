@@ -21,7 +21,7 @@ use ::redis::{ConnectionAddr, IntoConnectionInfo, Value};
 use super::pipe::{self, Addr, Endpoint, Failure, Pipe};
 use super::reply::{self, Reply};
 use super::scripts::{Call, Scripts};
-use super::{HoldFuture, ReadyFuture, Store, StoreError, StoreFuture};
+use super::{GiveBackFuture, HoldFuture, ReadyFuture, Store, StoreError, StoreFuture};
 use crate::limit::{Algorithm, Millis, Pace};
 
 /// Reconnection attempts wait at least this long before their second try (one retry): a refusal
@@ -263,6 +263,27 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a> {
         Box::pin(async move {
             reply::decode_reply(alg, &self.invoke(self.scripts.check(key, alg, now)).await?)
+        })
+    }
+
+    fn give_back<'a>(
+        &'a self,
+        key: &'a str,
+        alg: &'a Algorithm,
+        age_ms: f64,
+        now: Option<Millis>,
+    ) -> GiveBackFuture<'a> {
+        Box::pin(async move {
+            match self
+                .invoke(self.scripts.give_back(key, alg, age_ms, now))
+                .await?
+            {
+                Reply::Value(Value::Int(_)) => Ok(()),
+                other => Err(StoreError::Reply {
+                    script: "give_back",
+                    detail: format!("expected an integer, got {other:?}"),
+                }),
+            }
         })
     }
 

@@ -44,6 +44,7 @@ pub(crate) struct Scripts {
     sliding_window: Lua,
     sliding_window_counter: Lua,
     pace_defer: Lua,
+    give_back: Lua,
 }
 
 /// One argument, written in Rust's shortest round-trip form for numbers, so the script's
@@ -54,6 +55,8 @@ enum Arg {
     Num(f64),
     /// an empty string: "not given" (e.g. no `max_delay`)
     Empty,
+    /// a word (an algorithm's name)
+    Word(&'static str),
 }
 
 /// The most ARGV any script takes (the rate, two more, and `now`).
@@ -82,6 +85,7 @@ impl Scripts {
             sliding_window: Lua::new(include_str!("../../lua/sliding_window.lua")),
             sliding_window_counter: Lua::new(include_str!("../../lua/sliding_window_counter.lua")),
             pace_defer: Lua::new(include_str!("../../lua/pace_defer.lua")),
+            give_back: Lua::new(include_str!("../../lua/give_back.lua")),
         }
     }
 
@@ -141,6 +145,33 @@ impl Scripts {
     }
 }
 
+impl Scripts {
+    /// The call of `lua/give_back.lua` undoing a check of `alg` on `key` made `age_ms` ago.
+    pub(crate) fn give_back<'a>(
+        &'a self,
+        key: &'a str,
+        alg: &Algorithm,
+        age_ms: f64,
+        now: Option<Millis>,
+    ) -> Call<'a> {
+        let taken = match alg {
+            Algorithm::TokenBucket(b) => f64::from(b.cost.get()) * b.rate.interval_ms(),
+            Algorithm::LeakyBucket(p) => p.rate.interval_ms(),
+            Algorithm::FixedWindow(w)
+            | Algorithm::SlidingWindow(w)
+            | Algorithm::SlidingWindowCounter(w) => w.window_ms.get() as f64,
+        };
+        let mut call = Call::new(&self.give_back, key)
+            .arg(Arg::Word(alg.name()))
+            .arg(Arg::Num(taken))
+            .arg(Arg::Num(age_ms.max(0.0)));
+        if let Some(now) = now {
+            call = call.arg(Arg::Num(now));
+        }
+        call
+    }
+}
+
 fn window<'a>(lua: &'a Lua, key: &'a str, w: &Window) -> Call<'a> {
     Call::new(lua, key)
         .arg(Arg::Int(w.limit.get()))
@@ -177,6 +208,7 @@ impl<'a> Call<'a> {
                 Arg::Int(n) => inv.arg(n),
                 Arg::Num(x) => inv.arg(x.to_string()),
                 Arg::Empty => inv.arg(""),
+                Arg::Word(w) => inv.arg(w),
             };
         }
         inv
@@ -276,6 +308,7 @@ fn same_args(a: &[Arg], b: &[Arg]) -> bool {
             (Arg::Int(x), Arg::Int(y)) => x == y,
             (Arg::Num(x), Arg::Num(y)) => x.to_bits() == y.to_bits() && !x.is_nan(),
             (Arg::Empty, Arg::Empty) => true,
+            (Arg::Word(x), Arg::Word(y)) => x == y,
             _ => false,
         })
 }
@@ -309,6 +342,10 @@ fn write_args(args: &[Arg], out: &mut Vec<u8>) -> usize {
                 }
             }
             Arg::Empty => {}
+            Arg::Word(w) => {
+                bulk(out, w.as_bytes());
+                continue;
+            }
         }
         bulk(out, num.as_bytes());
     }
