@@ -1378,3 +1378,37 @@ async fn oversized_request_head_gets_431() {
     assert_eq!(a.status, 200, "{a:?}");
     assert!(upstream.seen().iter().all(|s| s.uri == "/v1/after"));
 }
+
+/// A GET with a body of unknown length (chunked over HTTP/1.1, DATA frames without a
+/// content-length over HTTP/2) reaches the upstream whole: it is not taken for a GET without
+/// a body and dropped.
+#[tokio::test]
+async fn a_get_with_a_body_of_unknown_length_keeps_its_body() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", STRIP)).await;
+    let answer = raw(
+        proxy.addr,
+        b"GET /v1/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+          5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // echoed back chunked as it came
+    assert!(
+        answer.contains("\r\nhello\r\n") && answer.contains("\r\n world\r\n"),
+        "{answer}"
+    );
+
+    let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2c handshake");
+    tokio::spawn(conn);
+    let req = Request::get("http://x/v1/echo")
+        .body(Repeat::body(3000, 1000))
+        .unwrap();
+    let resp = sender.send_request(req).await.expect("h2 GET with a body");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(count_body(resp.into_body()).await, 3000);
+}

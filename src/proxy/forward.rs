@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::{Either, FutureExt};
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
@@ -450,12 +450,8 @@ fn rewrite(
     upgrade: Option<HeaderValue>,
     target: usize,
 ) -> Result<(Request<Body>, bool), ProxyError> {
+    // (a body announced larger than `max_body_size` was refused before the limits)
     let (mut parts, body) = req.into_parts();
-    if let (Some(max), Some(len)) = (f.max_body_size, content_length(&parts.headers)) {
-        if len > max {
-            return Err(ProxyError::BodyTooLarge);
-        }
-    }
     let target_host = &f
         .targets
         .targets
@@ -486,6 +482,18 @@ fn rewrite(
     parts.version = Version::HTTP_11;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
+    // A GET or HEAD with a body of unknown length (chunked, or HTTP/2 DATA without a
+    // content-length) goes on chunked: hyper's client takes such a request to have no body
+    // unless it is told, and would send none of it.
+    if matches!(parts.method, Method::GET | Method::HEAD)
+        && !hyper::body::Body::is_end_stream(&body)
+        && !headers.contains_key(header::CONTENT_LENGTH)
+    {
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+    }
     if let Some(proto) = upgrade {
         set_upgrade(headers, proto);
     }
@@ -513,7 +521,8 @@ fn rewrite(
     Ok((Request::from_parts(parts, body), host_is_target))
 }
 
-fn content_length(headers: &HeaderMap) -> Option<u64> {
+/// The request's `Content-Length`, when it has one that parses.
+pub(super) fn content_length(headers: &HeaderMap) -> Option<u64> {
     headers
         .get(header::CONTENT_LENGTH)?
         .to_str()
