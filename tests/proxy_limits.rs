@@ -504,3 +504,28 @@ async fn a_shadow_limit_admits_when_the_store_is_out_under_deny() {
         assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 200);
     }
 }
+
+/// A body announced larger than `max_body_size` gets 413 before any limit counts the request
+/// (as nginx checks the size first): the one token of the bucket is still there afterwards.
+#[tokio::test]
+async fn a_body_too_large_is_refused_before_the_limits_count_it() {
+    use http_body_util::{BodyExt, Full};
+    let upstream = Upstream::start().await;
+    let limits = "      - name: one
+        algorithm: token_bucket
+        rate: 1/h
+        burst: 1";
+    let proxy = Proxy::start(&route_config("max_body_size: 10\n", &upstream, limits)).await;
+    for _ in 0..3 {
+        let req = http::Request::post(proxy.url("/v1"))
+            .body(
+                Full::new(bytes::Bytes::from(vec![b'x'; 100]))
+                    .map_err(|never| match never {})
+                    .boxed(),
+            )
+            .unwrap();
+        assert_eq!(common::send(req).await.status, 413);
+    }
+    assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 200);
+    assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 429);
+}

@@ -373,6 +373,15 @@ impl Proxy {
             outcome.route = Some(&route.name);
             outcome.series = Some(&route.series);
             outcome.upstream = Some(&route.upstream.name);
+            // 2. a body announced larger than max_body_size is refused before a limit counts it
+            if let (Some(max), Some(len)) = (
+                self.settings.max_body_size,
+                forward::content_length(req.headers()),
+            ) {
+                if len > max {
+                    return Err(ProxyError::BodyTooLarge);
+                }
+            }
             // 3. limit
             let checked = limits::check(self, route, &req, ip, &path, outcome).await?;
             match checked {
