@@ -1068,37 +1068,98 @@ async fn slow_upstream_is_504_after_the_response_timeout() {
 }
 
 /// A target that accepts connections but never answers is left out of the rotation after its
-/// first 504 to a bodiless request (as nginx's `max_fails` counts a timeout): the requests after
-/// it go to the target that answers, instead of every other one waiting out the timeout. A
-/// timeout of a request with a body (whose time may be the client's slow upload) does not.
+/// first 504 (as nginx's `max_fails` counts a timeout): the requests after it go to the target
+/// that answers, instead of every other one waiting out the timeout. A request with a body
+/// counts too once its body was sent whole: the time was the upstream's, not the upload's.
 #[tokio::test]
 async fn silent_target_is_left_out_after_a_response_timeout() {
     let upstream = Upstream::start().await;
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let silent_url = format!("http://{}", silent.local_addr().unwrap());
-    let held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((stream, _)) = silent.accept().await {
-            open.push(stream); // read nothing, answer nothing
+    for with_body in [false, true] {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_url = format!("http://{}", silent.local_addr().unwrap());
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = silent.accept().await {
+                open.push(stream); // read nothing, answer nothing
+            }
+        });
+        let top = "workers: 1\ntimeouts:\n  upstream_response: 300ms";
+        let proxy = Proxy::start(&config(&[silent_url, upstream.url()], top, "", "")).await;
+        // round robin starts at the silent target
+        let first = if with_body {
+            send(
+                Request::post(proxy.url("/v1/upload"))
+                    .body(full("abc"))
+                    .unwrap(),
+            )
+            .await
+        } else {
+            get(&proxy.url("/v1/first"), &[]).await
+        };
+        assert_eq!(first.status, 504, "{first:?}");
+        // (a request sent to the silent target would be a 504: the status tells where each went)
+        for i in 0..6 {
+            let a = get(&proxy.url(&format!("/v1/after/{i}")), &[]).await;
+            assert_eq!(a.status, 200, "request {i} after the timeout: {a:?}");
+        }
+        held.abort();
+    }
+}
+
+/// `timeouts.upstream_response` runs from the end of the request body (SPEC: "until the
+/// response head arrives"): an upload slower than it, but moving, is answered; an upload that
+/// stops coming from the client for that long gets 408, not the upstream's 504.
+#[tokio::test]
+async fn the_response_timeout_starts_when_the_body_has_been_sent() {
+    // it answers /v1/drain once it has read the whole body
+    let upstream = CountingUpstream::start().await;
+    let top = "timeouts:\n  upstream_response: 400ms";
+    let proxy = Proxy::start(&config(&[upstream.url()], top, "", "")).await;
+    // 1.2 s of upload in pieces 200 ms apart, echoed back whole
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxErr>>(1);
+    tokio::spawn(async move {
+        for _ in 0..6 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if tx
+                .send(Ok(Frame::data(Bytes::from_static(b"piece "))))
+                .await
+                .is_err()
+            {
+                return;
+            }
         }
     });
-    let top = "workers: 1\ntimeouts:\n  upstream_response: 300ms";
-    let proxy = Proxy::start(&config(&[silent_url, upstream.url()], top, "", "")).await;
-    // round robin starts at the silent target: a request with a body times out there, and the
-    // target stays in the rotation
-    let post = Request::post(proxy.url("/v1/upload"))
-        .body(full("abc"))
-        .unwrap();
-    assert_eq!(send(post).await.status, 504);
-    assert_eq!(get(&proxy.url("/v1/second"), &[]).await.status, 200);
-    let a = get(&proxy.url("/v1/third"), &[]).await;
-    assert_eq!(a.status, 504, "{a:?}");
-    // (a request sent to the silent target would be a 504: the status tells where each went)
-    for i in 0..6 {
-        let a = get(&proxy.url(&format!("/v1/after/{i}")), &[]).await;
-        assert_eq!(a.status, 200, "request {i} after the timeout: {a:?}");
+    let body = http_body_util::StreamBody::new(ReceiverStream(rx)).boxed();
+    let drained = send(Request::post(proxy.url("/v1/drain")).body(body).unwrap()).await;
+    assert_eq!(drained.status, 200, "{drained:?}");
+    assert_eq!(drained.body, "36", "all six pieces reached the upstream");
+
+    // a chunked body that stops half-way
+    let started = Instant::now();
+    let answer = raw(
+        proxy.addr,
+        b"POST /v1/drain HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+type BoxErr = Box<dyn std::error::Error + Send + Sync>;
+
+/// A channel's receiving end as a stream of body frames.
+struct ReceiverStream<T>(tokio::sync::mpsc::Receiver<T>);
+
+impl<T> futures_core::Stream for ReceiverStream<T> {
+    type Item = T;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        self.0.poll_recv(cx)
     }
-    held.abort();
 }
 
 /// A body over `max_body_size` announced by Content-Length: 413 with a JSON body, and the

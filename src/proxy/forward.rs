@@ -23,6 +23,7 @@ use hyper_util::rt::TokioIo;
 use tokio_util::task::TaskTracker;
 
 use super::pool::{Key, Pool, Pooled, UpstreamError};
+use super::upload::{head_in_time, Upload};
 use super::{Body, BoxError, ProxyError};
 
 /// One pooled client per worker thread (`app::workers`): a client connection's requests go out
@@ -215,21 +216,38 @@ pub fn forward<'a>(
         .ok_or_else(|| ProxyError::NoTarget(f.upstream.to_string()))
         .and_then(|target| {
             let resendable = f.targets.targets.len() > 1 && bodiless;
-            let (upstream_req, host_is_target) = rewrite(req, f, upgrade, target)?;
+            let (mut upstream_req, host_is_target) = rewrite(req, f, upgrade, target)?;
+            // a body's upload is watched: the wait for the head starts when it has ended
+            let upload = (!bodiless).then(|| {
+                let body = std::mem::take(upstream_req.body_mut());
+                let (watched, upload) = Upload::watch(body);
+                *upstream_req.body_mut() = watched;
+                upload
+            });
             // boxed: kept only for a bodiless request to an upstream of several targets (which
             // pays for cloning its head anyway), and every other request's future would
             // otherwise keep room for it
             let again = resendable.then(|| Box::new(Resend::of(&upstream_req, host_is_target)));
-            // (`check` keeps timeouts within 365d: the sum cannot overflow)
-            let deadline = tokio::time::Instant::now() + f.response_timeout;
-            Ok(attempts(client, f, target, upstream_req, again, deadline))
+            let start = tokio::time::Instant::now();
+            Ok((
+                attempts(
+                    client,
+                    f,
+                    target,
+                    upstream_req,
+                    again,
+                    upload.clone(),
+                    start,
+                ),
+                upload,
+            ))
         });
     // (a combinator rather than an `async` block: the block would keep `sent` and the
     // exchange it awaits in two slots)
     match sent {
         Err(e) => Either::Left(std::future::ready(Err(e))),
-        Ok(attempts) => Either::Right(
-            attempts.map(move |(used, answer)| answered(f, used, answer, client_upgrade, bodiless)),
+        Ok((attempts, upload)) => Either::Right(
+            attempts.map(move |(used, answer)| answered(f, used, answer, client_upgrade, upload)),
         ),
     }
 }
@@ -241,15 +259,18 @@ fn answered(
     used: usize,
     answer: Option<Result<Response<Pooled>, UpstreamError>>,
     client_upgrade: Option<OnUpgrade>,
-    bodiless: bool,
+    upload: Option<Arc<Upload>>,
 ) -> Result<Response<Body>, ProxyError> {
     let mut resp = match answer {
         None => {
-            // (with a body, the time may have gone in the client's slow upload)
-            if bodiless {
-                f.targets
-                    .failed(used, f.upstream, "sent no response head in time");
+            // a body that stalled waiting for the client is the client's doing
+            if upload.is_some_and(|u| u.stalled_on_client()) {
+                return Err(ProxyError::ClientBodyTimeout {
+                    after: f.response_timeout,
+                });
             }
+            f.targets
+                .failed(used, f.upstream, "sent no response head in time");
             return Err(ProxyError::UpstreamTimeout {
                 upstream: f.upstream.to_string(),
                 after: f.response_timeout,
@@ -288,7 +309,8 @@ fn answered(
 
 /// Sends `req` to `target`; when no connection could be made and the request can be sent
 /// again (`again`), to another target once. Which target answered last, and how: `None` when
-/// no response head came by `deadline` (the target named is the one that stayed silent).
+/// no response head came in time (`upload::head_in_time`, from `start`; the target named is
+/// the one that stayed silent).
 /// (An `async` block, as `Pool::request`, so the request is not held twice.)
 #[allow(clippy::manual_async_fn)] // the point: see above
 fn attempts<'a>(
@@ -297,20 +319,24 @@ fn attempts<'a>(
     target: usize,
     req: Request<Body>,
     again: Option<Box<Resend>>,
-    deadline: tokio::time::Instant,
+    upload: Option<Arc<Upload>>,
+    start: tokio::time::Instant,
 ) -> impl Future<Output = (usize, Option<Result<Response<Pooled>, UpstreamError>>)> + Send + 'a {
     async move {
         let first = client.request(&f.targets.targets[target].key, req);
         // (the first answer is taken apart before the second attempt, so the future holds no
         // room for it while that attempt is under way)
-        let (again, other) = match tokio::time::timeout_at(deadline, first).await {
-            Err(_elapsed) => return (target, None),
-            Ok(Err(e)) if e.is_connect() => match again.zip(f.targets.pick_other(target)) {
+        let timeout = f.response_timeout;
+        let (again, other) = match head_in_time(first, upload.as_deref(), timeout, start).await {
+            None => return (target, None),
+            Some(Err(e)) if e.is_connect() => match again.zip(f.targets.pick_other(target)) {
                 Some(second) => second,
                 None => return (target, Some(Err(e))),
             },
-            Ok(result) => return (target, Some(result)),
+            Some(result) => return (target, Some(result)),
         };
+        // (`check` keeps timeouts within 365d: the sum cannot overflow)
+        let deadline = start + timeout;
         f.targets.failed(target, f.upstream, UNREACHABLE);
         let again = again.to(f.targets, other);
         // boxed: the rare second attempt would make every request's future larger

@@ -17,6 +17,7 @@ mod limits;
 pub mod pacing;
 pub mod pool;
 pub mod respond;
+mod upload;
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -157,6 +158,12 @@ pub enum ProxyError {
         /// the client's error
         source: pool::UpstreamError,
     },
+    /// the request body stalled waiting for the client for `timeouts.upstream_response`
+    #[error("the request body stalled: nothing from the client for {after:?}")]
+    ClientBodyTimeout {
+        /// the timeout
+        after: Duration,
+    },
     /// no response head within `timeouts.upstream_response`
     #[error("upstream {upstream}: no response within {after:?}")]
     UpstreamTimeout {
@@ -175,6 +182,7 @@ impl ProxyError {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BadBody => StatusCode::BAD_REQUEST,
+            ProxyError::ClientBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::PacingRefused { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::TooManyWaiting { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -200,6 +208,7 @@ impl ProxyError {
             | ProxyError::NoRoute
             | ProxyError::BodyTooLarge
             | ProxyError::BadBody
+            | ProxyError::ClientBodyTimeout { .. }
             | ProxyError::PacingRefused { .. }
             | ProxyError::TooManyWaiting { .. }
             | ProxyError::NoTarget(_)
@@ -214,6 +223,7 @@ impl ProxyError {
             ProxyError::NoRoute => "no_route",
             ProxyError::BodyTooLarge => "payload_too_large",
             ProxyError::BadBody => "bad_request",
+            ProxyError::ClientBodyTimeout { .. } => "request_timeout",
             ProxyError::StoreUnavailable(_) => "limiter_unavailable",
             ProxyError::PacingRefused { .. } => "upstream_paced",
             ProxyError::TooManyWaiting { .. } => "upstream_queue_full",

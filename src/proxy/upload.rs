@@ -1,0 +1,140 @@
+//! When the wait for a response head starts, for a request with a body.
+//!
+//! `timeouts.upstream_response` is the time the upstream has to answer (SPEC §2: "until the
+//! response head arrives"); a slow upload is not the upstream's delay. So while a body is being
+//! sent, the clock restarts with every piece of it the upstream connection takes, and once the
+//! body has ended the upstream has the whole timeout to answer (nginx's `proxy_send_timeout`
+//! between writes, then `proxy_read_timeout`). A body that makes no progress for the timeout is
+//! cut: a 408 when it was waiting for the client (nginx's `client_body_timeout`), the upstream's
+//! 504 when the upstream stopped taking it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::{Frame, SizeHint};
+use tokio::time::Instant;
+
+use super::{Body, BoxError};
+
+/// How a request body's upload is going: written by the body as the upstream connection reads
+/// it, read by the wait for the response head.
+#[derive(Debug)]
+pub struct Upload {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct State {
+    /// the last progress: the request sent, a piece of the body taken, or its end
+    last: Instant,
+    /// the body has ended
+    done: bool,
+    /// the body's last read found nothing from the client yet
+    waiting_on_client: bool,
+}
+
+impl Upload {
+    /// Watches `body`: the body to send instead, and its upload's progress.
+    pub fn watch(body: Body) -> (Body, Arc<Upload>) {
+        let upload = Arc::new(Upload {
+            state: Mutex::new(State {
+                last: Instant::now(),
+                done: false,
+                waiting_on_client: false,
+            }),
+        });
+        let watched = Watched {
+            inner: body,
+            upload: upload.clone(),
+        };
+        (watched.boxed(), upload)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the upload stalled waiting for the client (rather than for the upstream to take
+    /// it, or after it ended).
+    pub fn stalled_on_client(&self) -> bool {
+        let s = self.state();
+        !s.done && s.waiting_on_client
+    }
+
+    fn moved(&self, done: bool) {
+        let mut s = self.state();
+        s.last = Instant::now();
+        s.waiting_on_client = false;
+        s.done |= done;
+    }
+}
+
+/// Awaits `head` until `timeout` passes with neither a response head nor progress of the
+/// upload (none: from `start`). `None` when it passed.
+pub async fn head_in_time<F: Future>(
+    head: F,
+    upload: Option<&Upload>,
+    timeout: Duration,
+    start: Instant,
+) -> Option<F::Output> {
+    let Some(upload) = upload else {
+        return tokio::time::timeout_at(start + timeout, head).await.ok();
+    };
+    let mut head = std::pin::pin!(head);
+    let mut deadline = start + timeout;
+    loop {
+        if let Ok(answer) = tokio::time::timeout_at(deadline, head.as_mut()).await {
+            return Some(answer);
+        }
+        let next = upload.state().last + timeout;
+        if next <= Instant::now() {
+            return None;
+        }
+        deadline = next;
+    }
+}
+
+/// A request body that reports its progress to its [`Upload`].
+struct Watched {
+    inner: Body,
+    upload: Arc<Upload>,
+}
+
+impl hyper::body::Body for Watched {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Pending => self.upload.state().waiting_on_client = true,
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.upload.moved(true),
+            Poll::Ready(Some(Ok(_))) => self.upload.moved(self.inner.is_end_stream()),
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let end = self.inner.is_end_stream();
+        if end {
+            let mut s = self.upload.state();
+            if !s.done {
+                s.done = true;
+                s.last = Instant::now();
+            }
+        }
+        end
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
