@@ -426,6 +426,24 @@ impl Metrics {
             .inc();
     }
 
+    /// Makes `tollgate_store_errors_total{kind}` exist, at zero until an error of that kind.
+    pub fn store_error_known(&self, kind: &'static str) {
+        drop(self.inner.store_errors.get_or_create(&KindLabel { kind }));
+    }
+
+    /// Makes `tollgate_upstream_errors_total{upstream,kind}` of every kind that
+    /// [`ProxyError::upstream_kind`](crate::proxy::ProxyError::upstream_kind) reports exist for
+    /// `upstream`, at zero until an error of that kind.
+    pub fn upstream_known(&self, upstream: &Arc<str>) {
+        for kind in crate::proxy::ProxyError::UPSTREAM_KINDS {
+            let labels = UpstreamKind {
+                upstream: upstream.clone(),
+                kind,
+            };
+            drop(self.inner.upstream_errors.get_or_create(&labels));
+        }
+    }
+
     /// Records one denial answered from the deny cache: `tollgate_deny_cache_hits_total`.
     pub fn deny_cache_hit(&self) {
         self.inner.deny_cache_hits.inc();

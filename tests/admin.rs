@@ -66,6 +66,11 @@ routes:
         r#"tollgate_request_duration_seconds_count{route="api"} 5"#,
         r#"tollgate_pacing_delay_seconds_count{upstream="paced"} 1"#,
         r#"tollgate_config_reloads_total{result="ok"} 0"#,
+        // the error series exist at zero before any error, for dashboards and `rate()`
+        r#"tollgate_store_errors_total{kind="timeout"} 0"#,
+        r#"tollgate_store_errors_total{kind="connection"} 0"#,
+        r#"tollgate_upstream_errors_total{upstream="api",kind="connect"} 0"#,
+        r#"tollgate_upstream_errors_total{upstream="paced",kind="timeout"} 0"#,
     ] {
         assert!(t.contains(expected), "missing `{expected}` in:\n{t}");
     }

@@ -49,6 +49,10 @@ pub async fn build_store(
         Backend::Cluster { urls } => RedisTarget::Cluster(urls.clone()),
     };
     let redis = RedisStore::connect(&target, config.timeout, workers).context("redis store")?;
+    // the error series of a shared store exist from the start, at zero
+    for kind in StoreError::KINDS {
+        metrics.store_error_known(kind);
+    }
     if let Err(e) = redis.ping().await {
         tracing::warn!(error = %e, on_error = ?config.on_error,
             "redis cannot be used (see the error); limiting falls back to on_error until it can");
@@ -87,6 +91,8 @@ pub fn build_proxy(
             preserve_host: u.preserve_host,
             pacer,
         };
+        // its error series exist from the start, at zero, so `rate(...)` has one to read
+        metrics.upstream_known(&upstream.name);
         upstreams.insert(u.name.clone(), Arc::new(upstream));
     }
     let mut routes = Vec::with_capacity(config.routes.len());

@@ -234,6 +234,9 @@ impl ProxyError {
         }
     }
 
+    /// Every `kind` that [`ProxyError::upstream_kind`] reports.
+    pub const UPSTREAM_KINDS: [&'static str; 3] = ["connect", "timeout", "protocol"];
+
     /// The `kind` label of `tollgate_upstream_errors_total`, for errors the upstream caused.
     pub fn upstream_kind(&self) -> Option<&'static str> {
         match self {

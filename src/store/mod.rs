@@ -140,6 +140,10 @@ impl StoreError {
         }
     }
 
+    /// Every label [`StoreError::kind`] gives.
+    pub const KINDS: [&'static str; 5] =
+        ["timeout", "connection", "redis", "circuit_open", "reply"];
+
     /// A short label for the `kind` of `tollgate_store_errors_total`.
     pub fn kind(&self) -> &'static str {
         match self {
