@@ -1473,3 +1473,25 @@ async fn a_get_with_a_body_of_unknown_length_keeps_its_body() {
     assert_eq!(resp.status(), 200);
     assert_eq!(count_body(resp.into_body()).await, 3000);
 }
+
+/// A response in a transfer coding other than chunked gets 502 with a JSON body (as nginx
+/// refuses it): its coding is hop-by-hop, so passed on without it the body would be bytes in a
+/// coding nobody undoes. Through tollgate's own client (a GET) and hyper's (a POST).
+#[tokio::test]
+async fn a_response_in_a_transfer_coding_other_than_chunked_is_a_502() {
+    const GZIP: &str =
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n4\r\n\x1f\u{8b}\x08\x00\r\n0\r\n\r\n";
+    let upstream = RawUpstream::scripted(vec![(GZIP, true), (GZIP, true)]).await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    let a = get(&proxy.url("/v1/gz"), &[]).await;
+    assert_eq!(a.status, 502, "{a:?}");
+    assert_eq!(json(&a)["error"], "upstream_error");
+    let a = send(
+        Request::post(proxy.url("/v1/gz"))
+            .body(full("abc"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(a.status, 502, "{a:?}");
+    assert_eq!(json(&a)["error"], "upstream_error");
+}

@@ -118,6 +118,9 @@ pub enum UpstreamError {
     /// the same, on a connection of tollgate's own client
     #[error("{0}")]
     Exchange(#[source] h1::Error),
+    /// the response uses what tollgate does not pass on (a transfer coding other than chunked)
+    #[error("{0}")]
+    Unsupported(&'static str),
     /// the target's scheme and authority make no URI to connect to
     #[error("target is not a URI")]
     NoAuthority,
