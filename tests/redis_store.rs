@@ -746,6 +746,35 @@ async fn cluster_limits_keys_on_every_node() {
         .expect("reloaded on the key's node");
 }
 
+/// On a Cluster, readiness is the cluster's: ready while every slot is served; once a master
+/// is down and the cluster has noticed (`cluster_state:fail`), not ready, although the other
+/// nodes still answer a `PING`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_readiness_follows_the_cluster_state() {
+    let mut cluster = common::Cluster::start();
+    let s = RedisStore::connect(
+        &RedisTarget::Cluster(cluster.urls()),
+        Duration::from_secs(2),
+        1,
+    )
+    .unwrap();
+    s.ready().await.expect("a whole cluster is ready");
+    cluster.nodes[2].kill();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cluster.nodes[0]
+        .cli(&["cluster", "info"])
+        .contains("cluster_state:fail")
+    {
+        assert!(Instant::now() < deadline, "the cluster never noticed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let err = s
+        .ready()
+        .await
+        .expect_err("a cluster with a slot uncovered");
+    assert!(err.to_string().contains("cluster"), "{err}");
+}
+
 /// Calls stuck behind a socket Redis does not read (paused, with 32 MB of commands written
 /// at it: more than the socket buffers hold) are answered `Timeout` by their deadline, the
 /// ones made while the write is stuck too; once Redis reads again the connection serves.

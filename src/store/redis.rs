@@ -138,11 +138,27 @@ impl RedisStore {
                 let answer = pipe.call(command, None, deadline).await;
                 self.answered(answer).map(drop)
             }
-            Conn::Client(client) => {
+            Conn::Client(client @ Client::Single(_)) => {
                 let mut client = client.clone();
                 let ping = ::redis::cmd("PING");
                 let ping = ping.query_async::<String>(&mut client);
                 self.bounded(ping).await.map(drop)
+            }
+            Conn::Client(client @ Client::Cluster(_)) => {
+                // A node that answers does not make the cluster usable: with a slot uncovered
+                // (a master down, the cluster in `fail`) the keys there cannot be decided, so
+                // the cluster's own state is asked.
+                let mut client = client.clone();
+                let info = ::redis::cmd("CLUSTER").arg("INFO").to_owned();
+                let info = info.query_async::<String>(&mut client);
+                let info = self.bounded(info).await?;
+                if info.lines().any(|l| l.trim() == "cluster_state:ok") {
+                    return Ok(());
+                }
+                Err(StoreError::Reply {
+                    script: "CLUSTER INFO",
+                    detail: "the cluster's state is not ok (a slot is not covered)".into(),
+                })
             }
         }
     }
