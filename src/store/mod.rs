@@ -148,10 +148,37 @@ impl StoreError {
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::Timeout(_) => "timeout",
+            // (a Cluster's connection times a call out itself)
+            StoreError::Redis(e) if e.is_timeout() => "timeout",
             StoreError::Redis(e) if e.is_io_error() || e.is_connection_dropped() => "connection",
             StoreError::Redis(_) => "redis",
             StoreError::CircuitOpen => "circuit_open",
             StoreError::Reply { .. } => "reply",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::StoreError;
+
+    /// An I/O time-out (a Cluster connection times its calls out itself) counts as `timeout`,
+    /// like the store's own; other I/O failures as `connection`.
+    #[test]
+    fn error_kinds() {
+        let io = |kind| StoreError::Redis(io::Error::new(kind, "x").into());
+        let errors = [
+            (io(io::ErrorKind::TimedOut), "timeout"),
+            (io(io::ErrorKind::ConnectionRefused), "connection"),
+            (StoreError::Timeout(std::time::Duration::ZERO), "timeout"),
+            (StoreError::CircuitOpen, "circuit_open"),
+        ];
+        for (error, kind) in errors {
+            assert_eq!(error.kind(), kind, "{error}");
+            // the metric's series are made from KINDS at start-up
+            assert!(StoreError::KINDS.contains(&kind), "{kind}");
         }
     }
 }
