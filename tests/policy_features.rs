@@ -53,6 +53,35 @@ async fn shadow_limit_counts_but_never_denies() {
     );
 }
 
+/// Beside an enforced limit, a shadow limit stays out of the rate-limit headers, also once it
+/// would deny: they show the enforced limit, so that clients following them do not slow down
+/// for a trial.
+#[tokio::test]
+async fn the_headers_show_the_enforced_limit_beside_a_shadow_one() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let enforced = "        mode: shadow
+      - name: roomy
+        algorithm: token_bucket
+        rate: 1/h
+        burst: 50
+";
+    let proxy = Proxy::start(&config(&redis, &upstream, enforced)).await;
+    for left in 0..4 {
+        let a = get(&proxy.url("/"), &[]).await;
+        assert_eq!(a.status, 200);
+        assert_eq!(
+            a.header("ratelimit-policy"),
+            Some(r#""roomy";q=50;w=180000"#)
+        );
+        let shown = a.header("ratelimit").unwrap();
+        assert!(
+            shown.starts_with(&format!(r#""roomy";r={};t="#, 49 - left)),
+            "{shown}"
+        );
+    }
+}
+
 /// Clients in an exempt network are never limited and cost no store call; others are.
 #[tokio::test]
 async fn exempt_networks_skip_the_limit() {

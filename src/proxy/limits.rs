@@ -146,7 +146,8 @@ pub(super) async fn check<'r, B>(
             return Ok(Checked::Denied(denied));
         }
     }
-    let mut tightest: Option<Shown<'r>> = None;
+    // (whether it is a shadow limit's, the figures)
+    let mut tightest: Option<(bool, Shown<'r>)> = None;
     let mut delay_us = 0;
     // the limits that admitted the request, when more follow: given back if one refuses it
     let mut taken: Vec<(usize, Instant)> = Vec::new();
@@ -195,11 +196,17 @@ pub(super) async fn check<'r, B>(
                 delay_us = delay_us.max(decision.delay_us);
             }
         }
-        if tightest
-            .as_ref()
-            .is_none_or(|t| decision.remaining < t.decision.remaining)
-        {
-            tightest = Some(limit.shown(alg, decision));
+        // the headers show the tightest enforced limit; a shadow limit only when no enforced
+        // one applies (a trial must not make clients that follow the headers slow down)
+        let tighter = match &tightest {
+            None => true,
+            Some((shadow, t)) if *shadow == limit.shadow => {
+                decision.remaining < t.decision.remaining
+            }
+            Some((shadow, _)) => *shadow,
+        };
+        if tighter {
+            tightest = Some((limit.shadow, limit.shown(alg, decision)));
         }
     }
     if delay_us > 0 {
@@ -208,7 +215,7 @@ pub(super) async fn check<'r, B>(
         // logged with the upstream's pacing: the time the request was held back
         outcome.pacing_delay += delay;
     }
-    Ok(Checked::Admitted(tightest))
+    Ok(Checked::Admitted(tightest.map(|(_, shown)| shown)))
 }
 
 /// The 429 of the longest refusal the instance remembers among the route's enforced limits for
