@@ -9,14 +9,19 @@ ARGV[1]  the check's algorithm: token_bucket | leaky_bucket | fixed_window | sli
 ARGV[2]  what the check took, in ms of the schedule: token_bucket cost * 1000 / rate,
          leaky_bucket 1000 / rate; the windows: window_ms
 ARGV[3]  age_ms: how long ago the check ran (optional, default 0; the windows find the window it
-         counted in, or the sliding window's entry, at now - age_ms)
+         counted in, or the sliding window's entry, at now - age_ms); for leaky_bucket how long
+         ago the slot it took was (negative: a slot still ahead, the check's delay not over)
 ARGV[4]  now in milliseconds (optional, decimals allowed; absent or empty: the Redis server clock)
 
 Returns 1 when something was given back, 0 when nothing of the check's was left (the window it
 counted in is gone, the key expired or holds another type).
 
-  token_bucket, leaky_bucket  the stored TAT (next free slot) moves back by ARGV[2], never
-                              before now (checks made since keep what they took)
+  token_bucket                the stored TAT moves back by ARGV[2], never before now (tokens
+                              are all alike: checks made since keep theirs)
+  leaky_bucket                the next free slot moves back by ARGV[2] if the slot given back
+                              (now - age_ms) is still the last one handed out; a slot in the
+                              middle of the schedule stays taken (reusing it would send two
+                              requests at once)
   fixed_window, sliding_window_counter
                               one less in the window that holds now - age_ms, if still kept
   sliding_window              the newest entry at or before now - age_ms leaves the log
@@ -49,11 +54,14 @@ end
 if redis.call('TYPE', key).ok ~= kinds[kind] then
   return 0
 end
-local at = now - math.max(0, age)
+local at = now - age
 
 if kinds[kind] == 'string' then
   local back = tonumber(redis.call('GET', key))
   if back == nil then
+    return 0
+  end
+  if kind == 'leaky_bucket' and math.abs(back - taken - at) > taken / 2 then
     return 0
   end
   back = back - taken

@@ -349,20 +349,34 @@ async fn back_pressure_holds_agree() {
     );
 }
 
-/// A replay in which some admitted checks are given back (a later limit refused the request):
-/// each step is a check at its time, or (`true`) the give-back, at its time, of the latest
-/// admitted check not given back yet. The checks' decisions.
+/// What a step of [`replay_giving_back`] does at its time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Step {
+    Check,
+    /// gives back the latest admitted check not given back yet
+    BackLatest,
+    /// gives back the earliest one
+    BackEarliest,
+}
+
+/// A replay in which some admitted checks are given back (a later limit refused the request).
+/// The checks' decisions.
 async fn replay_giving_back(
     store: &dyn Store,
     key: &str,
     alg: &Algorithm,
-    steps: &[(f64, bool)],
+    steps: &[(f64, Step)],
 ) -> Vec<Decision> {
-    let mut admitted: Vec<f64> = Vec::new();
+    // when each admitted check ran, or for a leaky bucket, when its slot is
+    let mut admitted: std::collections::VecDeque<f64> = Default::default();
     let mut out = Vec::new();
-    for &(t, back) in steps {
-        if back {
-            if let Some(at) = admitted.pop() {
+    for &(t, step) in steps {
+        if step != Step::Check {
+            let given = match step {
+                Step::BackLatest => admitted.pop_back(),
+                _ => admitted.pop_front(),
+            };
+            if let Some(at) = given {
                 store
                     .give_back(key, alg, t - at, Some(t))
                     .await
@@ -372,7 +386,7 @@ async fn replay_giving_back(
         }
         let d = store.check(key, alg, Some(t)).await.expect("store answers");
         if d.allowed {
-            admitted.push(t);
+            admitted.push_back(t + d.delay_us as f64 / 1000.0);
         }
         out.push(d);
     }
@@ -388,8 +402,13 @@ fn give_backs_agree() {
         cases: 64,
         ..ProptestConfig::default()
     };
-    proptest!(config, |(alg in any_algorithm(), seq in times(120, 60, true), backs in prop::collection::vec(any::<bool>(), 60))| {
-        let steps: Vec<(f64, bool)> = seq.iter().zip(&backs).map(|(t, b)| (*t, *b)).collect();
+    let step = prop_oneof![
+        3 => Just(Step::Check),
+        1 => Just(Step::BackLatest),
+        1 => Just(Step::BackEarliest),
+    ];
+    proptest!(config, |(alg in any_algorithm(), seq in times(120, 60, true), kinds in prop::collection::vec(step, 60))| {
+        let steps: Vec<(f64, Step)> = seq.iter().zip(&kinds).map(|(t, k)| (*t, *k)).collect();
         let key = format!("conf:{}", KEY.fetch_add(1, Ordering::Relaxed));
         let memory = MemoryStore::new(NonZeroUsize::new(1000).unwrap());
         let from_rust = rt.block_on(replay_giving_back(&memory, &key, &alg, &steps));
@@ -415,11 +434,11 @@ async fn a_check_given_back_is_as_if_never_made() {
         for store in [&memory as &dyn Store, &redis] {
             let key = format!("back:{}", KEY.fetch_add(1, Ordering::Relaxed));
             let t = T0 + 0.25;
-            let mut steps = vec![(t, false); 4];
+            let mut steps = vec![(t, Step::Check); 4];
             for _ in 0..3 {
-                steps.extend([(t, true), (t, false)]);
+                steps.extend([(t, Step::BackLatest), (t, Step::Check)]);
             }
-            steps.extend([(t, false), (t, false)]);
+            steps.extend([(t, Step::Check), (t, Step::Check)]);
             let got = replay_giving_back(store, &key, &alg, &steps).await;
             let admitted: Vec<bool> = got.iter().map(|d| d.allowed).collect();
             assert_eq!(
@@ -429,5 +448,37 @@ async fn a_check_given_back_is_as_if_never_made() {
                 alg.name()
             );
         }
+    }
+}
+
+/// A leaky bucket's slot is given back only while it is the last one handed out: a slot in the
+/// middle of the schedule stays taken, so no two requests ever go out at once.
+#[tokio::test]
+async fn a_leaky_slot_in_the_middle_is_not_given_back() {
+    let server = common::Redis::start();
+    let redis = redis_store(&server);
+    let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
+    let alg = pace(10.0, None);
+    for store in [&memory as &dyn Store, &redis] {
+        let key = format!("middle:{}", KEY.fetch_add(1, Ordering::Relaxed));
+        let t = T0 + 0.5;
+        // slots at +0, +100, +200 ms; the first given back, then the last
+        let steps = [
+            (t, Step::Check),
+            (t, Step::Check),
+            (t, Step::Check),
+            (t + 1.0, Step::BackEarliest),
+            (t + 1.0, Step::Check),
+            (t + 2.0, Step::BackLatest),
+            (t + 2.0, Step::Check),
+        ];
+        let delays: Vec<u64> = replay_giving_back(store, &key, &alg, &steps)
+            .await
+            .iter()
+            .map(|d| d.delay_us)
+            .collect();
+        // the fourth check goes after the third (the first slot stays taken); the fourth, the
+        // last, given back, the fifth takes its slot again
+        assert_eq!(delays, [0, 100_000, 200_000, 299_000, 298_000]);
     }
 }

@@ -1,6 +1,7 @@
 //! Outbound pacing end to end: the upstream sees requests at least 1/rate apart, across several
 //! tollgate instances on one Redis; a burst past max_delay gets fast 503s; max_waiting bounds the
-//! sleepers; a client that hangs up while waiting frees its slot in the queue.
+//! sleepers; a client that hangs up while waiting frees its place in the queue, and its slot
+//! while that is the last one handed out.
 
 mod common;
 
@@ -164,6 +165,34 @@ async fn client_hanging_up_while_waiting_frees_its_place() {
     assert_eq!(next.status, 200, "the place was freed: {}", next.body);
     let uris: Vec<String> = upstream.seen().iter().map(|s| s.uri.clone()).collect();
     assert_eq!(uris, ["/", "/next"]);
+}
+
+/// The slot of a client that hangs up while waiting for it is given back while it is the last
+/// one handed out: the next request takes it, instead of the upstream sitting idle through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_left_by_a_client_that_hung_up_goes_to_the_next_request() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let pace = "      rate: 1/s\n      max_delay: 10s";
+    let proxy = Proxy::start(&config(&redis, &upstream, pace)).await;
+    assert_eq!(get(&proxy.url("/first"), &[]).await.status, 200);
+    // the second waits for the slot a second later, and gives up
+    let url = proxy.url("/gone");
+    let impatient = tokio::spawn(async move {
+        tokio::time::timeout(Duration::from_millis(200), get(&url, &[])).await
+    });
+    assert!(impatient.await.unwrap().is_err(), "the client gave up");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(get(&proxy.url("/next"), &[]).await.status, 200);
+    let seen = upstream.seen();
+    let uris: Vec<&str> = seen.iter().map(|s| s.uri.as_str()).collect();
+    assert_eq!(uris, ["/first", "/next"]);
+    // the slot a second after the first, not the one after it (two seconds)
+    let gap = seen[1].at.duration_since(seen[0].at);
+    assert!(
+        gap < Duration::from_millis(1600),
+        "{gap:?} between the first and the next"
+    );
 }
 
 /// Three tollgate instances on one Redis follow one pacing schedule.

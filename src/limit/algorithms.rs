@@ -127,12 +127,16 @@ pub fn defer(p: &Pace, state: &mut Option<State>, now: Millis, hold_ms: f64) -> 
 }
 
 /// Undoes an admitted check of `alg` made `age_ms` before `now` (a later limit of the request
-/// refused it): what the check took goes back, as `lua/give_back.lua` does in Redis. Returns
-/// the state's new time to live when it changes (`Some(0)`: the state is idle, as if none);
-/// `None` when it stays (also when nothing of the check's was left to give back).
+/// refused it): what the check took goes back, as `lua/give_back.lua` does in Redis. For a
+/// leaky bucket `age_ms` is the age of the slot the check took (negative: a slot still ahead).
+/// Returns the state's new time to live when it changes (`Some(0)`: the state is idle, as if
+/// none); `None` when it stays (also when nothing of the check's was left to give back).
 ///
-/// * token and leaky bucket: the TAT (next free slot) moves back by what the check moved it
-///   forward, never before `now` (checks made since keep theirs: the sum is what matters);
+/// * token bucket: the TAT moves back by what the check moved it forward, never before `now`
+///   (tokens are all alike: checks made since keep theirs);
+/// * leaky bucket: the next free slot moves back by one interval when the slot given back is
+///   still the last one handed out (else it stays: a slot in the middle cannot be reused
+///   without two requests going out at once);
 /// * fixed window, sliding-window counter: one less in the window the check counted in (the
 ///   one holding `now - age_ms`), if that window is still kept;
 /// * sliding window: the newest entry at or before `now - age_ms` leaves the log.
@@ -142,12 +146,18 @@ pub fn give_back(
     now: Millis,
     age_ms: f64,
 ) -> Option<u64> {
-    let at = now - age_ms.max(0.0);
+    let at = now - age_ms;
     match (alg, state.as_mut()) {
         (Algorithm::TokenBucket(_) | Algorithm::LeakyBucket(_), Some(State::At(t))) => {
             let taken = match alg {
                 Algorithm::TokenBucket(b) => f64::from(b.cost.get()) * b.rate.interval_ms(),
-                Algorithm::LeakyBucket(p) => p.rate.interval_ms(),
+                Algorithm::LeakyBucket(p) => {
+                    let interval = p.rate.interval_ms();
+                    if (*t - interval - at).abs() > interval / 2.0 {
+                        return None;
+                    }
+                    interval
+                }
                 _ => unreachable!("matched above"),
             };
             let back = *t - taken;

@@ -150,7 +150,7 @@ pub(super) async fn check<'r, B>(
     let mut tightest: Option<(bool, Shown<'r>)> = None;
     let mut delay_us = 0;
     // the limits that admitted the request, when more follow: given back if one refuses it
-    let mut taken: Vec<(usize, Instant)> = Vec::new();
+    let mut taken: Vec<(usize, Instant, u64)> = Vec::new();
     for (ix, limit) in route.limits.iter().enumerate() {
         if identity::is_trusted(ip, &limit.exempt) {
             continue;
@@ -190,7 +190,7 @@ pub(super) async fn check<'r, B>(
             tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would deny");
         } else {
             if ix + 1 < route.limits.len() {
-                taken.push((ix, Instant::now()));
+                taken.push((ix, Instant::now(), decision.delay_us));
             }
             if !limit.shadow {
                 delay_us = delay_us.max(decision.delay_us);
@@ -249,20 +249,21 @@ fn remembered_denial(
     ))
 }
 
-/// Gives back what the limits in `taken` (index, when they admitted) took for a request that
-/// is not sent after all. A store that cannot take it back keeps it: the limit then counts one
-/// request too many, which errs on the safe side.
+/// Gives back what the limits in `taken` (index, when they admitted, the delay they set) took
+/// for a request that is not sent after all. A store that cannot take it back keeps it: the
+/// limit then counts one request too many, which errs on the safe side.
 async fn give_back(
     proxy: &Proxy,
     route: &Route,
     ctx: &KeyContext<'_>,
-    taken: &[(usize, Instant)],
+    taken: &[(usize, Instant, u64)],
     key: &mut String,
 ) {
-    for &(ix, at) in taken {
+    for &(ix, at, delay_us) in taken {
         let limit = &route.limits[ix];
         let alg = limit_key(proxy, route, limit, ctx, key);
-        let age_ms = at.elapsed().as_secs_f64() * 1000.0;
+        // (a leaky bucket's is its slot's age: the check's less the delay)
+        let age_ms = at.elapsed().as_secs_f64() * 1000.0 - delay_us as f64 / 1000.0;
         if let Err(e) = proxy.store.give_back(key, alg, age_ms, None).await {
             tracing::debug!(route = %route.name, limit = %limit.name, error = %e, "could not give back");
         }

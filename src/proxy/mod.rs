@@ -403,7 +403,7 @@ impl Proxy {
             }
             // 4. pace
             if let Some(pacer) = &route.upstream.pacer {
-                let paced = pacer.wait(&*self.store).await?;
+                let paced = pacer.wait(&self.store).await?;
                 outcome.pacing_delay += paced.delay;
                 self.metrics.pacing_delay(&route.upstream.name, paced.delay);
             }

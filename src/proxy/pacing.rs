@@ -2,10 +2,11 @@
 //! leaky bucket for a slot shared by every instance, sleep the returned delay, then forward.
 //! Past `max_delay` the answer is 503 with `Retry-After`, and nothing was reserved.
 //! `max_waiting` bounds how many requests sleep here at once; a client that hangs up while
-//! waiting drops this future, and with it its permit and its task.
+//! waiting drops this future, and with it its permit and its task, and its slot is given back
+//! (`lua/give_back.lua`) while it is the last one handed out.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, StatusCode};
 
@@ -38,7 +39,7 @@ pub struct Paced {
 
 impl Pacer {
     /// Waits for this request's slot, or refuses it.
-    pub async fn wait(&self, store: &dyn Store) -> Result<Paced, ProxyError> {
+    pub async fn wait(&self, store: &Arc<dyn Store>) -> Result<Paced, ProxyError> {
         let _permit =
             match &self.waiting {
                 Some(sem) => Some(sem.clone().try_acquire_owned().map_err(|_| {
@@ -60,9 +61,51 @@ impl Pacer {
         }
         let delay = Duration::from_micros(decision.delay_us);
         if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
+            let slot = Instant::now() + delay;
+            let mut unused = Unused {
+                store: Some(store),
+                key: &self.key,
+                alg: self.alg,
+                slot,
+            };
+            tokio::time::sleep_until(slot.into()).await;
+            unused.store = None;
         }
         Ok(Paced { delay })
+    }
+}
+
+/// A slot of the schedule that a request waits for: given back if the request is dropped
+/// before it (its client went away), so that the schedule is not held back for a request that
+/// is never sent. (The store gives it back only while it is the last one handed out.)
+struct Unused<'a> {
+    /// cleared once the slot is reached
+    store: Option<&'a Arc<dyn Store>>,
+    key: &'a str,
+    alg: Algorithm,
+    slot: Instant,
+}
+
+impl Drop for Unused<'_> {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, key, alg) = (store.clone(), self.key.to_owned(), self.alg);
+        // the slot's age: negative, it is still ahead
+        let age_ms = -(self
+            .slot
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64()
+            * 1000.0);
+        runtime.spawn(async move {
+            if let Err(e) = store.give_back(&key, &alg, age_ms, None).await {
+                tracing::debug!(key, error = %e, "could not give back a pacing slot");
+            }
+        });
     }
 }
 

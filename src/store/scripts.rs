@@ -164,7 +164,7 @@ impl Scripts {
         let mut call = Call::new(&self.give_back, key)
             .arg(Arg::Word(alg.name()))
             .arg(Arg::Num(taken))
-            .arg(Arg::Num(age_ms.max(0.0)));
+            .arg(Arg::Num(age_ms));
         if let Some(now) = now {
             call = call.arg(Arg::Num(now));
         }
