@@ -48,7 +48,7 @@ local age = tonumber(ARGV[3] ~= nil and ARGV[3] ~= '' and ARGV[3] or '0')
 local now, slack = now_ms(ARGV[4])
 local kinds = {token_bucket = 'string', leaky_bucket = 'string', fixed_window = 'hash',
   sliding_window = 'zset', sliding_window_counter = 'hash'}
-if key == nil or kinds[kind] == nil or taken == nil or taken <= 0 or age == nil or now == nil then
+if key == nil or #ARGV > 4 or kinds[kind] == nil or taken == nil or taken <= 0 or age == nil or now == nil then
   return redis.error_reply('usage: give_back.lua KEY , ALGORITHM TAKEN_MS>0 [AGE_MS] [NOW_MS]')
 end
 if redis.call('TYPE', key).ok ~= kinds[kind] then

@@ -46,9 +46,13 @@ end
 
 local key = KEYS[1]
 local rate = tonumber(ARGV[1])
-local max_delay = tonumber(ARGV[2] ~= '' and ARGV[2] or nil)
+local max_delay, bad_max = nil, false
+if ARGV[2] ~= nil and ARGV[2] ~= '' then
+  max_delay = tonumber(ARGV[2])
+  bad_max = max_delay == nil
+end
 local now, slack = now_ms(ARGV[3])
-if key == nil or rate == nil or rate <= 0 or now == nil or (max_delay ~= nil and max_delay < 0) then
+if key == nil or #ARGV > 3 or rate == nil or rate <= 0 or now == nil or bad_max or (max_delay ~= nil and max_delay < 0) then
   return redis.error_reply('usage: leaky_bucket.lua KEY , RATE>0 [MAX_DELAY_MS] [NOW_MS]')
 end
 

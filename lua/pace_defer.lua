@@ -31,7 +31,7 @@ local key = KEYS[1]
 local rate = tonumber(ARGV[1])
 local hold = tonumber(ARGV[2])
 local now, slack = now_ms(ARGV[3])
-if key == nil or rate == nil or rate <= 0 or hold == nil or hold < 0 or now == nil then
+if key == nil or #ARGV > 3 or rate == nil or rate <= 0 or hold == nil or hold < 0 or now == nil then
   return redis.error_reply('usage: pace_defer.lua KEY , RATE>0 HOLD_MS>=0 [NOW_MS]')
 end
 

@@ -42,7 +42,7 @@ local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local now, slack = now_ms(ARGV[3])
-if key == nil or limit == nil or limit < 1 or window == nil or window <= 0 or now == nil then
+if key == nil or #ARGV > 3 or limit == nil or limit < 1 or window == nil or window <= 0 or now == nil then
   return redis.error_reply('usage: sliding_window_counter.lua KEY , LIMIT>=1 WINDOW_MS>0 [NOW_MS]')
 end
 

@@ -47,9 +47,12 @@ end
 
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3] ~= '' and ARGV[3] or nil) or 1
+local cost = 1
+if ARGV[3] ~= nil and ARGV[3] ~= '' then
+  cost = tonumber(ARGV[3])
+end
 local now, slack = now_ms(ARGV[4])
-if KEYS[1] == nil or rate == nil or rate <= 0 or burst == nil or burst < 1 or cost < 0 or now == nil then
+if KEYS[1] == nil or #ARGV > 4 or rate == nil or rate <= 0 or burst == nil or burst < 1 or cost == nil or cost < 0 or now == nil then
   return redis.error_reply('usage: token_bucket.lua KEY [KEY...] , RATE>0 BURST>=1 [COST] [NOW_MS]')
 end
 

@@ -438,3 +438,34 @@ fn give_back_by_hand() {
     let usage = eval(&redis, "give_back.lua", "b", &["leaky", "100"]).join(" ");
     assert!(usage.contains("usage: give_back.lua"), "{usage}");
 }
+
+/// An argument that is not a number where one is expected, or one argument too many (which
+/// would be taken for another: the last is `now`), gets the usage line, not a quiet default.
+#[test]
+fn stray_arguments_get_the_usage_line() {
+    let redis = Redis::start();
+    for (script, args) in [
+        ("token_bucket.lua", &["10", "20", "abc"][..]),
+        ("token_bucket.lua", &["10", "20", "1", "1700000000000", "9"]),
+        ("leaky_bucket.lua", &["4", "abc"]),
+        ("leaky_bucket.lua", &["4", "1000", "1700000000000", "9"]),
+        ("fixed_window.lua", &["3", "60000", "1", "1700000000000"]),
+        ("sliding_window.lua", &["3", "60000", "1", "1700000000000"]),
+        (
+            "sliding_window_counter.lua",
+            &["3", "60000", "1", "1700000000000"],
+        ),
+        ("pace_defer.lua", &["4", "100", "1", "1700000000000"]),
+        (
+            "give_back.lua",
+            &["token_bucket", "100", "0", "1700000000000", "9"],
+        ),
+    ] {
+        let out = eval(&redis, script, "stray", args).join(" ");
+        assert!(
+            out.contains(&format!("usage: {script}")),
+            "{script} {args:?}: {out}"
+        );
+    }
+    assert_eq!(redis.cli(&["exists", "stray"]), "0", "nothing written");
+}
