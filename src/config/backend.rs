@@ -124,7 +124,10 @@ fn checked_url(text: &str) -> Result<(String, i64), String> {
     let schemes = ["redis://", "rediss://", "redis+unix://", "unix://"];
     match schemes.iter().find_map(|s| t.strip_prefix(s)) {
         Some(rest) if !rest.is_empty() => match redis::IntoConnectionInfo::into_connection_info(t) {
-            Ok(info) => Ok((t.to_owned(), info.redis_settings().db())),
+            Ok(info) => {
+                unread_parameter(t)?;
+                Ok((t.to_owned(), info.redis_settings().db()))
+            }
             Err(e) => {
                 // redis-rs's reason where it has a specific one (none quotes the URL)
                 let reason = match e.detail() {
@@ -149,6 +152,43 @@ fn checked_url(text: &str) -> Result<(String, i64), String> {
             redact_url(t)
         )),
     }
+}
+
+/// An error for a query parameter the Redis client does not read (it would be ignored, the
+/// password of `?password=` above all, and the server then refuses every call).
+fn unread_parameter(url: &str) -> Result<(), String> {
+    let unix = url.starts_with("redis+unix://") || url.starts_with("unix://");
+    let read: &[&str] = if unix {
+        &["db", "user", "pass", "protocol"]
+    } else {
+        &["protocol"]
+    };
+    // (after the user-info, which may hold a `?`)
+    let after_user = url.rsplit_once('@').map_or(url, |(_, rest)| rest);
+    let Some((_, query)) = after_user.split_once('?') else {
+        return Ok(());
+    };
+    let query = query.split('#').next().unwrap_or_default();
+    for name in query
+        .split('&')
+        .map(|p| p.split('=').next().unwrap_or_default())
+    {
+        if name.is_empty() || read.contains(&name) {
+            continue;
+        }
+        let hint = match (unix, name) {
+            (false, "pass" | "password") => {
+                "a password goes in the user-info: redis://:PASSWORD@host:port/db".to_owned()
+            }
+            (true, "password") => "the password parameter is `pass=`".to_owned(),
+            _ => format!("those read are {}", read.join(", ")),
+        };
+        return Err(format!(
+            "the Redis client does not read the URL's `{name}` parameter ({hint}): {:?}",
+            redact_url(url)
+        ));
+    }
+    Ok(())
 }
 
 /// A URL with its password replaced by `***`, for messages and summaries: the user-info's

@@ -315,6 +315,18 @@ fn store_backend_problems() {
         ],
     );
     assert_problems(
+        "listen: 0.0.0.0:1\nstore:\n  url: redis://h:1/0?password=pw\n",
+        &[
+            r#"proxy.yaml:3:8: store.url: the Redis client does not read the URL's `password` parameter (a password goes in the user-info: redis://:PASSWORD@host:port/db): "redis://h:1/0?password=***""#,
+        ],
+    );
+    assert_problems(
+        "listen: 0.0.0.0:1\nstore:\n  url: redis+unix:///tmp/r.sock?db=1&password=pw\n",
+        &[
+            r#"proxy.yaml:3:8: store.url: the Redis client does not read the URL's `password` parameter (the password parameter is `pass=`): "redis+unix:///tmp/r.sock?db=1&password=***""#,
+        ],
+    );
+    assert_problems(
         "listen: 0.0.0.0:1\nstore:\n  url: redis://a\n  cluster: [redis://b]\n",
         &["proxy.yaml:4:3: store.cluster: give either url (one server) or cluster, not both"],
     );
