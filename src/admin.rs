@@ -141,7 +141,7 @@ fn asks_for_openmetrics<B>(req: &Request<B>) -> bool {
 /// The answer to one admin request: `/readyz` waits for [`AdminState::ready`], the others are
 /// answered at once.
 async fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
-    if req.uri().path() != "/readyz" || req.method() != Method::GET {
+    if req.uri().path() != "/readyz" || !readable(req.method()) {
         return respond(state, req);
     }
     match (state.ready)().await {
@@ -154,6 +154,12 @@ async fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>
     }
 }
 
+/// GET, and HEAD (the same answer without its body: hyper leaves it out), which probes and
+/// `curl -I` send.
+fn readable(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD
+}
+
 /// The answer to one admin request but a `GET /readyz`. The body is never read: no endpoint
 /// takes one.
 fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
@@ -162,11 +168,11 @@ fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
         return text(StatusCode::NOT_FOUND, "not found");
     }
     // 405 only for a path that exists (RFC 9110 §15.5.6), with the methods it does allow
-    if req.method() != Method::GET {
+    if !readable(req.method()) {
         let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
         response
             .headers_mut()
-            .insert(ALLOW, HeaderValue::from_static("GET"));
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return response;
     }
     match path {
@@ -385,7 +391,8 @@ mod tests {
         assert_eq!(json["routes"], serde_json::json!([]));
     }
 
-    /// Unknown paths are 404 for any method; known paths refuse other methods with 405.
+    /// Unknown paths are 404 for any method; known paths answer GET and HEAD and refuse other
+    /// methods with 405.
     #[tokio::test]
     async fn unknown_paths_are_404_and_other_methods_405() {
         let s = start().await;
@@ -399,6 +406,12 @@ mod tests {
             let (status, _, body) = call(s.addr, Method::POST, path).await;
             assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{path}");
             assert_eq!(body, "method not allowed");
+            // HEAD is GET without the body (probes and `curl -I` send it)
+            let (got, _, _) = call(s.addr, Method::GET, path).await;
+            let (status, _, body) = call(s.addr, Method::HEAD, path).await;
+            assert_eq!(status, got, "{path}");
+            assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{path}");
+            assert_eq!(body, "", "{path}");
         }
     }
 
@@ -413,7 +426,7 @@ mod tests {
         let req = Request::delete("/config").body(()).unwrap();
         let resp = respond(&s, &req);
         assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
-        assert_eq!(resp.headers()[ALLOW], "GET");
+        assert_eq!(resp.headers()[ALLOW], "GET, HEAD");
     }
 
     /// Completing the shutdown future makes `serve` return and the port stop accepting.
