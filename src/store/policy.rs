@@ -429,7 +429,15 @@ struct Denied {
     remaining: u64,
     /// the limit that denied: after a reload changes it, the entry no longer applies
     alg: Algorithm,
+    /// the store is asked again after this ([`TRUSTED_FOR`] after its last answer), also
+    /// while the spell lasts
+    trusted_until: Instant,
 }
+
+/// How long a refusal is answered from the deny cache before the store is asked again, however
+/// long its wait: a flood still costs one store call per key per 10 s, and a bucket an operator
+/// reset in Redis (or an upstream hold lifted) is seen within that time.
+const TRUSTED_FOR: Duration = Duration::from_secs(10);
 
 impl DenyCache {
     const SHARDS: usize = 16;
@@ -462,7 +470,7 @@ impl DenyCache {
         }
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         let denied = *shard.peek(key)?;
-        if denied.until <= now || denied.alg != *alg {
+        if denied.until <= now || denied.trusted_until <= now || denied.alg != *alg {
             if shard.pop(key).is_some() {
                 self.entries.fetch_sub(1, Ordering::Relaxed);
             }
@@ -522,6 +530,7 @@ impl DenyCache {
             reset_at,
             remaining,
             alg: *alg,
+            trusted_until: now.checked_add(TRUSTED_FOR).unwrap_or(until),
         };
         let before = shard.len();
         shard.put(key.into(), denied);

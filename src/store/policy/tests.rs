@@ -339,6 +339,20 @@ fn deny_cache_allows_for_the_stores_rounding_up() {
     );
 }
 
+/// A long refusal is answered from the cache for 10 s, then the store is asked again (a bucket
+/// reset by hand, an upstream hold lifted, is seen then), with the cached wait true meanwhile.
+#[test]
+fn deny_cache_asks_again_after_ten_seconds() {
+    let cache = DenyCache::new();
+    let alg = bucket(1);
+    let hour = 3_600_000;
+    let t0 = Instant::now();
+    cache.insert("k", &alg, &Decision::counted(false, 0, hour, hour), t0, t0);
+    let at = |s| cache.get("k", &alg, t0 + Duration::from_secs(s));
+    assert_eq!(at(9).map(|d| d.retry_after_ms), Some(hour - 9000));
+    assert!(at(10).is_none(), "asked again");
+}
+
 /// A caller that passes its own `now` (a replay) is never answered from the real-time cache.
 #[tokio::test]
 async fn given_now_bypasses_the_deny_cache() {
