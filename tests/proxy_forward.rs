@@ -1495,3 +1495,42 @@ async fn a_response_in_a_transfer_coding_other_than_chunked_is_a_502() {
     assert_eq!(a.status, 502, "{a:?}");
     assert_eq!(json(&a)["error"], "upstream_error");
 }
+
+/// `Expect: 100-continue` is answered by tollgate (the 100 once the request is admitted) and
+/// not passed on: the upstream is not asked to continue a second time (as nginx drops it).
+#[tokio::test]
+async fn expect_continue_is_answered_here_and_not_passed_on() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", STRIP)).await;
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(
+        b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("the 100 in time")
+        .unwrap();
+    let interim = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(interim.starts_with("HTTP/1.1 100 Continue"), "{interim}");
+    s.write_all(b"hello").await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .expect("the answer in time")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&rest).to_string();
+    assert!(
+        answer.contains("200 OK") && answer.contains("hello"),
+        "{answer}"
+    );
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 1);
+    assert!(
+        seen[0].headers.get("expect").is_none(),
+        "{:?}",
+        seen[0].headers
+    );
+}

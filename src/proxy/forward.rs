@@ -532,17 +532,22 @@ fn rewrite(
     parts.version = Version::HTTP_11;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
-    // A GET or HEAD with a body of unknown length (chunked, or HTTP/2 DATA without a
-    // content-length) goes on chunked: hyper's client takes such a request to have no body
-    // unless it is told, and would send none of it.
-    if matches!(parts.method, Method::GET | Method::HEAD)
-        && !hyper::body::Body::is_end_stream(&body)
-        && !headers.contains_key(header::CONTENT_LENGTH)
-    {
-        headers.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
+    if !hyper::body::Body::is_end_stream(&body) {
+        // `Expect: 100-continue` was the client's with tollgate, which answers it (hyper sends
+        // the 100 when the body is first read, once the limits admitted the request): the
+        // upstream is not asked again (as nginx drops it)
+        headers.remove(header::EXPECT);
+        // A GET or HEAD with a body of unknown length (chunked, or HTTP/2 DATA without a
+        // content-length) goes on chunked: hyper's client takes such a request to have no
+        // body unless it is told, and would send none of it.
+        if matches!(parts.method, Method::GET | Method::HEAD)
+            && !headers.contains_key(header::CONTENT_LENGTH)
+        {
+            headers.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+        }
     }
     if let Some(proto) = upgrade {
         set_upgrade(headers, proto);
