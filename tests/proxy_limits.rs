@@ -529,3 +529,38 @@ async fn a_body_too_large_is_refused_before_the_limits_count_it() {
     assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 200);
     assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 429);
 }
+
+/// A request waiting for its leaky-bucket slot whose client goes away costs its limits
+/// nothing: the slot (the last handed out) and the other limits' tokens are given back, so the
+/// next request takes them.
+#[tokio::test]
+async fn a_client_gone_while_its_request_waits_gives_back_what_it_took() {
+    let upstream = Upstream::start().await;
+    let limits = "      - name: smooth
+        algorithm: leaky_bucket
+        rate: 1/s
+        max_delay: 10s
+      - name: two
+        algorithm: token_bucket
+        rate: 1/h
+        burst: 2";
+    let proxy = Proxy::start(&memory_config(&upstream, limits)).await;
+    assert_eq!(get(&proxy.url("/v1/first"), &[]).await.status, 200);
+    let url = proxy.url("/v1/gone");
+    let impatient = tokio::spawn(async move {
+        tokio::time::timeout(Duration::from_millis(200), get(&url, &[])).await
+    });
+    assert!(impatient.await.unwrap().is_err(), "the client gave up");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let next = get(&proxy.url("/v1/next"), &[]).await;
+    assert_eq!(
+        next.status, 200,
+        "the second token is there again: {next:?}"
+    );
+    let seen = upstream.seen();
+    let uris: Vec<&str> = seen.iter().map(|s| s.uri.as_str()).collect();
+    assert_eq!(uris, ["/v1/first", "/v1/next"]);
+    // the slot a second after the first, not two
+    let gap = seen[1].at.duration_since(seen[0].at);
+    assert!(gap < Duration::from_millis(1600), "{gap:?}");
+}

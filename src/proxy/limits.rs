@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use http::{HeaderValue, Request, Response};
 use ipnet::IpNet;
 
+use super::owed::{age_ms, Owed, Taken};
 use super::respond::{self, Shown};
 use super::{Body, Outcome, Proxy, ProxyError, Route};
 use crate::identity::{self, KeyContext, KeyPart};
@@ -189,7 +190,9 @@ pub(super) async fn check<'r, B>(
             // limit's (what the refusal reported): the headers do not vanish when it is reached
             tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would deny");
         } else {
-            if ix + 1 < route.limits.len() {
+            // (kept to be given back if the request is refused after all, or waits and its
+            // client goes away)
+            if route.limits.len() > 1 || decision.delay_us > 0 {
                 taken.push((ix, Instant::now(), decision.delay_us));
             }
             if !limit.shadow {
@@ -211,7 +214,10 @@ pub(super) async fn check<'r, B>(
     }
     if delay_us > 0 {
         let delay = Duration::from_micros(delay_us);
+        // what the limits took is given back if the client goes away before the wait is over
+        let owed = Owed::new(proxy.store.clone(), owed(proxy, route, &ctx, &taken));
         tokio::time::sleep(delay).await;
+        owed.paid();
         // logged with the upstream's pacing: the time the request was held back
         outcome.pacing_delay += delay;
     }
@@ -249,9 +255,32 @@ fn remembered_denial(
     ))
 }
 
-/// Gives back what the limits in `taken` (index, when they admitted, the delay they set) took
-/// for a request that is not sent after all. A store that cannot take it back keeps it: the
-/// limit then counts one request too many, which errs on the safe side.
+/// What the limits in `taken` (index, when they admitted, the delay they set) took, with their
+/// keys.
+fn owed(
+    proxy: &Proxy,
+    route: &Route,
+    ctx: &KeyContext<'_>,
+    taken: &[(usize, Instant, u64)],
+) -> Vec<Taken> {
+    let mut key = String::new();
+    taken
+        .iter()
+        .map(|&(ix, at, delay_us)| {
+            let alg = *limit_key(proxy, route, &route.limits[ix], ctx, &mut key);
+            Taken {
+                key: key.clone(),
+                alg,
+                at,
+                delay_us,
+            }
+        })
+        .collect()
+}
+
+/// Gives back what the limits in `taken` took for a request that is not sent after all. A
+/// store that cannot take it back keeps it: the limit then counts one request too many, which
+/// errs on the safe side.
 async fn give_back(
     proxy: &Proxy,
     route: &Route,
@@ -262,9 +291,11 @@ async fn give_back(
     for &(ix, at, delay_us) in taken {
         let limit = &route.limits[ix];
         let alg = limit_key(proxy, route, limit, ctx, key);
-        // (a leaky bucket's is its slot's age: the check's less the delay)
-        let age_ms = at.elapsed().as_secs_f64() * 1000.0 - delay_us as f64 / 1000.0;
-        if let Err(e) = proxy.store.give_back(key, alg, age_ms, None).await {
+        if let Err(e) = proxy
+            .store
+            .give_back(key, alg, age_ms(at, delay_us), None)
+            .await
+        {
             tracing::debug!(route = %route.name, limit = %limit.name, error = %e, "could not give back");
         }
     }

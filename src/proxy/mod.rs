@@ -14,6 +14,7 @@
 pub mod forward;
 pub mod h1;
 mod limits;
+mod owed;
 pub mod pacing;
 pub mod pool;
 pub mod respond;

@@ -12,6 +12,7 @@ use http::{HeaderMap, StatusCode};
 
 use tokio::sync::Semaphore;
 
+use super::owed::{Owed, Taken};
 use super::ProxyError;
 use crate::limit::{Algorithm, Pace};
 use crate::store::Store;
@@ -61,51 +62,20 @@ impl Pacer {
         }
         let delay = Duration::from_micros(decision.delay_us);
         if !delay.is_zero() {
-            let slot = Instant::now() + delay;
-            let mut unused = Unused {
-                store: Some(store),
-                key: &self.key,
-                alg: self.alg,
-                slot,
-            };
-            tokio::time::sleep_until(slot.into()).await;
-            unused.store = None;
+            // (the slot is given back if the client goes away before it)
+            let owed = Owed::new(
+                store.clone(),
+                vec![Taken {
+                    key: self.key.clone(),
+                    alg: self.alg,
+                    at: Instant::now(),
+                    delay_us: decision.delay_us,
+                }],
+            );
+            tokio::time::sleep(delay).await;
+            owed.paid();
         }
         Ok(Paced { delay })
-    }
-}
-
-/// A slot of the schedule that a request waits for: given back if the request is dropped
-/// before it (its client went away), so that the schedule is not held back for a request that
-/// is never sent. (The store gives it back only while it is the last one handed out.)
-struct Unused<'a> {
-    /// cleared once the slot is reached
-    store: Option<&'a Arc<dyn Store>>,
-    key: &'a str,
-    alg: Algorithm,
-    slot: Instant,
-}
-
-impl Drop for Unused<'_> {
-    fn drop(&mut self) {
-        let Some(store) = self.store.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (store, key, alg) = (store.clone(), self.key.to_owned(), self.alg);
-        // the slot's age: negative, it is still ahead
-        let age_ms = -(self
-            .slot
-            .saturating_duration_since(Instant::now())
-            .as_secs_f64()
-            * 1000.0);
-        runtime.spawn(async move {
-            if let Err(e) = store.give_back(&key, &alg, age_ms, None).await {
-                tracing::debug!(key, error = %e, "could not give back a pacing slot");
-            }
-        });
     }
 }
 
