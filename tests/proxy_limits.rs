@@ -564,3 +564,48 @@ async fn a_client_gone_while_its_request_waits_gives_back_what_it_took() {
     let gap = seen[1].at.duration_since(seen[0].at);
     assert!(gap < Duration::from_millis(1600), "{gap:?}");
 }
+
+/// When the first limit refuses, the later ones are asked too: the first answers (SPEC §2), but
+/// with the longest wait of those refusing, so a client is not told to come back in a second
+/// when an hourly quota refuses it for an hour. Both stores, the deny cache's answer too.
+#[tokio::test]
+async fn the_retry_after_of_a_refusal_is_the_longest_of_the_limits_refusing() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let limits = "      - name: per-second
+        algorithm: token_bucket
+        key: ip
+        rate: 1/s
+        burst: 2
+      - name: hourly
+        algorithm: fixed_window
+        key: ip
+        limit: 2
+        window: 1h";
+    for yaml in [
+        config(&redis, &upstream, limits),
+        memory_config(&upstream, limits),
+    ] {
+        let proxy = Proxy::start(&yaml).await;
+        for _ in 0..2 {
+            assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 200);
+        }
+        for i in 0..3 {
+            let denied = get(&proxy.url("/v1"), &[]).await;
+            assert_eq!(denied.status, 429, "{i}: {denied:?}");
+            let body: serde_json::Value = serde_json::from_str(&denied.body).unwrap();
+            assert_eq!(
+                body["limit"], "per-second",
+                "the first refusing limit answers"
+            );
+            let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+            assert!(
+                retry > 60,
+                "{i}: Retry-After {retry}: the hourly window's wait"
+            );
+            assert!(body["retry_after_ms"].as_u64().unwrap() > 60_000, "{body}");
+        }
+        drop(proxy);
+        redis.cli(&["flushall"]);
+    }
+}

@@ -116,10 +116,12 @@ fn limit_key<'r>(
 /// Every limit is asked before the request waits or is refused: a refusal answers at once
 /// (a leaky bucket earlier in the list does not first make it wait), and what the limits before
 /// the refusing one took for the request is given back, so a refused request costs no limit
-/// anything (as nginx charges its `limit_req` zones only when all pass). A route with several
-/// limits first looks for a refusal the instance remembers (the deny cache) among them: such a
-/// request is refused without asking any store, and with the longest of those waits, so that
-/// its `Retry-After` is not the short wait of one limit while another refuses for longer.
+/// anything (as nginx charges its `limit_req` zones only when all pass). The first enforced
+/// limit that refuses answers (SPEC §2), with the longest wait of the enforced limits that
+/// refuse (the later ones are asked too, and given back what they took), so that `Retry-After`
+/// is not one limit's short wait while another refuses for longer. A route with several limits
+/// first looks for refusals the instance remembers (the deny cache) among them: such a request
+/// is refused so without asking any store.
 /// Leaky-bucket limits' delays are slept together (the longest) once all have admitted; a
 /// shadow limit's delay is not slept.
 pub(super) async fn check<'r, B>(
@@ -180,10 +182,29 @@ pub(super) async fn check<'r, B>(
         }
         if !decision.allowed {
             if !limit.shadow {
+                // It answers; the enforced limits after it are asked too, what they take
+                // given back at once: the request's true wait is the longest of the refusals
+                // (its Retry-After), and a client told the first one's short wait would only be
+                // refused again by a later one.
+                let mut refusal = decision;
+                for (later_ix, later) in route.limits.iter().enumerate().skip(ix + 1) {
+                    if later.shadow || identity::is_trusted(ip, &later.exempt) {
+                        continue;
+                    }
+                    let later_alg = limit_key(proxy, route, later, &ctx, &mut key);
+                    match proxy.store.check(&key, later_alg, None).await {
+                        Ok(d) if d.allowed => taken.push((later_ix, Instant::now(), d.delay_us)),
+                        Ok(d) => {
+                            refusal.retry_after_ms = refusal.retry_after_ms.max(d.retry_after_ms)
+                        }
+                        // none known: the refusals so far stand
+                        Err(_) => {}
+                    }
+                }
                 give_back(proxy, route, &ctx, &taken, &mut key).await;
                 return Ok(Checked::Denied(respond::rate_limited(
                     proxy.settings.headers,
-                    &limit.shown(alg, decision),
+                    &limit.shown(alg, refusal),
                 )));
             }
             // a shadow denial admits the request, and its figures are shown like any other
@@ -203,8 +224,10 @@ pub(super) async fn check<'r, B>(
         // one applies (a trial must not make clients that follow the headers slow down)
         let tighter = match &tightest {
             None => true,
+            // (of two with nothing left, the one that takes longer to come back)
             Some((shadow, t)) if *shadow == limit.shadow => {
-                decision.remaining < t.decision.remaining
+                (decision.remaining, std::cmp::Reverse(decision.reset_ms))
+                    < (t.decision.remaining, std::cmp::Reverse(t.decision.reset_ms))
             }
             Some((shadow, _)) => *shadow,
         };
@@ -224,30 +247,29 @@ pub(super) async fn check<'r, B>(
     Ok(Checked::Admitted(tightest.map(|(_, shown)| shown)))
 }
 
-/// The 429 of the longest refusal the instance remembers among the route's enforced limits for
-/// this request, if there is one (no store is asked).
+/// The 429 of a refusal the instance remembers among the route's enforced limits for this
+/// request, if there is one (no store is asked): the first such limit answers, with the
+/// longest of the remembered waits.
 fn remembered_denial(
     proxy: &Proxy,
     route: &Route,
     ctx: &KeyContext<'_>,
     key: &mut String,
 ) -> Option<Response<Body>> {
-    let mut longest: Option<(&Limit, &Algorithm, Decision)> = None;
+    let mut first: Option<(&Limit, &Algorithm, Decision)> = None;
     for limit in &route.limits {
         if limit.shadow || identity::is_trusted(ctx.ip, &limit.exempt) {
             continue;
         }
         let alg = limit_key(proxy, route, limit, ctx, key);
         if let Some(d) = proxy.store.cached_denial(key, alg) {
-            if longest
-                .as_ref()
-                .is_none_or(|(_, _, l)| d.retry_after_ms > l.retry_after_ms)
-            {
-                longest = Some((limit, alg, d));
+            match &mut first {
+                None => first = Some((limit, alg, d)),
+                Some((_, _, f)) => f.retry_after_ms = f.retry_after_ms.max(d.retry_after_ms),
             }
         }
     }
-    let (limit, alg, decision) = longest?;
+    let (limit, alg, decision) = first?;
     proxy.metrics.limit_decided(&limit.series, Counted::Denied);
     Some(respond::rate_limited(
         proxy.settings.headers,
