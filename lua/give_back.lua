@@ -33,9 +33,18 @@ Try it: redis-cli --eval lua/token_bucket.lua tollgate:demo:alice , 10 20
 local EPS = 0.001
 local SKEW_MS = 10000
 
+-- An argument as a finite number, or nil: tonumber also reads "nan", "inf" and "1e400".
+local function num(s)
+  local n = tonumber(s)
+  if n ~= nil and n == n and n ~= math.huge and n ~= -math.huge then
+    return n
+  end
+  return nil
+end
+
 local function now_ms(arg)
   if arg ~= nil and arg ~= '' then
-    return tonumber(arg), SKEW_MS
+    return num(arg), SKEW_MS
   end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, 0
@@ -43,8 +52,8 @@ end
 
 local key = KEYS[1]
 local kind = ARGV[1]
-local taken = tonumber(ARGV[2])
-local age = tonumber(ARGV[3] ~= nil and ARGV[3] ~= '' and ARGV[3] or '0')
+local taken = num(ARGV[2])
+local age = num(ARGV[3] ~= nil and ARGV[3] ~= '' and ARGV[3] or '0')
 local now, slack = now_ms(ARGV[4])
 local kinds = {token_bucket = 'string', leaky_bucket = 'string', fixed_window = 'hash',
   sliding_window = 'zset', sliding_window_counter = 'hash'}

@@ -30,9 +30,18 @@ local EPS = 0.001
 -- counts them (a stale key is harmless: every script checks what it reads against `now`).
 local SKEW_MS = 10000
 
+-- An argument as a finite number, or nil: tonumber also reads "nan", "inf" and "1e400".
+local function num(s)
+  local n = tonumber(s)
+  if n ~= nil and n == n and n ~= math.huge and n ~= -math.huge then
+    return n
+  end
+  return nil
+end
+
 local function now_ms(arg)
   if arg ~= nil and arg ~= '' then
-    return tonumber(arg), SKEW_MS
+    return num(arg), SKEW_MS
   end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, 0
@@ -45,10 +54,10 @@ local function delay_string(ms)
 end
 
 local key = KEYS[1]
-local rate = tonumber(ARGV[1])
+local rate = num(ARGV[1])
 local max_delay, bad_max = nil, false
 if ARGV[2] ~= nil and ARGV[2] ~= '' then
-  max_delay = tonumber(ARGV[2])
+  max_delay = num(ARGV[2])
   bad_max = max_delay == nil
 end
 local now, slack = now_ms(ARGV[3])

@@ -19,17 +19,26 @@ Try it: redis-cli --eval lua/pace_defer.lua tollgate:upstream:api:pace , 4 2000
 -- counts them (a stale key is harmless: every script checks what it reads against `now`).
 local SKEW_MS = 10000
 
+-- An argument as a finite number, or nil: tonumber also reads "nan", "inf" and "1e400".
+local function num(s)
+  local n = tonumber(s)
+  if n ~= nil and n == n and n ~= math.huge and n ~= -math.huge then
+    return n
+  end
+  return nil
+end
+
 local function now_ms(arg)
   if arg ~= nil and arg ~= '' then
-    return tonumber(arg), SKEW_MS
+    return num(arg), SKEW_MS
   end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, 0
 end
 
 local key = KEYS[1]
-local rate = tonumber(ARGV[1])
-local hold = tonumber(ARGV[2])
+local rate = num(ARGV[1])
+local hold = num(ARGV[2])
 local now, slack = now_ms(ARGV[3])
 if key == nil or #ARGV > 3 or rate == nil or rate <= 0 or hold == nil or hold < 0 or now == nil then
   return redis.error_reply('usage: pace_defer.lua KEY , RATE>0 HOLD_MS>=0 [NOW_MS]')

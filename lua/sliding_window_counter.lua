@@ -30,17 +30,26 @@ Debug:  redis-cli --ldb --eval lua/sliding_window_counter.lua tollgate:demo:alic
 -- counts them (a stale key is harmless: every script checks what it reads against `now`).
 local SKEW_MS = 10000
 
+-- An argument as a finite number, or nil: tonumber also reads "nan", "inf" and "1e400".
+local function num(s)
+  local n = tonumber(s)
+  if n ~= nil and n == n and n ~= math.huge and n ~= -math.huge then
+    return n
+  end
+  return nil
+end
+
 local function now_ms(arg)
   if arg ~= nil and arg ~= '' then
-    return tonumber(arg), SKEW_MS
+    return num(arg), SKEW_MS
   end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, 0
 end
 
 local key = KEYS[1]
-local limit = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
+local limit = num(ARGV[1])
+local window = num(ARGV[2])
 local now, slack = now_ms(ARGV[3])
 if key == nil or #ARGV > 3 or limit == nil or limit < 1 or window == nil or window <= 0 or now == nil then
   return redis.error_reply('usage: sliding_window_counter.lua KEY , LIMIT>=1 WINDOW_MS>0 [NOW_MS]')

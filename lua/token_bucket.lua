@@ -37,19 +37,28 @@ local EPS = 0.001
 -- counts them (a stale key is harmless: every script checks what it reads against `now`).
 local SKEW_MS = 10000
 
+-- An argument as a finite number, or nil: tonumber also reads "nan", "inf" and "1e400".
+local function num(s)
+  local n = tonumber(s)
+  if n ~= nil and n == n and n ~= math.huge and n ~= -math.huge then
+    return n
+  end
+  return nil
+end
+
 local function now_ms(arg)
   if arg ~= nil and arg ~= '' then
-    return tonumber(arg), SKEW_MS
+    return num(arg), SKEW_MS
   end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, 0
 end
 
-local rate = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
+local rate = num(ARGV[1])
+local burst = num(ARGV[2])
 local cost = 1
 if ARGV[3] ~= nil and ARGV[3] ~= '' then
-  cost = tonumber(ARGV[3])
+  cost = num(ARGV[3])
 end
 local now, slack = now_ms(ARGV[4])
 if KEYS[1] == nil or #ARGV > 4 or rate == nil or rate <= 0 or burst == nil or burst < 1 or cost == nil or cost < 0 or now == nil then

@@ -439,8 +439,9 @@ fn give_back_by_hand() {
     assert!(usage.contains("usage: give_back.lua"), "{usage}");
 }
 
-/// An argument that is not a number where one is expected, or one argument too many (which
-/// would be taken for another: the last is `now`), gets the usage line, not a quiet default.
+/// An argument that is not a (finite) number where one is expected, or one argument too many
+/// (which would be taken for another: the last is `now`), gets the usage line, not a quiet
+/// default.
 #[test]
 fn stray_arguments_get_the_usage_line() {
     let redis = Redis::start();
@@ -460,6 +461,13 @@ fn stray_arguments_get_the_usage_line() {
             "give_back.lua",
             &["token_bucket", "100", "0", "1700000000000", "9"],
         ),
+        // numbers Lua reads that are not finite
+        ("token_bucket.lua", &["10", "inf"]),
+        ("token_bucket.lua", &["10", "20", "1", "nan"]),
+        ("leaky_bucket.lua", &["4", "1e400"]),
+        ("sliding_window.lua", &["3", "nan"]),
+        ("pace_defer.lua", &["4", "nan"]),
+        ("give_back.lua", &["token_bucket", "nan"]),
     ] {
         let out = eval(&redis, script, "stray", args).join(" ");
         assert!(
