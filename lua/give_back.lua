@@ -10,7 +10,9 @@ ARGV[2]  what the check took, in ms of the schedule: token_bucket cost * 1000 / 
          leaky_bucket 1000 / rate; the windows: window_ms
 ARGV[3]  age_ms: how long ago the check ran (optional, default 0; the windows find the window it
          counted in, or the sliding window's entry, at now - age_ms); for leaky_bucket how long
-         ago the slot it took was (negative: a slot still ahead, the check's delay not over)
+         ago the slot it took was (negative: a slot still ahead, the check's delay not over).
+         A caller measuring it from when the check's answer came has now - age_ms late by the
+         round trips, never early: the rules below allow for that, on the safe side.
 ARGV[4]  now in milliseconds (optional, decimals allowed; absent or empty: the Redis server clock)
 
 Returns 1 when something was given back, 0 when nothing of the check's was left (the window it
@@ -19,11 +21,13 @@ counted in is gone, the key expired or holds another type).
   token_bucket                the stored TAT moves back by ARGV[2], never before now (tokens
                               are all alike: checks made since keep theirs)
   leaky_bucket                the next free slot moves back by ARGV[2] if the slot given back
-                              (now - age_ms) is still the last one handed out; a slot in the
-                              middle of the schedule stays taken (reusing it would send two
-                              requests at once)
+                              is still the last one handed out (it lies at now - age_ms or up
+                              to half an interval before); a slot in the middle of the schedule
+                              stays taken (reusing it would send two requests at once)
   fixed_window, sliding_window_counter
-                              one less in the window that holds now - age_ms, if still kept
+                              one less in the window that holds now - age_ms, if still kept and
+                              now - age_ms is past its first 50 ms (or half of it): before that
+                              the check may have been in the window before, and stays counted
   sliding_window              the newest entry at or before now - age_ms leaves the log
 
 Try it: redis-cli --eval lua/token_bucket.lua tollgate:demo:alice , 10 20
@@ -32,6 +36,10 @@ Try it: redis-cli --eval lua/token_bucket.lua tollgate:demo:alice , 10 20
 
 local EPS = 0.001
 local SKEW_MS = 10000
+-- slack comparing a slot with now - age_ms (delays are rounded to the microsecond)
+local AGE_EPS = 0.01
+-- ms after a window's start within which a check's window is not certain (see below)
+local MARGIN = 50
 
 -- An argument as a finite number, or nil: tonumber also reads "nan", "inf" and "1e400".
 local function num(s)
@@ -70,7 +78,9 @@ if kinds[kind] == 'string' then
   if back == nil then
     return 0
   end
-  if kind == 'leaky_bucket' and math.abs(back - taken - at) > taken / 2 then
+  -- (the last slot lies at `at` or up to half an interval before it: `at` is late by the
+  -- round trips, never early)
+  if kind == 'leaky_bucket' and (back - taken - at > AGE_EPS or at - (back - taken) > taken / 2) then
     return 0
   end
   back = back - taken
@@ -97,6 +107,11 @@ end
 
 local window = taken
 local counted = math.floor(at / window) * window
+-- so soon after the window's start that the check may have been in the one before: it stays
+-- counted where it was
+if at - counted < math.min(MARGIN, window / 2) then
+  return 0
+end
 local stored = redis.call('HMGET', key, 'w', 'c', 'p')
 local w = tonumber(stored[1])
 if kind == 'fixed_window' then

@@ -433,7 +433,8 @@ async fn a_check_given_back_is_as_if_never_made() {
     ] {
         for store in [&memory as &dyn Store, &redis] {
             let key = format!("back:{}", KEY.fetch_add(1, Ordering::Relaxed));
-            let t = T0 + 0.25;
+            // (past the first 50 ms of a window: see `a_window_start_keeps_its_count`)
+            let t = T0 + 100.25;
             let mut steps = vec![(t, Step::Check); 4];
             for _ in 0..3 {
                 steps.extend([(t, Step::BackLatest), (t, Step::Check)]);
@@ -480,5 +481,31 @@ async fn a_leaky_slot_in_the_middle_is_not_given_back() {
         // the fourth check goes after the third (the first slot stays taken); the fourth, the
         // last, given back, the fifth takes its slot again
         assert_eq!(delays, [0, 100_000, 200_000, 299_000, 298_000]);
+    }
+}
+
+/// A give-back whose check may have been made in the window before (its time within the first
+/// 50 ms of a window, or half of it) takes nothing: the check stays counted where it was.
+#[tokio::test]
+async fn a_window_start_keeps_its_count() {
+    let server = common::Redis::start();
+    let redis = redis_store(&server);
+    let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
+    for alg in [
+        Algorithm::FixedWindow(win(1, 60_000)),
+        Algorithm::SlidingWindowCounter(win(1, 60_000)),
+    ] {
+        for store in [&memory as &dyn Store, &redis] {
+            let key = format!("edge:{}", KEY.fetch_add(1, Ordering::Relaxed));
+            let t = T0 + 20.0;
+            let steps = [
+                (t, Step::Check),
+                (t, Step::BackLatest),
+                (t + 1.0, Step::Check),
+            ];
+            let got = replay_giving_back(store, &key, &alg, &steps).await;
+            let admitted: Vec<bool> = got.iter().map(|d| d.allowed).collect();
+            assert_eq!(admitted, [true, false], "{}", alg.name());
+        }
     }
 }

@@ -129,6 +129,9 @@ pub fn defer(p: &Pace, state: &mut Option<State>, now: Millis, hold_ms: f64) -> 
 /// Undoes an admitted check of `alg` made `age_ms` before `now` (a later limit of the request
 /// refused it): what the check took goes back, as `lua/give_back.lua` does in Redis. For a
 /// leaky bucket `age_ms` is the age of the slot the check took (negative: a slot still ahead).
+/// A caller measures the age from when the check's answer arrived, so `now - age_ms` is the
+/// check's time (its slot's) or later by the round trips, never earlier: the rules below err
+/// on the safe side for that.
 /// Returns the state's new time to live when it changes (`Some(0)`: the state is idle, as if
 /// none); `None` when it stays (also when nothing of the check's was left to give back).
 ///
@@ -136,9 +139,11 @@ pub fn defer(p: &Pace, state: &mut Option<State>, now: Millis, hold_ms: f64) -> 
 ///   (tokens are all alike: checks made since keep theirs);
 /// * leaky bucket: the next free slot moves back by one interval when the slot given back is
 ///   still the last one handed out (else it stays: a slot in the middle cannot be reused
-///   without two requests going out at once);
+///   without two requests going out at once) — the last when it lies at `now - age_ms` or
+///   up to half an interval before it;
 /// * fixed window, sliding-window counter: one less in the window the check counted in (the
-///   one holding `now - age_ms`), if that window is still kept;
+///   one holding `now - age_ms`), if that window is still kept, and `now - age_ms` is not in
+///   the first 50 ms of it (or half of it): the check may have been in the window before;
 /// * sliding window: the newest entry at or before `now - age_ms` leaves the log.
 pub fn give_back(
     alg: &Algorithm,
@@ -152,8 +157,11 @@ pub fn give_back(
             let taken = match alg {
                 Algorithm::TokenBucket(b) => f64::from(b.cost.get()) * b.rate.interval_ms(),
                 Algorithm::LeakyBucket(p) => {
+                    // the slot given back is the last one when the schedule's next free slot
+                    // is one interval after it; `at` is that slot or later (see above)
                     let interval = p.rate.interval_ms();
-                    if (*t - interval - at).abs() > interval / 2.0 {
+                    let last = *t - interval;
+                    if last - at > AGE_EPS_MS || at - last > interval / 2.0 {
                         return None;
                     }
                     interval
@@ -170,7 +178,7 @@ pub fn give_back(
         }
         (Algorithm::FixedWindow(w), Some(State::Fixed { start, count })) => {
             let window = w.window_ms.get() as f64;
-            if *start != window_start(at, window) || *count == 0 {
+            if *start != window_start(at, window) || *count == 0 || near_start(at, window) {
                 return None;
             }
             *count -= 1;
@@ -179,6 +187,9 @@ pub fn give_back(
         (Algorithm::SlidingWindowCounter(w), Some(State::Counter { start, curr, prev })) => {
             let window = w.window_ms.get() as f64;
             let counted = window_start(at, window);
+            if near_start(at, window) {
+                return None;
+            }
             let held = if *start == counted {
                 curr
             } else if *start == counted + window {
@@ -200,6 +211,19 @@ pub fn give_back(
         _ => None,
     }
 }
+
+/// Slack when comparing a slot with `now - age_ms` (µs rounding of the delays).
+const AGE_EPS_MS: f64 = 0.01;
+
+/// Whether `at` lies so soon after the start of its window that the check may have been made
+/// in the window before: nothing is given back then (the check stays counted in whichever
+/// window it was, which errs on the safe side).
+fn near_start(at: Millis, window: f64) -> bool {
+    at - window_start(at, window) < GIVE_BACK_MARGIN_MS.min(window / 2.0)
+}
+
+/// See [`near_start`]: more than the round trips between a check and its give-back take.
+const GIVE_BACK_MARGIN_MS: f64 = 50.0;
 
 /// The script's `math.floor(ms * 1000 + 0.5)`: a delay to the nearest microsecond.
 fn round_micros(ms: f64) -> u64 {
