@@ -211,3 +211,39 @@ async fn three_instances_follow_one_schedule() {
     assert!(got.iter().all(|(s, _)| *s == 200), "{got:?}");
     assert_paced(&upstream, began, Duration::from_millis(50), 12);
 }
+
+/// A request that its limits admitted but that is not sent after all — its client went away
+/// while it waited for the upstream's slot, or the schedule refused it (503) — costs its limits
+/// nothing: the token it took is there for the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_not_sent_for_its_pacing_gives_back_its_limits() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    for max_delay in ["10s", "0s"] {
+        let pace = format!("      rate: 1/s\n      max_delay: {max_delay}");
+        let yaml = config(&redis, &upstream, &pace)
+            + "    limits:\n      - name: two\n        algorithm: token_bucket\n        rate: 1/h\n        burst: 2\n";
+        let proxy = Proxy::start(&yaml).await;
+        assert_eq!(get(&proxy.url("/first"), &[]).await.status, 200);
+        let url = proxy.url("/gone");
+        let not_sent = tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_millis(200), get(&url, &[])).await
+        })
+        .await
+        .unwrap();
+        match max_delay {
+            // it waited for the slot a second later, and its client gave up
+            "10s" => assert!(not_sent.is_err(), "the client gave up"),
+            // its slot was past max_delay
+            _ => assert_eq!(not_sent.unwrap().status, 503),
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let next = get(&proxy.url("/next"), &[]).await;
+        assert_eq!(
+            next.status, 200,
+            "{max_delay}: the second token is there: {next:?}"
+        );
+        drop(proxy);
+        redis.cli(&["flushall"]);
+    }
+}

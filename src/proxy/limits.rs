@@ -89,8 +89,10 @@ fn figures(alg: &Algorithm) -> (u64, u64) {
 pub(super) enum Checked<'r> {
     /// a limit denied: send this 429
     Denied(Response<Body>),
-    /// go on; the most restrictive limit's figures (none when the route has no limits)
-    Admitted(Option<Shown<'r>>),
+    /// go on; the most restrictive limit's figures (none when the route has no limits), and
+    /// for a paced upstream, what the limits took: given back if the request is dropped or
+    /// refused while it waits for its slot (see [`Owed`])
+    Admitted(Option<Shown<'r>>, Option<Owed>),
 }
 
 /// Writes the store key of `limit` for the request into `key`; the algorithm that applies to
@@ -143,6 +145,7 @@ pub(super) async fn check<'r, B>(
     // the store key, its client part written in place (one buffer for all the limits)
     let mut key = String::with_capacity(96);
     let several = route.limits.len() > 1;
+    let paced = route.upstream.pacer.is_some();
     if several {
         if let Some(denied) = remembered_denial(proxy, route, &ctx, &mut key) {
             outcome.decision = Some(Counted::Denied.as_str());
@@ -213,7 +216,7 @@ pub(super) async fn check<'r, B>(
         } else {
             // (kept to be given back if the request is refused after all, or waits and its
             // client goes away)
-            if route.limits.len() > 1 || decision.delay_us > 0 {
+            if route.limits.len() > 1 || decision.delay_us > 0 || paced {
                 taken.push((ix, Instant::now(), decision.delay_us));
             }
             if !limit.shadow {
@@ -235,16 +238,24 @@ pub(super) async fn check<'r, B>(
             tightest = Some((limit.shadow, limit.shown(alg, decision)));
         }
     }
+    // what the limits took is given back if the client goes away before the waits are over
+    let owed = (delay_us > 0 || (paced && !taken.is_empty()))
+        .then(|| Owed::new(proxy.store.clone(), owed(proxy, route, &ctx, &taken)));
     if delay_us > 0 {
         let delay = Duration::from_micros(delay_us);
-        // what the limits took is given back if the client goes away before the wait is over
-        let owed = Owed::new(proxy.store.clone(), owed(proxy, route, &ctx, &taken));
         tokio::time::sleep(delay).await;
-        owed.paid();
         // logged with the upstream's pacing: the time the request was held back
         outcome.pacing_delay += delay;
     }
-    Ok(Checked::Admitted(tightest.map(|(_, shown)| shown)))
+    // (a paced upstream's wait is still to come)
+    let owed = match owed {
+        Some(owed) if !paced => {
+            owed.paid();
+            None
+        }
+        owed => owed,
+    };
+    Ok(Checked::Admitted(tightest.map(|(_, shown)| shown), owed))
 }
 
 /// The 429 of a refusal the instance remembers among the route's enforced limits for this

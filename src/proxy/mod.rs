@@ -398,15 +398,22 @@ impl Proxy {
             }
             // 3. limit
             let checked = limits::check(self, route, &req, ip, &path, outcome).await?;
-            match checked {
+            let owed = match checked {
                 limits::Checked::Denied(resp) => return Ok(resp),
-                limits::Checked::Admitted(shown) => outcome.shown = shown,
-            }
-            // 4. pace
+                limits::Checked::Admitted(shown, owed) => {
+                    outcome.shown = shown;
+                    owed
+                }
+            };
+            // 4. pace (a request refused here, or whose client goes away while it waits, has
+            // what its limits took given back as `owed` is dropped)
             if let Some(pacer) = &route.upstream.pacer {
                 let paced = pacer.wait(&self.store).await?;
                 outcome.pacing_delay += paced.delay;
                 self.metrics.pacing_delay(&route.upstream.name, paced.delay);
+            }
+            if let Some(owed) = owed {
+                owed.paid();
             }
             // 5. forward
             let forward_path = match &route.strip {

@@ -278,13 +278,13 @@ fn a_late_leaky_give_back_frees_only_the_last_slot() {
     let alg = pace(200.0, None); // 5 ms apart
     let mut state = None;
     assert!(apply(&alg, &mut state, T0).0.allowed); // slot T0
-    // given back 2 ms late (`now - age` = T0 + 2): still T0's
+                                                    // given back 2 ms late (`now - age` = T0 + 2): still T0's
     give_back(&alg, &mut state, T0 + 4.0, 2.0);
     assert_eq!(state, None, "the only slot given back");
     assert!(apply(&alg, &mut state, T0).0.allowed); // slot T0
     assert!(apply(&alg, &mut state, T0).0.allowed); // slot T0 + 5
-    // the first slot's give-back, 3 ms late (`now - age` = T0 + 3: 2 ms from the second slot,
-    // nearer than the first, but the second lies after it, so it cannot be the one)
+                                                    // the first slot's give-back, 3 ms late (`now - age` = T0 + 3: 2 ms from the second slot,
+                                                    // nearer than the first, but the second lies after it, so it cannot be the one)
     give_back(&alg, &mut state, T0 + 4.0, 1.0);
     assert_eq!(state, Some(State::At(T0 + 10.0)), "the second slot stays");
 }
