@@ -1,6 +1,10 @@
-//! Noticing a change of the config file. The file's directory is watched, not the file:
-//! editors and config managers replace files (a new file renamed over the old one), which a
-//! watch on the file itself would lose.
+//! Noticing a change of the config file. The file's directory is watched, and not only the
+//! file: editors and config managers replace files (a new file renamed over the old one), which
+//! a watch on the file itself would lose. The file is watched too (through a symlink, the file
+//! it points to), for the changes its directory does not see: a write through another path to
+//! the same file, as a Docker bind mount's host edits it (`-v $PWD/proxy.yaml:/etc/...`), or to
+//! the file a symlink in another directory points to. Its watch is made again after each change
+//! (a file renamed over it is another file).
 //!
 //! On Linux the watch asks inotify only for the events that end a change — a file written and
 //! closed, moved in, created or deleted, or its attributes changed (`chmod`, `touch`) — and not
@@ -74,6 +78,10 @@ pub(super) fn watch_file(path: &Path, tx: Sender<()>) -> Option<Guard> {
 #[cfg(target_os = "linux")]
 pub(super) struct Watch {
     fd: tokio::io::unix::AsyncFd<inotify::Inotify>,
+    /// the config file's path, watched itself too
+    path: PathBuf,
+    /// the directory's watch (every other is of the file, this one or one before it)
+    dir: inotify::WatchDescriptor,
     name: OsString,
     buf: Box<[u8]>,
     /// events read so far, of any file in the directory (what the tests count)
@@ -97,20 +105,36 @@ impl Watch {
             | WatchMask::DELETE
             | WatchMask::ATTRIB
             | WatchMask::ONLYDIR;
-        inotify.watches().add(&dir, mask)?;
+        let dir = inotify.watches().add(&dir, mask)?;
         use tokio::io::{unix::AsyncFd, Interest};
         // SAFETY: `Inotify` owns its descriptor (shared only with its `Watches` handles, closed
         // when the last of them is dropped, never replaced), so it stays open and the same for
         // as long as the `AsyncFd` holds it.
         let fd = unsafe { AsyncFd::register_with_interest(inotify, Interest::READABLE) }
             .map_err(|e| e.into_parts().1)?;
-        Ok(Watch {
+        let mut watch = Watch {
             fd,
+            path: path.to_path_buf(),
+            dir,
             name,
             buf: vec![0; 4096].into_boxed_slice(),
             events: 0,
             gone: false,
-        })
+        };
+        watch.watch_file();
+        Ok(watch)
+    }
+
+    /// (Re)makes the watch of the file itself (the file a symlink points to): a file written and
+    /// closed, its attributes changed, or it moved or deleted.
+    fn watch_file(&mut self) {
+        use inotify::WatchMask;
+        let mask = WatchMask::CLOSE_WRITE
+            | WatchMask::ATTRIB
+            | WatchMask::MOVE_SELF
+            | WatchMask::DELETE_SELF;
+        // (none while it does not exist; the directory's watch sees it come back)
+        let _ = self.fd.get_ref().watches().add(&self.path, mask);
     }
 
     /// Returns once an event names the file (or the Kubernetes `..data` link, or the kernel's
@@ -118,12 +142,16 @@ impl Watch {
     /// away: no event can come after that.
     pub(super) async fn changed(&mut self) -> std::io::Result<()> {
         use inotify::EventMask;
+        // the file told last time may be another now (renamed over, or a symlink re-pointed)
+        self.watch_file();
         let Watch {
             fd,
+            dir,
             name,
             buf,
             events,
             gone,
+            ..
         } = self;
         loop {
             if *gone {
@@ -137,9 +165,13 @@ impl Watch {
                 let mut hit = false;
                 for event in inotify.get_mut().read_events(buf)? {
                     *events += 1;
+                    // (a watch of the file, this one or one before it: the file's watch ends
+                    // when it is deleted, and is made again above)
+                    let of_file = event.wd != *dir;
                     hit |= event.mask.contains(EventMask::Q_OVERFLOW)
+                        || (of_file && !event.mask.contains(EventMask::IGNORED))
                         || event.name.is_some_and(|n| concerns(n, name));
-                    *gone |= event.mask.contains(EventMask::IGNORED);
+                    *gone |= event.wd == *dir && event.mask.contains(EventMask::IGNORED);
                 }
                 Ok(hit)
             });
@@ -286,6 +318,32 @@ mod tests {
         assert!(quiet(&mut watch).await);
         std::fs::rename(k8s.path().join("..data_tmp"), k8s.path().join("..data")).unwrap();
         seen(&mut watch, "a ConfigMap update").await;
+    }
+
+    /// A write to the file through another path — a Docker bind mount edited on the host, a
+    /// symlink into another directory — is seen through the file's own watch, also after the
+    /// file it points to was replaced.
+    #[tokio::test]
+    async fn writes_through_another_path_are_seen() {
+        use std::os::unix::fs::symlink;
+        let real = tempfile::tempdir().unwrap();
+        let target = real.path().join("real.yaml");
+        std::fs::write(&target, "a: 1\n").unwrap();
+        let links = tempfile::tempdir().unwrap();
+        let config = links.path().join("proxy.yaml");
+        symlink(&target, &config).unwrap();
+        let mut watch = Watch::new(&config).unwrap();
+        // written in place (as `cp` does, and a bind mount's host side: the same file)
+        std::fs::write(&target, "a: 2\n").unwrap();
+        seen(&mut watch, "a write to the file the link points to").await;
+        // replaced (as `sed -i` does), then written again: the new file is watched
+        let tmp = real.path().join("real.yaml.tmp");
+        std::fs::write(&tmp, "a: 3\n").unwrap();
+        std::fs::rename(&tmp, &target).unwrap();
+        seen(&mut watch, "the file replaced").await;
+        while !quiet(&mut watch).await {}
+        std::fs::write(&target, "a: 4\n").unwrap();
+        seen(&mut watch, "a write to the new file").await;
     }
 
     #[tokio::test]
