@@ -94,6 +94,24 @@ fn backend(chk: &mut Checker<'_>, raw: &RawStore, path: &Path) -> Backend {
                 chk.error(path.key("cluster"), "needs at least one node URL");
             }
             let urls = chk.parse_list(&raw.cluster, &path.key("cluster"), parse_cluster_url);
+            // the Cluster client signs in to every node with one user and password
+            let signs_in = |url: &String| {
+                let info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).ok()?;
+                let settings = info.redis_settings();
+                Some((
+                    settings.username().map(str::to_owned),
+                    settings.password().map(str::to_owned),
+                ))
+            };
+            if let Some(other) = urls.iter().position(|u| signs_in(u) != signs_in(&urls[0])) {
+                chk.error(
+                    path.key("cluster"),
+                    format!(
+                        "every node URL must give the same user and password (the Cluster client \
+                         signs in to all nodes with one): node {other} differs from node 0"
+                    ),
+                );
+            }
             Backend::Cluster { urls }
         }
     }

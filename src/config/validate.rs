@@ -179,8 +179,9 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
         chk.required(&a.listen, &path, "listen")?;
         let addr = chk.parse(&a.listen, &path.key("listen"), parse_addr)?;
         // port 0 asks the system for a free port: two of those never collide
-        if addr.port() != 0 && listen.contains(&addr) {
-            let message = format!("{addr} is also a proxy listener; give admin its own port");
+        if listen.iter().any(|l| collide(l, &addr)) {
+            let message =
+                format!("{addr} is also a proxy listener's port; give admin its own port");
             chk.error(path.key("listen"), message);
         }
         Some(AdminConfig { listen: addr })
@@ -237,6 +238,15 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
     }
 }
 
+/// Whether two listeners cannot both be bound: the same port (not 0, which asks for a free one)
+/// on the same address, or on a wildcard address that covers the other (`0.0.0.0` every IPv4
+/// address; `[::]` every address, IPv4 too, as Linux binds it by default).
+fn collide(a: &SocketAddr, b: &SocketAddr) -> bool {
+    let covers =
+        |x: &SocketAddr, y: &SocketAddr| x.ip().is_unspecified() && (x.is_ipv6() || y.is_ipv4());
+    a.port() != 0 && a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
+}
+
 fn listen(chk: &mut Checker<'_>, raw: &RawConfig) -> Vec<SocketAddr> {
     let path = Path::root().key("listen");
     chk.required(&raw.listen, &Path::root(), "listen");
@@ -252,8 +262,12 @@ fn listen(chk: &mut Checker<'_>, raw: &RawConfig) -> Vec<SocketAddr> {
     let mut addrs: Vec<SocketAddr> = Vec::new();
     for (item_path, text) in chk.strings(list, &path) {
         match parse_addr(text) {
-            Ok(addr) if addr.port() != 0 && addrs.contains(&addr) => {
+            Ok(addr) if addrs.contains(&addr) && addr.port() != 0 => {
                 chk.error(item_path, format!("{addr} is listed twice"));
+            }
+            Ok(addr) if let Some(other) = addrs.iter().find(|a| collide(a, &addr)) => {
+                let message = format!("{addr} and {other} are one port: only one can listen");
+                chk.error(item_path, message);
             }
             Ok(addr) => addrs.push(addr),
             Err(message) => chk.error(item_path, message),

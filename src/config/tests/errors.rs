@@ -315,6 +315,12 @@ fn store_backend_problems() {
         ],
     );
     assert_problems(
+        "listen: 0.0.0.0:1\nstore:\n  cluster: [\"redis://:a@h:1\", \"redis://u:b@h:2\"]\n",
+        &[
+            "proxy.yaml:3:12: store.cluster: every node URL must give the same user and password (the Cluster client signs in to all nodes with one): node 1 differs from node 0",
+        ],
+    );
+    assert_problems(
         "listen: 0.0.0.0:1\nstore:\n  url: redis://h:1/0?password=pw\n",
         &[
             r#"proxy.yaml:3:8: store.url: the Redis client does not read the URL's `password` parameter (a password goes in the user-info: redis://:PASSWORD@host:port/db): "redis://h:1/0?password=***""#,
@@ -418,9 +424,24 @@ fn listeners_must_be_distinct() {
         "listen: [0.0.0.0:80, 0.0.0.0:80]\nadmin: {listen: 0.0.0.0:80}\n",
         &[
             "proxy.yaml:1:22: listen[1]: 0.0.0.0:80 is listed twice",
-            "proxy.yaml:2:17: admin.listen: 0.0.0.0:80 is also a proxy listener; give admin its own port",
+            "proxy.yaml:2:17: admin.listen: 0.0.0.0:80 is also a proxy listener's port; give admin its own port",
         ],
     );
+    // a wildcard address covers the others on its port
+    assert_problems(
+        "listen: [0.0.0.0:80, 127.0.0.1:80, 127.0.0.1:81]\nadmin: {listen: 127.0.0.1:80}\n",
+        &[
+            "proxy.yaml:1:22: listen[1]: 127.0.0.1:80 and 0.0.0.0:80 are one port: only one can listen",
+            "proxy.yaml:2:17: admin.listen: 127.0.0.1:80 is also a proxy listener's port; give admin its own port",
+        ],
+    );
+    assert_problems(
+        "listen: [\"[::]:80\", 127.0.0.1:80]\nadmin: {listen: 127.0.0.2:81}\n",
+        &["proxy.yaml:1:21: listen[1]: 127.0.0.1:80 and [::]:80 are one port: only one can listen"],
+    );
+    // port 0 (a free port each) collides with nothing
+    let config = ok("listen: [0.0.0.0:0, 127.0.0.1:0]\nadmin: {listen: 127.0.0.1:0}\n");
+    assert_eq!(config.config.listen.len(), 2);
 }
 
 /// A bad name of a mode, and a `tls` without its key, are errors where they belong.
