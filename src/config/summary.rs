@@ -52,7 +52,8 @@ impl Config {
         let t = &self.timeouts;
         json!({
             "listen": self.listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "workers": self.workers.map(|w| w.get()),
+            // the threads in force (unset: one per core)
+            "workers": self.worker_count(),
             "tls": self.tls.as_ref().map(|t| json!({"cert": t.cert, "key": t.key})),
             "admin": self.admin.as_ref().map(|a| json!({"listen": a.listen.to_string()})),
             "store": store_json(self),
