@@ -2,7 +2,7 @@
 //! `https://` upstream verified against a root the system bundle ($SSL_CERT_FILE) holds, and
 //! `rediss://` to a real TLS redis-server with AUTH from the URL.
 //!
-//! One test in its own binary: it sets SSL_CERT_FILE for the process.
+//! Its own binary: `tls_everywhere` sets SSL_CERT_FILE for the process.
 
 mod common;
 
@@ -263,5 +263,56 @@ routes:
         h1.send_request(req).await.unwrap().status(),
         429,
         "still serving TLS clients"
+    );
+}
+
+/// A certificate renewed in place (the same files, as certbot or cert-manager writes them) is
+/// served from the next connection after a reload, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_certificate_is_served_after_a_reload() {
+    let upstream = common::Upstream::start().await;
+    let certs = Certs::new();
+    let config = certs.dir.path().join("proxy.yaml");
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntls: {{cert: {}, key: {}}}\nupstreams:\n  api:\n    targets: [{}]\nroutes:\n  - name: api\n    upstream: api\n",
+        certs.cert(),
+        certs.key(),
+        upstream.url()
+    );
+    std::fs::write(&config, &yaml).unwrap();
+    let proxy = common::Proxy::start_watching(&config).await;
+    let old_trust = certs.client_config(&[b"http/1.1"]);
+    let connects = |trust: Arc<rustls::ClientConfig>| {
+        let addr = proxy.addr;
+        async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            tokio_rustls::TlsConnector::from(trust)
+                .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                .await
+                .is_ok()
+        }
+    };
+    assert!(connects(old_trust.clone()).await, "the first certificate");
+    // renewed: a new key and certificate written over the same files
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params =
+        rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let renewed = params.self_signed(&key).unwrap();
+    std::fs::write(certs.cert(), renewed.pem()).unwrap();
+    std::fs::write(certs.key(), key.serialize_pem()).unwrap();
+    let new_trust = certs.client_config(&[b"http/1.1"]);
+    // the config file touched (written again as it was): a reload, as SIGHUP would
+    std::fs::write(&config, &yaml).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !connects(new_trust.clone()).await {
+        assert!(
+            Instant::now() < deadline,
+            "the renewed certificate never served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !connects(old_trust).await,
+        "the old certificate is no longer served"
     );
 }

@@ -19,7 +19,6 @@ use arc_swap::ArcSwap;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
 use serve::{accept_loop, http_builder, AcceptCtx};
@@ -41,8 +40,6 @@ pub struct Server {
     listeners: Vec<TcpListener>,
     /// the admin listener, when `admin.listen` is set
     admin: Option<TcpListener>,
-    /// TLS termination for every listener, when `tls` is set
-    tls: Option<TlsAcceptor>,
     /// the threads that serve connections
     workers: Arc<Workers>,
 }
@@ -65,6 +62,9 @@ struct Shared {
     draining: AtomicBool,
     /// Upgraded (WebSocket) tunnels: hyper's graceful shutdown does not see them.
     tunnels: TaskTracker,
+    /// TLS termination for every listener, when `tls` is set: its certificate and key read
+    /// again on each reload (a renewed certificate is served without a restart)
+    tls: Option<ArcSwap<rustls::ServerConfig>>,
 }
 
 impl Server {
@@ -93,7 +93,7 @@ impl Server {
             listeners.push(l);
         }
         let tls = match &config.tls {
-            Some(t) => Some(tls::acceptor(tls::server_config(&t.cert, &t.key)?)),
+            Some(t) => Some(ArcSwap::new(tls::server_config(&t.cert, &t.key)?)),
             None => None,
         };
         let admin = match &config.admin {
@@ -111,12 +111,12 @@ impl Server {
             metrics,
             draining: AtomicBool::new(false),
             tunnels,
+            tls,
         });
         Ok(Server {
             shared,
             listeners,
             admin,
-            tls,
             workers: Arc::new(workers),
         })
     }
@@ -159,7 +159,6 @@ impl Server {
             let ctx = AcceptCtx {
                 shared: self.shared.clone(),
                 http: http.clone(),
-                tls: self.tls.clone(),
                 handshake_timeout: config.timeouts.client_header,
             };
             let loop_ = accept_loop(

@@ -61,6 +61,18 @@ impl Reloader {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let was = &current.0;
+        // the same certificate and key files: read again (a renewed certificate, as certbot
+        // or cert-manager write it, is served from the next connection on)
+        if let (Some(t), Some(swap)) = (config.tls.as_ref(), self.shared.tls.as_ref()) {
+            if was.tls.as_ref() == Some(t) {
+                match crate::tls::server_config(&t.cert, &t.key) {
+                    Ok(server) => swap.store(server),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "TLS certificate not reloaded; the one before stays")
+                    }
+                }
+            }
+        }
         if was.listen != config.listen
             || was.tls != config.tls
             || was.workers != config.workers

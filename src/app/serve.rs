@@ -58,8 +58,6 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 pub(super) struct AcceptCtx {
     pub(super) shared: Arc<Shared>,
     pub(super) http: Arc<Http>,
-    /// set when `tls` is configured: every listener terminates TLS
-    pub(super) tls: Option<TlsAcceptor>,
     /// a TLS handshake must finish within this (as a request head must)
     pub(super) handshake_timeout: Duration,
 }
@@ -100,9 +98,9 @@ pub(super) async fn accept_loop(
         // the handshake runs in the connection's task, so a slow client never holds up accept
         workers.spawn(stream, move |stream, worker| async move {
             let _counted_until_closed = watcher;
-            let conn = Conn::new(peer, ctx.tls.is_some(), worker);
+            let conn = Conn::new(peer, ctx.shared.tls.is_some(), worker);
             let accepted = Instant::now();
-            match &ctx.tls {
+            match &ctx.shared.tls {
                 None => {
                     // the first bytes are owed within client_header, as the rest of the head
                     let mut waiting = stop.clone();
@@ -118,9 +116,11 @@ pub(super) async fn accept_loop(
                     serve(io, speaks, conn, &ctx, deadlines, stop).await
                 }
                 // boxed, so that plain connections' tasks are not sized for a TLS session
-                Some(acceptor) => {
+                Some(config) => {
+                    // the certificate in force when the connection came
+                    let acceptor = TlsAcceptor::from(config.load_full());
                     let tls = async {
-                        match handshake(acceptor, stream, ctx.handshake_timeout).await {
+                        match handshake(&acceptor, stream, ctx.handshake_timeout).await {
                             Some(tls) => {
                                 let speaks = alpn(&tls);
                                 let io = (tls, Instant::now());
