@@ -47,7 +47,7 @@ enum Command {
     Check,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, ValueEnum)]
 enum LogFormat {
     Text,
     Json,
@@ -56,11 +56,16 @@ enum LogFormat {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
+    let checking = matches!(cli.command, Some(Command::Check));
+    // the proxy's own lines stay JSON with `--log-format json`, its last words too; `check`
+    // talks to a person
+    let say = Say {
+        json: cli.log_format == LogFormat::Json && !checking,
+    };
     let loaded = match config::load(&cli.config) {
         Ok(loaded) => loaded,
-        Err(err) => return config_failure(&err),
+        Err(err) => return config_failure(&err, say),
     };
-    let checking = matches!(cli.command, Some(Command::Check));
     for warning in &loaded.warnings {
         if checking {
             eprintln!("warning: {warning}");
@@ -81,26 +86,42 @@ fn main() -> ExitCode {
     match serve(loaded.config, cli.config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("tollgate: {}", tollgate::error_line(err.as_ref()));
+            say.error(&format!("tollgate: {}", tollgate::error_line(err.as_ref())));
             ExitCode::from(1)
         }
     }
 }
 
-fn config_failure(err: &ConfigError) -> ExitCode {
+/// How a failure is told on stderr: a plain line, or a JSON log line (`--log-format json`).
+#[derive(Clone, Copy)]
+struct Say {
+    json: bool,
+}
+
+impl Say {
+    fn error(self, line: &str) {
+        if self.json {
+            tracing::error!("{line}");
+        } else {
+            eprintln!("{line}");
+        }
+    }
+}
+
+fn config_failure(err: &ConfigError, say: Say) -> ExitCode {
     match err {
         ConfigError::Invalid(problems) => {
             for p in problems {
-                eprintln!("{p}");
+                say.error(&p.to_string());
             }
-            eprintln!(
+            say.error(&format!(
                 "tollgate: {} problem(s) in the configuration",
                 problems.len()
-            );
+            ));
             ExitCode::from(2)
         }
         other => {
-            eprintln!("tollgate: {other}");
+            say.error(&format!("tollgate: {other}"));
             ExitCode::from(1)
         }
     }

@@ -420,3 +420,43 @@ fn sighup_reloads_and_invalid_files_are_rejected() {
         );
     }
 }
+
+/// With `--log-format json` the proxy's last words are JSON too: a port in use (exit 1) and an
+/// invalid configuration (exit 2, each problem a line); `check` still talks plain text.
+#[test]
+fn json_logs_carry_the_start_up_failures() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let busy = write(
+        &dir,
+        "busy.yaml",
+        &format!("listen: 127.0.0.1:{port}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    upstream: api\n"),
+    );
+    let bad = write(&dir, "bad.yaml", "listen: 127.0.0.1:1\nlisen: x\n");
+    for (path, code, says) in [(&busy, 1, "cannot listen on"), (&bad, 2, "lisen")] {
+        let out = tollgate()
+            .args(["--log-format", "json", "--config"])
+            .arg(path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(code), "{path:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{stderr}");
+        for line in stderr.lines() {
+            let parsed: Result<serde_json::Value, _> = serde_json::from_str(line);
+            assert!(parsed.is_ok(), "not a JSON line: {line}\nall: {stderr}");
+        }
+    }
+    let out = tollgate()
+        .args(["--log-format", "json", "check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!("{}:2:1: lisen", bad.display())),
+        "{stderr}"
+    );
+}
