@@ -146,8 +146,7 @@ fn serve(config: tollgate::config::Config, path: PathBuf) -> anyhow::Result<()> 
     })
 }
 
-/// Completes on SIGTERM or SIGINT.
-/// Completes on SIGTERM or SIGINT. The handlers are installed when this is called, not when
+/// Completes on SIGTERM or SIGINT; a second one exits at once. The handlers are installed when this is called, not when
 /// the future is first polled, so a signal that arrives during start-up is not lost (nor
 /// kills the process with the default action).
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
@@ -163,6 +162,15 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
             _ = term.recv() => tracing::info!("SIGTERM received"),
             _ = int.recv() => tracing::info!("SIGINT received"),
         }
+        // a second one ends the drain at once (Ctrl-C twice)
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tracing::warn!("second signal: exiting without waiting for the drain");
+            std::process::exit(0);
+        });
     }
 }
 

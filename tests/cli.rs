@@ -460,3 +460,54 @@ fn json_logs_carry_the_start_up_failures() {
         "{stderr}"
     );
 }
+
+/// A second SIGTERM (or SIGINT: Ctrl-C twice) during the drain exits at once, without waiting
+/// for the in-flight requests the first one lets finish.
+#[test]
+fn a_second_signal_ends_the_drain() {
+    let port = free_port();
+    // an upstream that takes connections and never answers: the request stays in flight
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\ntimeouts: {{shutdown: 60s, upstream_response: 60s}}\nupstreams:\n  api:\n    targets: [http://{}]\nroutes:\n  - name: r\n    upstream: api\n",
+        silent.local_addr().unwrap()
+    );
+    let path = write(&dir, "p.yaml", &yaml);
+    let mut child = Reaped(
+        tollgate()
+            .arg("--config")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the listener", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let mut in_flight = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    use std::io::Write;
+    in_flight
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let _held = silent.accept().unwrap();
+    let pid = child.0.id().to_string();
+    let term = || {
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success())
+    };
+    term();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "draining: still running"
+    );
+    term();
+    wait_for("the exit after the second signal", || {
+        child.0.try_wait().unwrap().is_some()
+    });
+}
