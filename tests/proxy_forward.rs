@@ -1113,12 +1113,12 @@ async fn silent_target_is_left_out_after_a_response_timeout() {
 async fn the_response_timeout_starts_when_the_body_has_been_sent() {
     // it answers /v1/drain once it has read the whole body
     let upstream = CountingUpstream::start().await;
-    let top = "timeouts:\n  upstream_response: 400ms";
+    let top = "timeouts:\n  upstream_response: 1s";
     let proxy = Proxy::start(&config(&[upstream.url()], top, "", "")).await;
-    // 1.2 s of upload in pieces 200 ms apart, echoed back whole
+    // 1.6 s of upload in pieces 200 ms apart, all of it read by the upstream
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxErr>>(1);
     tokio::spawn(async move {
-        for _ in 0..6 {
+        for _ in 0..8 {
             tokio::time::sleep(Duration::from_millis(200)).await;
             if tx
                 .send(Ok(Frame::data(Bytes::from_static(b"piece "))))
@@ -1132,7 +1132,7 @@ async fn the_response_timeout_starts_when_the_body_has_been_sent() {
     let body = http_body_util::StreamBody::new(ReceiverStream(rx)).boxed();
     let drained = send(Request::post(proxy.url("/v1/drain")).body(body).unwrap()).await;
     assert_eq!(drained.status, 200, "{drained:?}");
-    assert_eq!(drained.body, "36", "all six pieces reached the upstream");
+    assert_eq!(drained.body, "48", "all eight pieces reached the upstream");
 
     // a chunked body that stops half-way
     let started = Instant::now();

@@ -153,28 +153,24 @@ pub fn give_back(
 ) -> Option<u64> {
     let at = now - age_ms;
     match (alg, state.as_mut()) {
-        (Algorithm::TokenBucket(_) | Algorithm::LeakyBucket(_), Some(State::At(t))) => {
-            let taken = match alg {
-                Algorithm::TokenBucket(b) => f64::from(b.cost.get()) * b.rate.interval_ms(),
-                Algorithm::LeakyBucket(p) => {
-                    // the slot given back is the last one when the schedule's next free slot
-                    // is one interval after it; `at` is that slot or later (see above)
-                    let interval = p.rate.interval_ms();
-                    let last = *t - interval;
-                    if last - at > AGE_EPS_MS || at - last > interval / 2.0 {
-                        return None;
-                    }
-                    interval
-                }
-                _ => unreachable!("matched above"),
-            };
-            let back = *t - taken;
-            if back - now <= EPS_MS {
-                *state = None;
-                return Some(0);
+        (Algorithm::TokenBucket(b), Some(State::At(t))) => {
+            let t = *t;
+            move_back(
+                state,
+                t,
+                f64::from(b.cost.get()) * b.rate.interval_ms(),
+                now,
+            )
+        }
+        (Algorithm::LeakyBucket(p), Some(State::At(t))) => {
+            // the slot given back is the last one when the schedule's next free slot is one
+            // interval after it; `at` is that slot or later (see above)
+            let (t, interval) = (*t, p.rate.interval_ms());
+            let last = t - interval;
+            if last - at > AGE_EPS_MS || at - last > interval / 2.0 {
+                return None;
             }
-            *t = back;
-            Some(ceil_ms(back - now))
+            move_back(state, t, interval, now)
         }
         (Algorithm::FixedWindow(w), Some(State::Fixed { start, count })) => {
             let window = w.window_ms.get() as f64;
@@ -210,6 +206,18 @@ pub fn give_back(
         }
         _ => None,
     }
+}
+
+/// A TAT (next free slot) `t` moved back by `ms`: no state when that is `now` or before (a full
+/// bucket, an idle schedule). The state's time to live, as [`give_back`] returns it.
+fn move_back(state: &mut Option<State>, t: Millis, ms: f64, now: Millis) -> Option<u64> {
+    let back = t - ms;
+    if back - now <= EPS_MS {
+        *state = None;
+        return Some(0);
+    }
+    *state = Some(State::At(back));
+    Some(ceil_ms(back - now))
 }
 
 /// Slack when comparing a slot with `now - age_ms` (µs rounding of the delays).

@@ -282,16 +282,6 @@ fn answered(
             }
             return Err(upstream_error(f.upstream, e));
         }
-        Some(Ok(resp))
-            if other_coding(resp.headers()) && !hyper::body::Body::is_end_stream(resp.body()) =>
-        {
-            // (hyper's client took the chunked coding off and left the others on the bytes;
-            // tollgate's own client refuses such a head itself)
-            return Err(upstream_error(
-                f.upstream,
-                UpstreamError::Unsupported(OTHER_CODING),
-            ));
-        }
         Some(Ok(resp)) => {
             f.targets.succeeded(used, f.upstream);
             resp
@@ -315,20 +305,6 @@ fn answered(
         set_upgrade(&mut parts.headers, proto);
     }
     Ok(Response::from_parts(parts, body.boxed()))
-}
-
-/// Why a response with a transfer coding other than `chunked` gets 502 (as nginx answers it):
-/// its body cannot go on as it is, its coding being hop-by-hop and undone by nobody.
-pub(super) const OTHER_CODING: &str = "a transfer coding other than chunked in the response";
-
-/// Whether `Transfer-Encoding` names a coding other than `chunked`.
-fn other_coding(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-        .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"chunked"))
 }
 
 /// Sends `req` to `target`; when no connection could be made and the request can be sent

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use http::{HeaderValue, Request, Response};
 use ipnet::IpNet;
 
-use super::owed::{age_ms, Owed, Taken};
+use super::owed::{Owed, Taken};
 use super::respond::{self, Shown};
 use super::{Body, Outcome, Proxy, ProxyError, Route};
 use crate::identity::{self, KeyContext, KeyPart};
@@ -170,7 +170,7 @@ pub(super) async fn check<'r, B>(
                 continue;
             }
             Err(e) => {
-                give_back(proxy, route, &ctx, &taken, &mut key).await;
+                give_back(proxy, route, &ctx, &taken).await;
                 return Err(ProxyError::StoreUnavailable(e));
             }
         };
@@ -204,7 +204,7 @@ pub(super) async fn check<'r, B>(
                         Err(_) => {}
                     }
                 }
-                give_back(proxy, route, &ctx, &taken, &mut key).await;
+                give_back(proxy, route, &ctx, &taken).await;
                 return Ok(Checked::Denied(respond::rate_limited(
                     proxy.settings.headers,
                     &limit.shown(alg, refusal),
@@ -216,7 +216,7 @@ pub(super) async fn check<'r, B>(
         } else {
             // (kept to be given back if the request is refused after all, or waits and its
             // client goes away)
-            if route.limits.len() > 1 || decision.delay_us > 0 || paced {
+            if several || decision.delay_us > 0 || paced {
                 taken.push((ix, Instant::now(), decision.delay_us));
             }
             if !limit.shadow {
@@ -311,25 +311,16 @@ fn owed(
         .collect()
 }
 
-/// Gives back what the limits in `taken` took for a request that is not sent after all. A
-/// store that cannot take it back keeps it: the limit then counts one request too many, which
-/// errs on the safe side.
+/// Gives back what the limits in `taken` took for a request that is not sent after all, before
+/// it is answered (a client retrying at once finds it back). A store that cannot take it back
+/// keeps it: the limit then counts one request too many, which errs on the safe side.
 async fn give_back(
     proxy: &Proxy,
     route: &Route,
     ctx: &KeyContext<'_>,
     taken: &[(usize, Instant, u64)],
-    key: &mut String,
 ) {
-    for &(ix, at, delay_us) in taken {
-        let limit = &route.limits[ix];
-        let alg = limit_key(proxy, route, limit, ctx, key);
-        if let Err(e) = proxy
-            .store
-            .give_back(key, alg, age_ms(at, delay_us), None)
-            .await
-        {
-            tracing::debug!(route = %route.name, limit = %limit.name, error = %e, "could not give back");
-        }
-    }
+    Owed::new(proxy.store.clone(), owed(proxy, route, ctx, taken))
+        .give_back()
+        .await;
 }

@@ -21,7 +21,7 @@ pub(super) struct Taken {
 
 /// The age [`Store::give_back`] takes of a check made `at` that set `delay_us`: how long ago
 /// it ran, or for a leaky bucket, how long ago its slot was (negative while it is ahead).
-pub(super) fn age_ms(at: Instant, delay_us: u64) -> f64 {
+fn age_ms(at: Instant, delay_us: u64) -> f64 {
     at.elapsed().as_secs_f64() * 1000.0 - delay_us as f64 / 1000.0
 }
 
@@ -40,6 +40,22 @@ impl Owed {
     pub fn paid(mut self) {
         self.taken.clear();
     }
+
+    /// Gives it all back now (rather than when dropped).
+    pub async fn give_back(mut self) {
+        give_back(&self.store, std::mem::take(&mut self.taken)).await;
+    }
+}
+
+async fn give_back(store: &Arc<dyn Store>, taken: Vec<Taken>) {
+    for t in taken {
+        if let Err(e) = store
+            .give_back(&t.key, &t.alg, age_ms(t.at, t.delay_us), None)
+            .await
+        {
+            tracing::debug!(key = t.key, error = %e, "could not give back");
+        }
+    }
 }
 
 impl Drop for Owed {
@@ -51,15 +67,6 @@ impl Drop for Owed {
             return;
         };
         let (store, taken) = (self.store.clone(), std::mem::take(&mut self.taken));
-        runtime.spawn(async move {
-            for t in taken {
-                if let Err(e) = store
-                    .give_back(&t.key, &t.alg, age_ms(t.at, t.delay_us), None)
-                    .await
-                {
-                    tracing::debug!(key = t.key, error = %e, "could not give back");
-                }
-            }
-        });
+        runtime.spawn(async move { give_back(&store, taken).await });
     }
 }

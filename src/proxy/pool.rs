@@ -168,7 +168,7 @@ impl Pool {
             }
             while let Some(mut sender) = self.checkout(target) {
                 match sender.try_send_request(req).await {
-                    Ok(resp) => return Ok(self.inner.pooled(resp, target.clone(), sender)),
+                    Ok(resp) => return self.inner.pooled(resp, target.clone(), sender),
                     Err(mut e) => match e.take_message() {
                         // closed before the request was written: it goes out on the next one
                         Some(unsent) => req = unsent,
@@ -180,7 +180,7 @@ impl Pool {
             // would otherwise make every request's future, and its allocation, kilobytes larger
             let mut sender = Box::pin(self.connect(target)).await?;
             match sender.send_request(req).await {
-                Ok(resp) => Ok(self.inner.pooled(resp, target.clone(), sender)),
+                Ok(resp) => self.inner.pooled(resp, target.clone(), sender),
                 Err(e) => Err(UpstreamError::Http(e)),
             }
         }
@@ -305,15 +305,34 @@ impl Pool {
     }
 }
 
+/// Why a response with a transfer coding other than `chunked` gets 502 (as nginx answers it):
+/// its body cannot go on as it is, its coding being hop-by-hop and undone by nobody.
+pub(super) const OTHER_CODING: &str = "a transfer coding other than chunked in the response";
+
+/// Whether `Transfer-Encoding` names a coding other than `chunked`.
+fn other_coding(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"chunked"))
+}
+
 impl Inner {
     /// `resp` with a body that hands `sender` back when it ends (at once when it is empty); a
-    /// switched (upgraded) connection is not the pool's any more.
+    /// switched (upgraded) connection is not the pool's any more. A body in a transfer coding
+    /// other than chunked is refused, as tollgate's own client refuses its head (hyper's takes
+    /// the chunked coding off and leaves the others on the bytes); its connection is closed.
     fn pooled(
         self: &Arc<Inner>,
         resp: Response<Incoming>,
         key: Key,
         sender: Sender,
-    ) -> Response<Pooled> {
+    ) -> Result<Response<Pooled>, UpstreamError> {
+        if !resp.body().is_end_stream() && other_coding(resp.headers()) {
+            return Err(UpstreamError::Unsupported(OTHER_CODING));
+        }
         let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
         let mut back = (!switched).then(|| Back {
             pool: Arc::downgrade(self),
@@ -325,7 +344,7 @@ impl Inner {
                 back.give();
             }
         }
-        resp.map(|body| Pooled(Reading::Hyper { body, back }))
+        Ok(resp.map(|body| Pooled(Reading::Hyper { body, back })))
     }
 
     fn put(self: &Arc<Inner>, key: Key, sender: Sender) {

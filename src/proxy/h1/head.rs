@@ -118,7 +118,7 @@ pub(super) fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Optio
     }
     if meta.other_coding && !no_body {
         // its body cannot go on as it is: hop-by-hop, the coding would be undone by nobody
-        return Err(Error::Malformed(crate::proxy::forward::OTHER_CODING));
+        return Err(Error::Malformed(crate::proxy::pool::OTHER_CODING));
     }
     let framing = if no_body {
         Framing::Done
