@@ -16,10 +16,13 @@ use std::time::Duration;
 
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{verify_server_name, WebPkiServerVerifier};
 use rustls::crypto::CryptoProvider;
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::server::ParsedCertificate;
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 use rustls_pki_types::pem::{self, PemObject};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
@@ -176,7 +179,7 @@ pub fn negotiated_h2(conn: &tokio_rustls::server::TlsStream<TcpStream>) -> bool 
 ///
 /// A `tower_service::Service<Uri>` yielding the connection (`proxy::pool` calls it).
 pub fn upstream_connector(connect_timeout: Duration) -> HttpsConnector<HttpConnector> {
-    connector(connect_timeout, default_roots())
+    connector(connect_timeout, default_trust())
 }
 
 /// [`upstream_connector`] that also trusts the PEM certificates in `extra_root_pem`, for
@@ -185,31 +188,37 @@ pub fn upstream_connector_with_roots(
     connect_timeout: Duration,
     extra_root_pem: &Path,
 ) -> Result<HttpsConnector<HttpConnector>, TlsError> {
-    let mut roots = default_roots();
+    let mut trust = default_trust();
     for cert in read_certs(extra_root_pem, "root certificate")? {
-        roots.add(cert).map_err(|source| TlsError::BadRoot {
-            path: extra_root_pem.to_path_buf(),
-            source,
-        })?;
+        trust
+            .anchors
+            .add(cert.clone())
+            .map_err(|source| TlsError::BadRoot {
+                path: extra_root_pem.to_path_buf(),
+                source,
+            })?;
+        trust.held.push(cert);
     }
-    Ok(connector(connect_timeout, roots))
+    Ok(connector(connect_timeout, trust))
 }
 
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn connector(connect_timeout: Duration, roots: RootCertStore) -> HttpsConnector<HttpConnector> {
+fn connector(connect_timeout: Duration, trust: Trust) -> HttpsConnector<HttpConnector> {
     let mut http = HttpConnector::new();
     // The TLS layer above handles `https://`; the TCP layer must accept it too.
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
     http.set_keepalive(Some(UPSTREAM_KEEPALIVE));
+    let verifier = UpstreamVerifier::new(trust);
     let mut tls = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .expect("the ring provider supports TLS 1.2 and 1.3")
-        .with_root_certificates(roots)
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth();
     // Set here rather than through `HttpsConnectorBuilder`, whose HTTP/1-only mode sends no ALPN.
     tls.alpn_protocols = vec![UPSTREAM_ALPN.to_vec()];
@@ -217,10 +226,109 @@ fn connector(connect_timeout: Duration, roots: RootCertStore) -> HttpsConnector<
     HttpsConnector::from((http, tls))
 }
 
+/// What upstream certificates are verified against.
+struct Trust {
+    /// every trust anchor: the bundled Mozilla roots and the certificates read from files
+    anchors: RootCertStore,
+    /// the certificates read from files (the system bundle, extra roots), whole: a server may
+    /// present one of them itself ([`UpstreamVerifier`])
+    held: Vec<CertificateDer<'static>>,
+}
+
+/// The Web PKI's verification (rustls's [`WebPkiServerVerifier`]), and the one certificate it
+/// refuses that OpenSSL, and so nginx, HAProxy and curl, accept: a self-signed certificate
+/// marked as a CA (`CA:TRUE`, which `openssl req -x509` writes by default) that the server
+/// presents itself and the trust bundle holds itself (`SSL_CERT_FILE=cert.pem`, the README's
+/// way to trust a self-signed upstream). webpki refuses any CA certificate as a server's
+/// (`CaUsedAsEndEntity`); here such a certificate is accepted when it is byte for byte one of
+/// the certificates read from the bundle and it names the host connected to. It is valid now:
+/// webpki checks a certificate's validity period before its CA flag, so a refusal for the flag
+/// means the period passed (an expired one is refused as expired; a test holds that order).
+#[derive(Debug)]
+struct UpstreamVerifier {
+    webpki: Arc<WebPkiServerVerifier>,
+    held: Vec<CertificateDer<'static>>,
+}
+
+impl UpstreamVerifier {
+    fn new(trust: Trust) -> UpstreamVerifier {
+        let webpki =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(trust.anchors), provider())
+                .build()
+                .expect("the bundled roots are never empty");
+        UpstreamVerifier {
+            webpki,
+            held: trust.held,
+        }
+    }
+
+    /// Whether `refusal` is webpki's for a CA certificate presented as the server's.
+    fn ca_as_server(refusal: &rustls::Error) -> bool {
+        match refusal {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other)) => {
+                let cause: &(dyn std::error::Error + 'static) = &*other.0;
+                cause.downcast_ref::<webpki::Error>() == Some(&webpki::Error::CaUsedAsEndEntity)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl ServerCertVerifier for UpstreamVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Err(refusal)
+                if Self::ca_as_server(&refusal)
+                    && self.held.iter().any(|c| c.as_ref() == end_entity.as_ref()) =>
+            {
+                let cert = ParsedCertificate::try_from(end_entity)?;
+                verify_server_name(&cert, server_name)?;
+                Ok(ServerCertVerified::assertion())
+            }
+            verdict => verdict,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
 /// webpki-roots, plus the system bundle from `SSL_CERT_FILE` or the usual paths.
-fn default_roots() -> RootCertStore {
+fn default_trust() -> Trust {
     let env = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
-    roots_with_system_bundle(
+    trust_with_system_bundle(
         env.into_iter()
             .chain(SYSTEM_CA_BUNDLES.iter().map(PathBuf::from)),
     )
@@ -228,21 +336,23 @@ fn default_roots() -> RootCertStore {
 
 /// webpki-roots, plus the certificates of the first candidate bundle that reads. A missing or
 /// unreadable system bundle is not an error: the bundled roots still cover the public web.
-fn roots_with_system_bundle(candidates: impl IntoIterator<Item = PathBuf>) -> RootCertStore {
-    let mut roots = RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+fn trust_with_system_bundle(candidates: impl IntoIterator<Item = PathBuf>) -> Trust {
+    let mut anchors = RootCertStore::empty();
+    anchors.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    let mut held = Vec::new();
     for bundle in candidates {
         match read_certs(&bundle, "root certificate") {
             Ok(certs) => {
-                let (added, ignored) = roots.add_parsable_certificates(certs);
+                let (added, ignored) = anchors.add_parsable_certificates(certs.iter().cloned());
                 tracing::debug!(bundle = %bundle.display(), added, ignored, "system CA roots loaded");
+                held = certs;
                 break;
             }
             Err(TlsError::Read { source, .. }) if source.kind() == io::ErrorKind::NotFound => {}
             Err(e) => tracing::warn!("system CA roots skipped: {e}"),
         }
     }
-    roots
+    Trust { anchors, held }
 }
 
 fn read_certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -305,13 +415,30 @@ mod tests {
     }
 
     fn self_signed() -> Pems {
+        made(rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap())
+    }
+
+    /// A self-signed certificate for `name` marked `CA:TRUE`, as `openssl req -x509` makes
+    /// them; expired if `expired`.
+    fn self_signed_ca(name: &str, expired: bool) -> Pems {
+        let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        made(params)
+    }
+
+    fn made(params: rcgen::CertificateParams) -> Pems {
         let dir = tempfile::tempdir().unwrap();
-        let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let signing_key = rcgen::KeyPair::generate().unwrap();
+        let generated = params.self_signed(&signing_key).unwrap();
         let cert = dir.path().join("cert.pem");
         let key = dir.path().join("key.pem");
-        std::fs::write(&cert, generated.cert.pem()).unwrap();
-        std::fs::write(&key, generated.signing_key.serialize_pem()).unwrap();
-        let cert_der = generated.cert.der().clone();
+        std::fs::write(&cert, generated.pem()).unwrap();
+        std::fs::write(&key, signing_key.serialize_pem()).unwrap();
+        let cert_der = generated.der().clone();
         Pems {
             dir,
             cert,
@@ -495,6 +622,38 @@ mod tests {
         }
     }
 
+    /// A self-signed certificate marked `CA:TRUE` (what `openssl req -x509` makes) that the
+    /// server presents and the trust file holds is accepted, as OpenSSL accepts it; the same
+    /// kind of certificate is refused when the file does not hold it, when it names another
+    /// host, or when it has expired.
+    #[tokio::test]
+    async fn a_held_self_signed_ca_certificate_is_accepted_as_the_servers() {
+        async fn fetch(server: &Pems, trusted: &Pems) -> Result<String, String> {
+            let addr = tls_server(server).await;
+            let connector =
+                upstream_connector_with_roots(Duration::from_secs(2), &trusted.cert).unwrap();
+            let client = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(connector);
+            let uri: Uri = format!("https://localhost:{}/", addr.port())
+                .parse()
+                .unwrap();
+            match client.get(uri).await {
+                Ok(resp) => Ok(body_text(resp).await),
+                Err(e) => Err(error_chain(&e)),
+            }
+        }
+        let held = self_signed_ca("localhost", false);
+        assert_eq!(fetch(&held, &held).await.unwrap(), "HTTP/1.1 alpn_h2=false");
+        let other = self_signed_ca("localhost", false);
+        let refusal = fetch(&held, &other).await.unwrap_err();
+        assert!(refusal.contains("CaUsedAsEndEntity"), "{refusal}");
+        let elsewhere = self_signed_ca("api.example.com", false);
+        let refusal = fetch(&elsewhere, &elsewhere).await.unwrap_err();
+        assert!(refusal.contains("not valid for name"), "{refusal}");
+        let expired = self_signed_ca("localhost", true);
+        let refusal = fetch(&expired, &expired).await.unwrap_err();
+        assert!(refusal.contains("expired"), "{refusal}");
+    }
+
     fn error_chain(err: &dyn std::error::Error) -> String {
         let mut out = err.to_string();
         let mut cur = err.source();
@@ -603,10 +762,13 @@ mod tests {
         let pems = self_signed();
         let bundled = webpki_roots::TLS_SERVER_ROOTS.len();
         let missing = pems.dir.path().join("missing.pem");
-        let roots =
-            roots_with_system_bundle([missing.clone(), pems.cert.clone(), pems.cert.clone()]);
-        assert_eq!(roots.len(), bundled + 1);
-        assert_eq!(roots_with_system_bundle([missing]).len(), bundled);
+        let trust =
+            trust_with_system_bundle([missing.clone(), pems.cert.clone(), pems.cert.clone()]);
+        assert_eq!(trust.anchors.len(), bundled + 1);
+        assert_eq!(trust.held, vec![pems.cert_der.clone()]);
+        let trust = trust_with_system_bundle([missing]);
+        assert_eq!(trust.anchors.len(), bundled);
+        assert!(trust.held.is_empty());
     }
 
     /// The server config offers h2 before http/1.1.
