@@ -931,6 +931,46 @@ async fn unframeable_or_cut_responses_are_not_passed_on_as_whole() {
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 3);
 }
 
+/// A short body cut by the upstream (10 000 bytes announced, 5 sent, then the close) reaches
+/// the client as nginx passes it: the head and the 5 bytes, then the connection closes. Never
+/// a close with no response at all (which a client may take as leave to send it again).
+#[tokio::test]
+async fn a_cut_body_reaches_the_client_with_its_head_then_the_close() {
+    // (on a thread of its own: the answer and the close leave together, as they do from
+    // most servers, and reach the proxy in one turn of its runtime)
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10000\r\n\r\nabcde");
+        }
+    });
+    let tries = 12;
+    let proxy = Proxy::start(&config(&[upstream], "workers: 1", "", "")).await;
+    for i in 0..tries {
+        let answer = raw(
+            proxy.addr,
+            format!("GET /v1/cut{i} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200 OK\r\n") && answer.ends_with("\r\n\r\nabcde"),
+            "try {i}: {answer:?}"
+        );
+        assert!(answer.contains("content-length: 10000\r\n"), "{answer:?}");
+    }
+}
+
 /// A request the upstream reads and then closes on without answering is sent again at most
 /// once, on a new connection, and only when its method is idempotent: with two idle
 /// connections, a GET is read twice and a DELETE too, a POST once.

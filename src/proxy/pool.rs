@@ -344,7 +344,7 @@ impl Inner {
                 back.give();
             }
         }
-        Ok(resp.map(|body| Pooled(Reading::Hyper { body, back })))
+        Ok(resp.map(|body| Pooled::of(Reading::Hyper { body, back })))
     }
 
     fn put(self: &Arc<Inner>, key: Key, sender: Sender) {
@@ -439,7 +439,18 @@ impl Back {
 
 /// An upstream response body that hands its connection back to the pool once read to the end
 /// (dropped before that, the connection closes with it).
-pub struct Pooled(Reading);
+///
+/// A body the upstream cuts short (closed within its length, a malformed chunk) ends the
+/// client's response early: the client is sent the head and what came, then the connection is
+/// cut, as nginx does. The failure is reported to hyper one poll late — [`Pooled::cut`] holds
+/// it over a `Pending` — because hyper's server drops a connection whose response body fails
+/// without writing what it had buffered: a short body's head and first bytes, taken in the same
+/// turn as the failure, would be lost, and the client would see the connection close with no
+/// response at all (which it may take as leave to send the request again).
+pub struct Pooled {
+    reading: Reading,
+    cut: Option<BoxError>,
+}
 
 enum Reading {
     /// from hyper's client: the connection is handed back by `back`
@@ -450,7 +461,36 @@ enum Reading {
 
 impl Pooled {
     fn own(body: h1::Reading<Home>) -> Pooled {
-        Pooled(Reading::Own(body))
+        Pooled::of(Reading::Own(body))
+    }
+
+    fn of(reading: Reading) -> Pooled {
+        Pooled { reading, cut: None }
+    }
+
+    fn poll_reading(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let (body, back) = match &mut self.reading {
+            Reading::Own(body) => return Pin::new(body).poll_frame(cx).map_err(BoxError::from),
+            Reading::Hyper { body, back } => (body, back),
+        };
+        let frame = ready!(Pin::new(&mut *body).poll_frame(cx));
+        let ended = match &frame {
+            None => true,
+            // trailers end a chunked body, whose length never tells (the server side may not
+            // poll past them)
+            Some(Ok(frame)) => frame.is_trailers() || body.is_end_stream(),
+            // (the connection is not handed back: `poll_frame` drops `back`)
+            Some(Err(_)) => false,
+        };
+        if ended {
+            if let Some(back) = back.take() {
+                back.give();
+            }
+        }
+        Poll::Ready(frame.map(|f| f.map_err(BoxError::from)))
     }
 }
 
@@ -462,38 +502,39 @@ impl HttpBody for Pooled {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let (body, back) = match &mut self.0 {
-            Reading::Own(body) => return Pin::new(body).poll_frame(cx).map_err(BoxError::from),
-            Reading::Hyper { body, back } => (body, back),
-        };
-        let frame = ready!(Pin::new(&mut *body).poll_frame(cx));
-        let ended = match &frame {
-            None => true,
-            // trailers end a chunked body, whose length never tells (the server side may not
-            // poll past them)
-            Some(Ok(frame)) => frame.is_trailers() || body.is_end_stream(),
-            Some(Err(_)) => {
-                *back = None;
-                false
-            }
-        };
-        if ended {
-            if let Some(back) = back.take() {
-                back.give();
-            }
+        let this = &mut *self;
+        if let Some(cut) = this.cut.take() {
+            return Poll::Ready(Some(Err(cut)));
         }
-        Poll::Ready(frame.map(|f| f.map_err(BoxError::from)))
+        match ready!(this.poll_reading(cx)) {
+            Some(Err(cut)) => {
+                let target = match &mut this.reading {
+                    Reading::Own(body) => body.home().map(|home| home.key.authority().clone()),
+                    // (the connection is not handed back)
+                    Reading::Hyper { back, .. } => {
+                        back.take().map(|back| back.key.authority().clone())
+                    }
+                };
+                let target = target.as_ref().map_or("-", |a| a.as_str());
+                tracing::warn!(target, error = %cut, "upstream response cut short; so is the client's");
+                // what hyper holds is written before the failure is told (see above)
+                this.cut = Some(cut);
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            frame => Poll::Ready(frame),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.0 {
+        match &self.reading {
             Reading::Hyper { body, .. } => body.is_end_stream(),
             Reading::Own(body) => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.0 {
+        match &self.reading {
             Reading::Hyper { body, .. } => body.size_hint(),
             Reading::Own(body) => body.size_hint(),
         }

@@ -308,6 +308,11 @@ pub struct Reading<H: Home> {
 }
 
 impl<H: Home> Reading<H> {
+    /// Where the connection goes back to once the body has been read (none after that).
+    pub fn home(&self) -> Option<&H> {
+        self.home.as_ref()
+    }
+
     /// At the body's end: the connection goes home, or is closed.
     fn end_if_done(&mut self) {
         if self.framing != Framing::Done {
