@@ -471,7 +471,8 @@ routes:
             Some("/v1/s?q=%zz"),
         ),
         ("http://other.example/v1/x", 404, None),
-        ("http://user@api.example.com/v1/x", 404, None),
+        // (user information in a target is refused, as nginx refuses it)
+        ("http://user@api.example.com/v1/x", 400, None),
         ("http://api.example.com/v1/%2e%2e/admin", 404, None),
         ("http://api.example.com", 404, None),
         ("http://api.example.com/v1/%zz", 400, None),

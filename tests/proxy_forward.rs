@@ -679,6 +679,18 @@ impl RawUpstream {
         .await
     }
 
+    /// Answers every request with a 204 that states a length (which a 204 must not).
+    async fn serving_204() -> RawUpstream {
+        RawUpstream::answering(Box::new(|| {
+            Some(Reply {
+                bytes: b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n",
+                after: Duration::ZERO,
+                close_after: None,
+            })
+        }))
+        .await
+    }
+
     /// Answers the requests it reads, on whatever connection, with the next response of
     /// `script`, closing the connection after those marked so.
     async fn scripted(script: Vec<(&'static str, bool)>) -> RawUpstream {
@@ -1434,6 +1446,104 @@ routes:
 
 // ---------------------------------------------------------------------------------------------
 // 7. malformed requests
+
+/// What hyper parses but no route may serve as sent is refused with 400, as nginx refuses it,
+/// and reaches no upstream: a method not in upper case (`post` would pass by a `methods:
+/// [POST]` route's limit, and most applications serve it as POST), a target with user
+/// information, a port out of range or another scheme. An absolute-form target without a path
+/// goes on with `/` as its path.
+#[tokio::test]
+async fn request_lines_no_route_may_serve_get_400() {
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"
+listen: 127.0.0.1:0
+upstreams:
+  api: {{targets: ["{}"]}}
+routes:
+  - name: login
+    match: {{path: /login, methods: [POST]}}
+    upstream: api
+    limits:
+      - {{name: tries, algorithm: fixed_window, limit: 1, window: 1h}}
+  - name: rest
+    match: {{path_prefix: /}}
+    upstream: api
+"#,
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let post = |method: &str| {
+        format!(
+            "{method} /login HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+    };
+    assert!(raw(proxy.addr, post("POST").as_bytes())
+        .await
+        .starts_with("HTTP/1.1 200"));
+    assert!(raw(proxy.addr, post("POST").as_bytes())
+        .await
+        .starts_with("HTTP/1.1 429"));
+    for refused in [
+        post("post"),
+        post("Post"),
+        "GET http://user:pw@abs.example/x HTTP/1.1\r\nHost: abs.example\r\nConnection: close\r\n\r\n".to_string(),
+        "GET http://abs.example:99999/x HTTP/1.1\r\nHost: abs.example\r\nConnection: close\r\n\r\n".to_string(),
+        "GET ftp://abs.example/x HTTP/1.1\r\nHost: abs.example\r\nConnection: close\r\n\r\n".to_string(),
+    ] {
+        let answer = raw(proxy.addr, refused.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{refused:?}: {answer}");
+        assert!(answer.contains(r#""error":"bad_request""#), "{answer}");
+    }
+    assert_eq!(
+        upstream.seen().len(),
+        1,
+        "only the first POST reached the upstream"
+    );
+    let answer = raw(
+        proxy.addr,
+        b"GET http://abs.example?x=1 HTTP/1.1\r\nHost: abs.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(upstream.seen()[1].uri, "/?x=1");
+}
+
+/// An upstream's 204 that states a length reaches an HTTP/2 client without it (a 204 states
+/// none, RFC 9110 §8.6), as it does an HTTP/1.1 one.
+#[tokio::test]
+async fn a_204_reaches_http2_clients_without_a_length() {
+    let upstream = RawUpstream::serving_204().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2c handshake");
+    tokio::spawn(conn);
+    let req = Request::get(proxy.url("/v1/none")).body(empty()).unwrap();
+    let resp = sender.send_request(req).await.expect("h2 GET");
+    assert_eq!(resp.status(), 204);
+    assert_eq!(resp.headers().get("content-length"), None, "{resp:?}");
+    let a = get(&proxy.url("/v1/none"), &[]).await;
+    assert_eq!((a.status, a.header("content-length")), (204, None));
+}
+
+/// A CONNECT is refused with 400 and its connection closed: the bytes sent after it for the
+/// tunnel are not read as a request of their own.
+#[tokio::test]
+async fn connect_is_refused_and_its_connection_closed() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    let answer = raw(
+        proxy.addr,
+        b"CONNECT 127.0.0.1:1 HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\nGET /v1/smuggled HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert_eq!(answer.matches("HTTP/1.1").count(), 1, "{answer}");
+    assert!(upstream.seen().is_empty());
+}
 
 /// A malformed request head gets 400 while a request in flight on another connection, and a
 /// new connection, are served normally.

@@ -301,6 +301,11 @@ fn answered(
     // must not turn the client's HTTP/1.1 connection into 1.0)
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
+    // a 204 has no content and states no length (RFC 9110 §8.6): hyper's HTTP/1 side leaves
+    // the field out, its HTTP/2 side would pass on an upstream's
+    if parts.status == StatusCode::NO_CONTENT {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
     if let Some(proto) = switched {
         set_upgrade(&mut parts.headers, proto);
     }
@@ -493,7 +498,9 @@ fn rewrite(
         .or_else(|| parts.headers.get(header::HOST).cloned());
     // the client's path and query as they came when the path is sent unchanged (no copy)
     let path_and_query = match parts.uri.path_and_query() {
-        Some(pq) if pq.path() == f.path => pq.clone(),
+        // (an absolute-form target without a path, `http://host?q`, has `/` as its path but
+        // not in its text: it is written out)
+        Some(pq) if pq.path() == f.path && pq.as_str().starts_with('/') => pq.clone(),
         _ => match parts.uri.query() {
             Some(q) => PathAndQuery::try_from(format!("{}?{q}", f.path)),
             None => PathAndQuery::try_from(f.path),

@@ -113,6 +113,10 @@ pub enum ProxyError {
     /// the path could not be normalised (bad percent-encoding, not origin-form)
     #[error("malformed request path")]
     BadPath,
+    /// a request line or target tollgate does not serve: a method not in upper case, a target
+    /// with user information, another scheme or a port out of range, a CONNECT tunnel
+    #[error("{0}")]
+    BadRequest(&'static str),
     /// no route matches
     #[error("no route matches this request")]
     NoRoute,
@@ -179,7 +183,7 @@ impl ProxyError {
     /// The status code for this error: the one place errors become statuses.
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::BadPath => StatusCode::BAD_REQUEST,
+            ProxyError::BadPath | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BadBody => StatusCode::BAD_REQUEST,
@@ -206,6 +210,7 @@ impl ProxyError {
                 format!("upstream {upstream}: the connection failed").into()
             }
             ProxyError::BadPath
+            | ProxyError::BadRequest(_)
             | ProxyError::NoRoute
             | ProxyError::BodyTooLarge
             | ProxyError::BadBody
@@ -220,7 +225,7 @@ impl ProxyError {
     /// The `error` field of the JSON body.
     pub fn code(&self) -> &'static str {
         match self {
-            ProxyError::BadPath => "bad_request",
+            ProxyError::BadPath | ProxyError::BadRequest(_) => "bad_request",
             ProxyError::NoRoute => "no_route",
             ProxyError::BodyTooLarge => "payload_too_large",
             ProxyError::BadBody => "bad_request",
@@ -312,6 +317,8 @@ struct Outcome<'a> {
 impl Proxy {
     /// Serves one request through the phases, then records its metrics and access log line.
     pub async fn handle(&self, req: Request<Incoming>, conn: Conn) -> Response<Body> {
+        // an HTTP/1 CONNECT is refused, and the bytes after it (the tunnel's) are no requests
+        let close = *req.method() == http::Method::CONNECT && req.version() < http::Version::HTTP_2;
         let mut record = Record {
             proxy: self,
             started: Instant::now(),
@@ -345,6 +352,10 @@ impl Proxy {
         if let Some(shown) = &record.outcome.shown {
             respond::add_rate_headers(resp.headers_mut(), self.settings.headers, shown);
         }
+        if close {
+            resp.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
         record.done(resp.status().as_u16());
         resp
     }
@@ -370,6 +381,10 @@ impl Proxy {
                 conn.peer.ip()
             };
             outcome.client = Some(ip);
+            // what hyper parses but no route can serve as meant (nginx refuses all of it)
+            if let Some(why) = refused_request_line(&req) {
+                return Err(ProxyError::BadRequest(why));
+            }
             // 1. route, on the normalised path (which is also the one forwarded)
             // The URI is cloned (reference counts only) so the path can be borrowed from it while
             // the request itself moves on to the forward phase: no copy of the path in the
@@ -510,6 +525,58 @@ fn millis(d: Duration) -> f64 {
 fn client_hash(ip: &std::net::IpAddr) -> String {
     let digest = sha1_smol::Sha1::from(ip.to_string()).digest().to_string();
     digest[..12].to_string()
+}
+
+/// Why a request whose line hyper accepted is refused with 400, if it is:
+///
+/// * a method not written in upper case (methods are case-sensitive, RFC 9110 §9.1): `post`
+///   matched against a route's `methods: [POST]` would pass by the limits meant for POST, and
+///   the many applications that upper-case the method would serve it as one;
+/// * an absolute-form target or `:authority` with user information (`http://u:p@host/`, which
+///   RFC 9110 §4.2.4 and RFC 9113 §8.3.1 forbid: its host would not match a route's `host`),
+///   a port out of range, or a scheme other than http and https;
+/// * `CONNECT` (no tunnels to arbitrary addresses; its connection is closed after the answer,
+///   see [`Proxy::handle`], so the bytes meant for the tunnel are not read as requests).
+fn refused_request_line<B>(req: &Request<B>) -> Option<&'static str> {
+    let method = req.method();
+    if *method == http::Method::CONNECT {
+        return Some("CONNECT is not served");
+    }
+    if !method
+        .as_str()
+        .bytes()
+        .all(|b| b.is_ascii_uppercase() || b == b'-' || b == b'_')
+    {
+        return Some("malformed request method: methods are upper case");
+    }
+    let uri = req.uri();
+    if !matches!(uri.scheme_str(), None | Some("http") | Some("https")) {
+        return Some("malformed request target: the scheme is not http or https");
+    }
+    match uri.authority() {
+        Some(a) if !well_formed_authority(a.as_str()) => {
+            Some("malformed request target: user information or a bad port")
+        }
+        _ => None,
+    }
+}
+
+/// `host[:port]` without user information, its port (if any) a number that fits 16 bits.
+fn well_formed_authority(authority: &str) -> bool {
+    if authority.contains('@') {
+        return false;
+    }
+    // (an IPv6 literal's colons are inside its brackets)
+    let after_host = authority
+        .rfind(']')
+        .map_or(authority, |i| &authority[i + 1..]);
+    match after_host.rfind(':') {
+        None => true,
+        Some(i) => {
+            let port = &after_host[i + 1..];
+            port.is_empty() || port.parse::<u16>().is_ok()
+        }
+    }
 }
 
 /// The request's host: the URI's authority (absolute-form, or HTTP/2 `:authority`), which wins
