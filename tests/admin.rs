@@ -148,6 +148,53 @@ async fn config_redacts_secrets_and_readyz_follows_the_store() {
         assert_eq!(get(&proxy.url("/"), &[]).await.status, 503);
     }
     assert_eq!(get(&format!("{admin}/readyz"), &[]).await.status, 503);
+    // five failures open the breaker: the calls it keeps from Redis are counted too
+    let m = get(&format!("{admin}/metrics"), &[]).await.body;
+    let skipped: u64 = metric_line(&m, r#"tollgate_store_errors_total{kind="circuit_open"}"#)
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap();
+    assert!(skipped >= 1, "{m}");
+}
+
+/// On a route with several limits, the denials answered from the deny cache (before any store
+/// is asked) are counted in `tollgate_deny_cache_hits_total` like those of a single limit.
+#[tokio::test]
+async fn deny_cache_hits_are_counted_on_routes_with_several_limits() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+admin: {{listen: 127.0.0.1:0}}
+store: {{backend: redis, url: "{}", timeout: 500ms}}
+upstreams:
+  api: {{targets: [{}]}}
+routes:
+  - name: api
+    upstream: api
+    limits:
+      - {{name: per-client, algorithm: token_bucket, rate: 1/h, burst: 1}}
+      - {{name: hourly, algorithm: sliding_window, limit: 1000, window: 1h}}
+"#,
+        redis.url(),
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let statuses: Vec<u16> = {
+        let mut v = Vec::new();
+        for _ in 0..6 {
+            v.push(get(&proxy.url("/"), &[]).await.status);
+        }
+        v
+    };
+    assert_eq!(statuses, [200, 429, 429, 429, 429, 429]);
+    let m = get(&format!("http://{}/metrics", proxy.admin.unwrap()), &[])
+        .await
+        .body;
+    let hits: u64 = metric_line(&m, "tollgate_deny_cache_hits_total")
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap();
+    // the first refusal is the store's, then remembered
+    assert_eq!(hits, 4, "{m}");
 }
 
 /// `/readyz` asks Redis itself (with `on_error: deny`, no fallback): it says no as soon as Redis

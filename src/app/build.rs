@@ -34,6 +34,10 @@ impl StoreObserver for StoreMetrics {
     fn deny_cache_hit(&self) {
         self.0.deny_cache_hit();
     }
+
+    fn skipped(&self) {
+        self.0.store_error(StoreError::CircuitOpen.kind());
+    }
 }
 
 /// The store the config asks for: memory, or Redis behind the failure policy, with a

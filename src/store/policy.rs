@@ -110,12 +110,8 @@ impl GuardedStore {
     ) -> Result<Decision, StoreError> {
         // The deny cache runs on the real clock: a caller replaying its own times bypasses it.
         // (the clock is read only when there is something cached to compare it with)
-        if now.is_none() && !self.deny_cache.is_empty() {
-            if let Some(d) = self.deny_cache.get(key, alg, Instant::now()) {
-                self.stats.deny_cache_hits.fetch_add(1, Ordering::Relaxed);
-                if let Some(observer) = &self.observer {
-                    observer.deny_cache_hit();
-                }
+        if now.is_none() {
+            if let Some(d) = self.remembered(key, alg) {
                 return Ok(d);
             }
         }
@@ -124,15 +120,16 @@ impl GuardedStore {
                 Ok(d) => return Ok(d),
                 Err(e) => e,
             },
-            None => {
-                self.stats.skipped.fetch_add(1, Ordering::Relaxed);
-                StoreError::CircuitOpen
-            }
+            None => self.skipped(),
         };
         match self.on_error {
             OnError::Allow => Ok(Decision::counted(true, alg.policy().0, 0, 0)),
             OnError::Deny => Err(error),
-            OnError::Local => Ok(self.local.decide(key, &share(alg, self.instances), now)),
+            OnError::Local => {
+                let mut d = self.local.decide(key, &share(alg, self.instances), now);
+                d.share = (self.instances.get() > 1).then_some(self.instances);
+                Ok(d)
+            }
         }
     }
 
@@ -168,6 +165,29 @@ impl GuardedStore {
 }
 
 impl GuardedStore {
+    /// The deny cache's answer for `key` under `alg` on the real clock, counted as a hit (the
+    /// clock is read only when something is cached to compare it with).
+    fn remembered(&self, key: &str, alg: &Algorithm) -> Option<Decision> {
+        if self.deny_cache.is_empty() {
+            return None;
+        }
+        let d = self.deny_cache.get(key, alg, Instant::now())?;
+        self.stats.deny_cache_hits.fetch_add(1, Ordering::Relaxed);
+        if let Some(observer) = &self.observer {
+            observer.deny_cache_hit();
+        }
+        Some(d)
+    }
+
+    /// A call the open breaker keeps from the shared store, counted: its error.
+    fn skipped(&self) -> StoreError {
+        self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+        if let Some(observer) = &self.observer {
+            observer.skipped();
+        }
+        StoreError::CircuitOpen
+    }
+
     /// `call` to the shared store when the breaker lets it go, its outcome recorded;
     /// [`StoreError::CircuitOpen`] when it does not.
     async fn through_breaker<T>(
@@ -175,7 +195,7 @@ impl GuardedStore {
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let Some(permit) = self.breaker.allow_now() else {
-            return Err(StoreError::CircuitOpen);
+            return Err(self.skipped());
         };
         let _in_flight = InFlight {
             breaker: &self.breaker,
@@ -211,7 +231,7 @@ impl Store for GuardedStore {
     }
 
     fn cached_denial(&self, key: &str, alg: &Algorithm) -> Option<Decision> {
-        self.deny_cache.get(key, alg, Instant::now())
+        self.remembered(key, alg)
     }
 
     fn give_back<'a>(
