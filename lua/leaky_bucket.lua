@@ -1,7 +1,8 @@
 --[[ leaky_bucket.lua: pacing. Hands out send slots at most `rate` per second; the caller
 sleeps the returned delay, then sends.
 
-KEYS[1]  the schedule's key, e.g. tollgate:pace:<upstream>
+KEYS[1]  the schedule's key: tollgate:upstream:<upstream>:pace for an upstream's pacing,
+         tollgate:<route>:<limit>:<client> for a leaky_bucket limit
 ARGV[1]  rate: requests per second (> 0; decimals allowed)
 ARGV[2]  max_delay_ms: the longest wait a caller accepts (optional; empty: no bound)
 ARGV[3]  now in milliseconds (optional, decimals allowed; absent or empty: the Redis server clock)
@@ -17,8 +18,8 @@ key, written with %.17g so it reads back exactly; it expires once the schedule i
 Unlike the article's script, the clock is the Redis server's, the wait is bounded, and the state
 is one value instead of a growing sorted set.
 
-Try it: redis-cli --eval lua/leaky_bucket.lua tollgate:pace:api , 4 1000
-Debug:  redis-cli --ldb --eval lua/leaky_bucket.lua tollgate:pace:api , 4 1000
+Try it: redis-cli --eval lua/leaky_bucket.lua tollgate:upstream:api:pace , 4 1000
+Debug:  redis-cli --ldb --eval lua/leaky_bucket.lua tollgate:upstream:api:pace , 4 1000
 ]]
 
 -- Comparisons allow 1 microsecond: timestamps near 1.7e12 ms carry about 0.25 us of rounding.

@@ -206,8 +206,15 @@ async fn local_with_two_instances_enforces_half_the_burst_during_outage() {
     let store = "  timeout: 50ms\n  on_error: local\n  instances: 2";
     let proxy = Proxy::start(&config(&redis, &upstream, store, "1/m", 10)).await;
     redis_enforces(&proxy, &redis, "10.0.0.1", 10).await;
+    let policy = |a: &Answer| a.header("ratelimit-policy").unwrap_or_default().to_string();
+    let (a, _) = request(&proxy, "10.0.0.9").await;
+    assert_eq!(policy(&a), r#""per-client";q=10;w=600"#);
     redis.kill();
     assert_eq!(statuses(&proxy, "10.0.0.2", 8).await, burst_then_429(5, 3));
+    // the headers state the share this instance enforces, not the whole limit
+    let (a, _) = request(&proxy, "10.0.0.5").await;
+    assert_eq!(policy(&a), r#""per-client";q=5;w=600"#);
+    assert_eq!(a.header("ratelimit"), Some(r#""per-client";r=4;t=120"#));
     redis.restart();
     until_redis_decides(&proxy, &redis, "10.0.0.3").await;
     redis_enforces(&proxy, &redis, "10.0.0.4", 10).await;

@@ -1,6 +1,8 @@
 //! What a limiter answers. Being limited is not an error: a [`Decision`] says allowed or denied
 //! with the figures the proxy turns into `Retry-After` and the rate-limit headers.
 
+use std::num::NonZeroU32;
+
 /// The answer of one limiter to one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Decision {
@@ -14,6 +16,9 @@ pub struct Decision {
     pub reset_ms: u64,
     /// pacing only: microseconds to wait before sending (0 for the other algorithms)
     pub delay_us: u64,
+    /// decided for a share of the limit, 1/N of it (the `local` fallback with `instances: N`):
+    /// the figures are that share's, and so are the rate-limit headers that show them
+    pub share: Option<NonZeroU32>,
 }
 
 impl Decision {
@@ -25,6 +30,7 @@ impl Decision {
             retry_after_ms,
             reset_ms,
             delay_us: 0,
+            share: None,
         }
     }
 
@@ -58,6 +64,7 @@ impl Decision {
             retry_after_ms,
             reset_ms,
             delay_us: if admitted { delay_us } else { 0 },
+            share: None,
         }
     }
 

@@ -66,9 +66,15 @@ impl Limit {
     /// What a response shows of this limit's `decision` under `alg` (its own parameters or an
     /// override's), borrowed from the limit: nothing shared is written per request.
     fn shown<'a>(&'a self, alg: &'a Algorithm, decision: Decision) -> Shown<'a> {
-        let (quota, window_secs) = figures(alg);
+        // (decided for this instance's share of the limit, by the `local` fallback: the policy
+        // stated is that share, the one enforced)
+        let (quota, window_secs) = match decision.share {
+            None => figures(alg),
+            Some(n) => figures(&crate::store::policy::share(alg, n)),
+        };
         // the limit's own parameters (not an override's): its policy value is made already
-        let policy = std::ptr::eq(alg, &self.alg).then_some(&self.policy);
+        let policy =
+            (decision.share.is_none() && std::ptr::eq(alg, &self.alg)).then_some(&self.policy);
         Shown {
             name: &self.name,
             quota,
