@@ -227,10 +227,43 @@ fn route_line(r: &RouteConfig) -> String {
     format!("{}: {} -> {}{strip}", r.name, parts.join(", "), r.upstream)
 }
 
+/// A route's `match` with proxy.yaml's keys, only those that apply.
+fn match_json(m: &RouteMatch) -> Value {
+    let mut out = serde_json::Map::new();
+    if let Some(host) = &m.host {
+        out.insert("host".into(), host_text(host).into());
+    }
+    match &m.path {
+        PathMatch::Any => {}
+        PathMatch::Prefix(p) => {
+            out.insert("path_prefix".into(), p.as_str().into());
+        }
+        PathMatch::Exact(p) => {
+            out.insert("path".into(), p.as_str().into());
+        }
+    }
+    if !m.methods.is_empty() {
+        let methods: Vec<&str> = m.methods.iter().map(http::Method::as_str).collect();
+        out.insert("methods".into(), methods.into());
+    }
+    if !m.headers.is_empty() {
+        let headers: serde_json::Map<String, Value> = m
+            .headers
+            .iter()
+            .map(|(name, value)| {
+                let value = value.to_str().unwrap_or("(binary)");
+                (name.to_string(), value.into())
+            })
+            .collect();
+        out.insert("headers".into(), headers.into());
+    }
+    out.into()
+}
+
 fn route_json(r: &RouteConfig) -> Value {
     json!({
         "name": r.name,
-        "match": match_parts(&r.matcher),
+        "match": match_json(&r.matcher),
         "strip_prefix": r.strip_prefix,
         "upstream": r.upstream,
         "limits": r.limits.iter().map(limit_json).collect::<Vec<_>>(),
@@ -300,13 +333,51 @@ fn limit_line(l: &LimitConfig) -> String {
     line
 }
 
+/// An algorithm's name and parameters with proxy.yaml's keys (`algorithm`, `rate`, `burst`...).
+fn algorithm_json(alg: &Algorithm, out: &mut serde_json::Map<String, Value>) {
+    out.insert("algorithm".into(), alg.name().into());
+    match alg {
+        Algorithm::TokenBucket(b) => {
+            out.insert("rate".into(), format_rate(b.rate).into());
+            out.insert("burst".into(), b.burst.get().into());
+            out.insert("cost".into(), b.cost.get().into());
+        }
+        Algorithm::LeakyBucket(p) => {
+            out.insert("rate".into(), format_rate(p.rate).into());
+            out.insert("max_delay".into(), p.max_delay_ms.map(format_ms).into());
+        }
+        Algorithm::FixedWindow(w)
+        | Algorithm::SlidingWindow(w)
+        | Algorithm::SlidingWindowCounter(w) => {
+            let window = std::time::Duration::from_millis(w.window_ms.get());
+            out.insert("limit".into(), w.limit.get().into());
+            out.insert("window".into(), format_duration(window).into());
+        }
+    }
+}
+
+/// A limit with proxy.yaml's keys. The client-key values of its overrides (often API keys)
+/// are not shown, only how many there are.
 fn limit_json(l: &LimitConfig) -> Value {
-    json!({
-        "name": l.name,
-        "algorithm": algorithm_text(&l.algorithm),
-        "key": key_text(&l.key),
-        "mode": match l.mode { Mode::Enforce => "enforce", Mode::Shadow => "shadow" },
-        "exempt": l.exempt.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        "overrides": l.overrides.len(),
-    })
+    let mut out = serde_json::Map::new();
+    out.insert("name".into(), l.name.as_str().into());
+    algorithm_json(&l.algorithm, &mut out);
+    let key: Value = match l.key.as_slice() {
+        [one] => key_text(std::slice::from_ref(one)).into(),
+        parts => parts
+            .iter()
+            .map(|p| key_text(std::slice::from_ref(p)))
+            .collect::<Vec<_>>()
+            .into(),
+    };
+    out.insert("key".into(), key);
+    let mode = match l.mode {
+        Mode::Enforce => "enforce",
+        Mode::Shadow => "shadow",
+    };
+    out.insert("mode".into(), mode.into());
+    let exempt: Vec<String> = l.exempt.iter().map(ToString::to_string).collect();
+    out.insert("exempt".into(), exempt.into());
+    out.insert("overrides".into(), l.overrides.len().into());
+    out.into()
 }

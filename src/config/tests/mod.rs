@@ -240,8 +240,27 @@ fn json_shows_effective_values() {
     assert_eq!(json["store"]["backend"], "redis");
     assert_eq!(json["timeouts"]["idle"], "1m");
     assert_eq!(json["upstreams"][0]["pace"]["rate"], "100/s");
-    let limit = &json["routes"][0]["limits"][1];
-    assert_eq!(limit["algorithm"], "sliding_window 1000 per 1h");
+    // routes and limits with proxy.yaml's own keys
+    let route = &json["routes"][0];
+    assert_eq!(route["match"]["host"], "api.example.com");
+    assert_eq!(route["match"]["path_prefix"], "/v1");
+    assert_eq!(
+        route["match"]["methods"],
+        serde_json::json!(["GET", "POST"])
+    );
+    assert_eq!(route["match"]["headers"]["x-tenant"], "gold");
+    let limit = &route["limits"][0];
+    assert_eq!(limit["algorithm"], "token_bucket");
+    assert_eq!(limit["rate"], "10/s");
+    assert_eq!(limit["burst"], 20);
+    assert_eq!(limit["cost"], 1);
+    assert_eq!(limit["key"], "ip");
+    assert_eq!(limit["overrides"], 1);
+    let limit = &route["limits"][1];
+    assert_eq!(limit["algorithm"], "sliding_window");
+    assert_eq!(limit["limit"], 1000);
+    assert_eq!(limit["window"], "1h");
+    assert_eq!(limit["key"], "header:x-api-key");
 }
 
 /// `load` reads a file and names it in problems; a missing file is a read error.
