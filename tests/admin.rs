@@ -11,6 +11,13 @@ fn metric_line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
     text.lines().find(|l| l.starts_with(prefix))
 }
 
+/// The value of the first sample whose line starts with `prefix` (a missing one fails).
+fn metric_value(text: &str, prefix: &str) -> u64 {
+    metric_line(text, prefix)
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {prefix} in:\n{text}"))
+}
+
 /// After 3 admitted, 2 denied, 1 unrouted and 1 paced request, the metrics say exactly that.
 #[tokio::test]
 async fn metrics_count_a_known_sequence() {
@@ -75,19 +82,13 @@ routes:
         assert!(t.contains(expected), "missing `{expected}` in:\n{t}");
     }
     // the 5th request may be denied from the deny cache: 2 denials split between store and cache
-    let denied_by_store: u64 = metric_line(
+    let denied_by_store: u64 = metric_value(
         t,
         r#"tollgate_limit_decisions_total{route="api",limit="per-client",decision="denied"}"#,
-    )
-    .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-    .unwrap();
+    );
     assert_eq!(denied_by_store, 2);
-    let store_calls: u64 = metric_line(t, "tollgate_store_duration_seconds_count")
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap();
-    let cache_hits: u64 = metric_line(t, "tollgate_deny_cache_hits_total")
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap();
+    let store_calls: u64 = metric_value(t, "tollgate_store_duration_seconds_count");
+    let cache_hits: u64 = metric_value(t, "tollgate_deny_cache_hits_total");
     assert_eq!(
         store_calls + cache_hits,
         6,
@@ -150,9 +151,7 @@ async fn config_redacts_secrets_and_readyz_follows_the_store() {
     assert_eq!(get(&format!("{admin}/readyz"), &[]).await.status, 503);
     // five failures open the breaker: the calls it keeps from Redis are counted too
     let m = get(&format!("{admin}/metrics"), &[]).await.body;
-    let skipped: u64 = metric_line(&m, r#"tollgate_store_errors_total{kind="circuit_open"}"#)
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap();
+    let skipped: u64 = metric_value(&m, r#"tollgate_store_errors_total{kind="circuit_open"}"#);
     assert!(skipped >= 1, "{m}");
 }
 
@@ -190,9 +189,7 @@ routes:
     let m = get(&format!("http://{}/metrics", proxy.admin.unwrap()), &[])
         .await
         .body;
-    let hits: u64 = metric_line(&m, "tollgate_deny_cache_hits_total")
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap();
+    let hits: u64 = metric_value(&m, "tollgate_deny_cache_hits_total");
     // the first refusal is the store's, then remembered
     assert_eq!(hits, 4, "{m}");
 }
