@@ -143,6 +143,33 @@ async fn max_waiting_bounds_the_sleepers() {
     );
 }
 
+/// Only a request that sleeps takes one of `max_waiting`'s places: of three at once (rate one
+/// per 2 s, max_waiting 1), the first goes at once, the second sleeps, the third is refused with
+/// a `Retry-After` of one interval, when the sleeper will have left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_waiting_counts_only_the_requests_that_sleep() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let pace = "      rate: 1/2s\n      max_delay: 10s\n      max_waiting: 1";
+    let proxy = Proxy::start(&config(&redis, &upstream, pace)).await;
+    let asks: Vec<_> = (0..3)
+        .map(|i| {
+            let url = proxy.url(&format!("/{i}"));
+            tokio::spawn(async move { get(&url, &[]).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for a in asks {
+        answers.push(a.await.unwrap());
+    }
+    let mut statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
+    statuses.sort();
+    assert_eq!(statuses, [200, 200, 503], "{answers:?}");
+    let full = answers.iter().find(|a| a.status == 503).unwrap();
+    assert!(full.body.contains("upstream_queue_full"), "{}", full.body);
+    assert_eq!(full.header("retry-after"), Some("2"));
+}
+
 /// A client that hangs up while waiting for its slot frees its place among the sleepers (its
 /// task and permit are dropped) and the upstream never sees its request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,11 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{self, Backend, Config};
-use crate::limit::Algorithm;
 use crate::metrics::{Metrics, RouteSeries};
 use crate::proxy::{
     HeaderStyle, Limit, Pacer, Proxy, Route, Settings, Targets, Upstream, UpstreamClients,
@@ -82,12 +80,9 @@ pub fn build_proxy(
     let prefix = &config.store.key_prefix;
     let mut upstreams = HashMap::new();
     for u in &config.upstreams {
-        let pacer = u.pace.map(|pace| Pacer {
-            upstream: u.name.as_str().into(),
-            alg: Algorithm::LeakyBucket(pace),
-            pace,
-            key: format!("{prefix}:upstream:{}:pace", u.name),
-            waiting: u.max_waiting.map(|n| Arc::new(Semaphore::new(n.get()))),
+        let pacer = u.pace.map(|pace| {
+            let key = format!("{prefix}:upstream:{}:pace", u.name);
+            Pacer::new(&u.name, pace, key, u.max_waiting.map(|n| n.get()))
         });
         let upstream = Upstream {
             name: u.name.as_str().into(),

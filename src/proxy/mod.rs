@@ -143,6 +143,8 @@ pub enum ProxyError {
     TooManyWaiting {
         /// upstream name
         upstream: String,
+        /// when a sleeper will have left
+        retry_after_ms: u64,
     },
     /// the upstream has no usable target
     #[error("upstream {0} has no target")]
@@ -256,8 +258,9 @@ impl ProxyError {
     /// `Retry-After` for the 503s that a limit, the pacing or the store caused.
     pub fn retry_after_ms(&self) -> Option<u64> {
         match self {
-            ProxyError::PacingRefused { retry_after_ms, .. } => Some(*retry_after_ms),
-            ProxyError::TooManyWaiting { .. } | ProxyError::StoreUnavailable(_) => Some(1000),
+            ProxyError::PacingRefused { retry_after_ms, .. }
+            | ProxyError::TooManyWaiting { retry_after_ms, .. } => Some(*retry_after_ms),
+            ProxyError::StoreUnavailable(_) => Some(1000),
             _ => None,
         }
     }

@@ -5,12 +5,13 @@
 //! waiting drops this future, and with it its permit and its task, and its slot is given back
 //! (`lua/give_back.lua`) while it is the last one handed out.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, StatusCode};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::owed::{Owed, Taken};
 use super::ProxyError;
@@ -29,6 +30,8 @@ pub struct Pacer {
     pub key: String,
     /// permits for requests sleeping in this process (`max_waiting`); `None`: unbounded
     pub waiting: Option<Arc<Semaphore>>,
+    /// until when the upstream asked this instance to back off
+    held: Held,
 }
 
 /// What pacing did to a request.
@@ -38,31 +41,68 @@ pub struct Paced {
     pub delay: Duration,
 }
 
+/// How many times a request asks for a slot again when back-off holds it (each answer is a
+/// slot after the hold, unless the hold grew meanwhile): then it goes at its slot.
+const MAX_ASKS: u32 = 3;
+
 impl Pacer {
-    /// Waits for this request's slot, or refuses it.
-    pub async fn wait(&self, store: &Arc<dyn Store>) -> Result<Paced, ProxyError> {
-        let _permit =
-            match &self.waiting {
-                Some(sem) => Some(sem.clone().try_acquire_owned().map_err(|_| {
-                    ProxyError::TooManyWaiting {
-                        upstream: self.upstream.clone(),
-                    }
-                })?),
-                None => None,
-            };
-        let decision = store
-            .check(&self.key, &self.alg, None)
-            .await
-            .map_err(ProxyError::StoreUnavailable)?;
-        if !decision.allowed {
-            return Err(ProxyError::PacingRefused {
-                upstream: self.upstream.clone(),
-                retry_after_ms: decision.retry_after_ms,
-            });
+    /// The pacing of upstream `upstream` at `pace`, its schedule kept at `key`, with at most
+    /// `max_waiting` requests sleeping here at once.
+    pub fn new(upstream: &str, pace: Pace, key: String, max_waiting: Option<usize>) -> Pacer {
+        Pacer {
+            upstream: upstream.to_owned(),
+            alg: Algorithm::LeakyBucket(pace),
+            pace,
+            key,
+            waiting: max_waiting.map(|n| Arc::new(Semaphore::new(n))),
+            held: Held::new(),
         }
-        let delay = Duration::from_micros(decision.delay_us);
-        if !delay.is_zero() {
-            // (the slot is given back if the client goes away before it)
+    }
+
+    /// Waits for this request's slot, or refuses it.
+    ///
+    /// While a back-off the upstream asked for is in force here, a request waits it out before
+    /// it asks for a slot (past `max_delay` it is refused with the hold's end as its
+    /// `Retry-After`); a request that was already sleeping on a slot from before the hold asks
+    /// again when it wakes, and gets one after the hold: the shared schedule was pushed past it
+    /// (`back_pressure`). Only a request that sleeps takes one of `max_waiting`'s permits; when
+    /// none is left its slot is given back and it is refused.
+    pub async fn wait(&self, store: &Arc<dyn Store>) -> Result<Paced, ProxyError> {
+        let mut slept = Duration::ZERO;
+        let mut permit = None;
+        for asked in 1..=MAX_ASKS {
+            if let Some(hold) = self.held.remaining() {
+                if self
+                    .pace
+                    .max_delay_ms
+                    .is_some_and(|max| hold.as_secs_f64() * 1000.0 > max)
+                {
+                    return Err(ProxyError::PacingRefused {
+                        upstream: self.upstream.clone(),
+                        retry_after_ms: hold.as_millis().max(1) as u64,
+                    });
+                }
+                if !self.may_sleep(&mut permit) {
+                    return Err(self.queue_full());
+                }
+                tokio::time::sleep(hold).await;
+                slept += hold;
+            }
+            let decision = store
+                .check(&self.key, &self.alg, None)
+                .await
+                .map_err(ProxyError::StoreUnavailable)?;
+            if !decision.allowed {
+                return Err(ProxyError::PacingRefused {
+                    upstream: self.upstream.clone(),
+                    retry_after_ms: decision.retry_after_ms,
+                });
+            }
+            let delay = Duration::from_micros(decision.delay_us);
+            if delay.is_zero() {
+                break;
+            }
+            // (the slot is given back if the client goes away before it, or no permit is left)
             let owed = Owed::new(
                 store.clone(),
                 vec![Taken {
@@ -72,10 +112,84 @@ impl Pacer {
                     delay_us: decision.delay_us,
                 }],
             );
+            if !self.may_sleep(&mut permit) {
+                owed.give_back().await;
+                return Err(self.queue_full());
+            }
             tokio::time::sleep(delay).await;
+            slept += delay;
             owed.paid();
+            // a back-off that began while it slept: its slot came before it
+            if asked == MAX_ASKS || self.held.remaining().is_none() {
+                break;
+            }
         }
-        Ok(Paced { delay })
+        Ok(Paced { delay: slept })
+    }
+
+    /// Whether the request holds a `max_waiting` permit to sleep with (taking one if it has
+    /// none yet).
+    fn may_sleep(&self, permit: &mut Option<OwnedSemaphorePermit>) -> bool {
+        match &self.waiting {
+            None => true,
+            Some(_) if permit.is_some() => true,
+            Some(sem) => {
+                *permit = sem.clone().try_acquire_owned().ok();
+                permit.is_some()
+            }
+        }
+    }
+
+    /// The refusal of a request that would sleep while `max_waiting` requests do.
+    fn queue_full(&self) -> ProxyError {
+        ProxyError::TooManyWaiting {
+            upstream: self.upstream.clone(),
+            retry_after_ms: self.queue_retry_ms(),
+        }
+    }
+
+    /// When a request refused for want of a `max_waiting` permit may find one: a sleeper
+    /// leaves at each slot, one interval apart, and none before a back-off ends.
+    fn queue_retry_ms(&self) -> u64 {
+        let interval_ms = 1000.0 / self.pace.rate.per_sec();
+        let hold_ms = self
+            .held
+            .remaining()
+            .map_or(0.0, |h| h.as_secs_f64() * 1000.0);
+        interval_ms.max(hold_ms).ceil().max(1.0) as u64
+    }
+}
+
+/// Until when the upstream asked this instance to back off: ms after `base`, 0 for never.
+struct Held {
+    base: Instant,
+    until_ms: AtomicU64,
+}
+
+impl Held {
+    fn new() -> Held {
+        Held {
+            base: Instant::now(),
+            until_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Holds until `hold` from now, unless a longer hold is in force already.
+    fn hold(&self, hold: Duration) {
+        let until = (self.base.elapsed() + hold).as_millis() as u64;
+        self.until_ms.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// What is left of the hold, if one is in force.
+    fn remaining(&self) -> Option<Duration> {
+        let until = self.until_ms.load(Ordering::Relaxed);
+        if until == 0 {
+            return None;
+        }
+        let until = Duration::from_millis(until);
+        until
+            .checked_sub(self.base.elapsed())
+            .filter(|rest| !rest.is_zero())
     }
 }
 
@@ -92,7 +206,10 @@ impl Pacer {
         let Some(hold) = retry_after(headers, SystemTime::now()) else {
             return;
         };
-        let hold_ms = hold.min(MAX_HOLD).as_millis() as u64;
+        let hold = hold.min(MAX_HOLD);
+        // this instance's requests hold off at once, those already sleeping too (`wait`)
+        self.held.hold(hold);
+        let hold_ms = hold.as_millis() as u64;
         match store.defer(&self.key, &self.pace, hold_ms, None).await {
             Ok(next) => tracing::info!(upstream = %self.upstream, hold_ms, next_slot_ms = next,
                 "upstream asked to back off: schedule held"),
