@@ -115,7 +115,15 @@ impl Reloader {
                 for warning in &loaded.warnings {
                     tracing::warn!("{warning}");
                 }
-                self.apply(loaded.config).await.map_err(ReloadError::Apply)
+                // in a task of its own: should building the new configuration panic, that
+                // reload fails and the next one is still made (the watch goes on)
+                let reloader = Reloader::new(self.shared.clone());
+                match tokio::spawn(async move { reloader.apply(loaded.config).await }).await {
+                    Ok(applied) => applied.map_err(ReloadError::Apply),
+                    Err(e) => Err(ReloadError::Apply(anyhow::anyhow!(
+                        "building the new configuration failed: {e}"
+                    ))),
+                }
             }
             Ok(Err(e)) => Err(ReloadError::Config(e)),
         };

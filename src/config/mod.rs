@@ -90,6 +90,8 @@ fn parse_with(
     env: &dyn Fn(&str) -> Option<String>,
     read_files: bool,
 ) -> Result<Loaded, ConfigError> {
+    // a file saved with a byte order mark (as some Windows editors write UTF-8)
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut tree = match tree::parse(text) {
         Ok(tree) => tree,
         Err(e) => {

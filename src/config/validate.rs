@@ -142,6 +142,26 @@ impl<'l> Checker<'l> {
         }
     }
 
+    /// [`Checker::positive`], and at most `max`.
+    pub fn positive_to(
+        &mut self,
+        field: &Field<u64>,
+        path: &Path,
+        key: &str,
+        max: u64,
+    ) -> Option<u64> {
+        match self.positive(field, path, key)? {
+            n if n > max => {
+                self.error(
+                    path.clone(),
+                    format!("{key} must be at most {max}, found {n}"),
+                );
+                None
+            }
+            n => Some(n),
+        }
+    }
+
     /// A duration key (a timeout) with a default; zero is refused, and so is more than a
     /// year, which no timeout needs and which past the clock's range would not add to an
     /// instant (tokio would panic, or never fire).
@@ -385,8 +405,15 @@ fn pace(chk: &mut Checker<'_>, raw: &RawPace, path: &Path) -> Option<PaceParts> 
         &path.key("max_delay"),
         units::parse_duration,
     );
+    // (more would be beyond any process's memory, and past the permits a semaphore holds)
+    const MOST_WAITING: u64 = 10_000_000;
     let max_waiting = chk
-        .positive(&raw.max_waiting, &path.key("max_waiting"), "max_waiting")
+        .positive_to(
+            &raw.max_waiting,
+            &path.key("max_waiting"),
+            "max_waiting",
+            MOST_WAITING,
+        )
         .and_then(|n| NonZeroUsize::new(usize::try_from(n).unwrap_or(usize::MAX)));
     if !raw.max_delay.is_given() && !raw.max_waiting.is_given() {
         let message = "pace without max_delay or max_waiting: requests wait for their slot \
@@ -450,6 +477,21 @@ fn parse_target(text: &str) -> Result<http::Uri, String> {
     }
     if uri.host().unwrap_or_default().is_empty() {
         return Err(bad());
+    }
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    if authority.contains('@') {
+        // (tollgate would not send them, and they would be shown wherever the target is)
+        return Err(format!(
+            "a target takes no user or password (send credentials with the client's \
+             Authorization header), found {text:?}"
+        ));
+    }
+    // (an IPv6 literal's colons are inside its brackets; a port past 65535 reads as none)
+    let after_host = authority
+        .rfind(']')
+        .map_or(authority, |i| &authority[i + 1..]);
+    if after_host.contains(':') && uri.port_u16().is_none() {
+        return Err(format!("a target's port is at most 65535, found {text:?}"));
     }
     let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
     if path != "/" && !path.is_empty() {

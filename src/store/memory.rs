@@ -34,6 +34,8 @@ pub struct MemoryStore {
 }
 
 struct Shards {
+    /// the keys a shard holds at most (the least recently used goes)
+    per_shard: usize,
     maps: Box<[Shard]>,
     hasher: Hasher,
     clock: Clock,
@@ -80,10 +82,13 @@ impl MemoryStore {
             .min(64);
         let per_shard = NonZeroUsize::new(max_keys.get().div_ceil(shard_count))
             .expect("max_keys >= 1, so each shard holds at least 1");
+        // (unbounded maps kept to `per_shard` here: a bounded one would reserve its whole
+        // bound up front, 16 GB for `max_keys: 10000000000`, before any key came)
         let maps = (0..shard_count)
-            .map(|_| Mutex::new(LruCache::with_hasher(per_shard, Hasher::default())))
+            .map(|_| Mutex::new(LruCache::unbounded_with_hasher(Hasher::default())))
             .collect();
         let shards = Arc::new(Shards {
+            per_shard: per_shard.get(),
             maps,
             hasher: Hasher::default(),
             clock: Clock::new(),
@@ -148,6 +153,9 @@ impl MemoryStore {
         if let Some(ttl) = ttl {
             let expires_at = now + ttl as f64;
             map.push(key.into(), Entry { state, expires_at });
+            if map.len() > shards.per_shard {
+                map.pop_lru();
+            }
         }
         answer
     }
@@ -268,6 +276,15 @@ mod tests {
             NonZeroU64::new(limit).unwrap(),
             Duration::from_secs(60),
         ))
+    }
+
+    /// The bound reserves nothing up front: any `max_keys` starts at once (a bounded map
+    /// reserved its whole bound: 16 GB for ten billion keys, a panic for more).
+    #[test]
+    fn a_huge_bound_reserves_nothing() {
+        let store = MemoryStore::new(NonZeroUsize::MAX);
+        assert!(store.decide("a", &fixed(1), Some(0.0)).allowed);
+        assert_eq!(store.len(), 1);
     }
 
     /// The key bound evicts the least recently used key, not the busiest.

@@ -470,3 +470,38 @@ fn bad_mode_and_incomplete_tls_are_errors() {
         ],
     );
 }
+
+/// Values no process could honour are refused where they are written: a `max_waiting` past
+/// what a semaphore holds, a target with credentials (never sent, shown in the clear) or a
+/// port out of range.
+#[test]
+fn values_past_what_can_be_honoured_are_errors() {
+    let text = MINIMAL.replace(
+        "    targets: [http://127.0.0.1:8000]",
+        "    targets: [http://127.0.0.1:8000]\n    pace: {rate: 10/s, max_waiting: 2305843009213693952}",
+    );
+    let got = problems(&text);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].contains("upstreams.api.pace.max_waiting: max_waiting must be at most 10000000, found 2305843009213693952"),
+        "{got:?}"
+    );
+    for (target, says) in [
+        (
+            "http://user:s3cret@127.0.0.1:8000",
+            "takes no user or password",
+        ),
+        ("http://127.0.0.1:89800", "port is at most 65535"),
+    ] {
+        let text = MINIMAL.replace("http://127.0.0.1:8000", target);
+        let got = problems(&text);
+        assert!(got.len() == 1 && got[0].contains(says), "{target}: {got:?}");
+    }
+}
+
+/// A file saved with a UTF-8 byte order mark reads as without it.
+#[test]
+fn a_byte_order_mark_is_skipped() {
+    let with_bom = format!("\u{feff}{MINIMAL}");
+    assert_eq!(ok(&with_bom).config, ok(MINIMAL).config);
+}
