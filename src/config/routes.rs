@@ -192,6 +192,10 @@ fn matcher(chk: &mut Checker<'_>, raw: &RawMatch, path: &Path) -> Option<RouteMa
         let Some(text) = given.get().filter(|t| t.starts_with('/')) else {
             continue;
         };
+        if let Some(message) = unmatchable_path(text) {
+            chk.warn(path.key(key), message);
+            continue;
+        }
         if let Ok(normal) = crate::routing::normalize_path(text) {
             if normal != *text {
                 let message = format!(
@@ -244,12 +248,84 @@ fn methods(chk: &mut Checker<'_>, raw: &Field<StrList>, path: &Path) -> Vec<Meth
         Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes())
             .map_err(|_| format!("expected an HTTP method such as GET or POST, found {m:?}"))
     });
-    for method in parsed {
+    for (j, method) in parsed.into_iter().enumerate() {
+        if let Some(message) = unmatchable_method(&method) {
+            chk.warn(path.index(j), message);
+        }
         if !methods.contains(&method) {
             methods.push(method);
         }
     }
     methods
+}
+
+/// Methods clients send beyond RFC 9110's and PATCH: WebDAV's, CalDAV's, caches' PURGE, the
+/// QUERY draft's.
+const KNOWN_EXTENSION_METHODS: [&str; 14] = [
+    "PROPFIND",
+    "PROPPATCH",
+    "MKCOL",
+    "COPY",
+    "MOVE",
+    "LOCK",
+    "UNLOCK",
+    "REPORT",
+    "SEARCH",
+    "MKCALENDAR",
+    "PURGE",
+    "LINK",
+    "UNLINK",
+    "QUERY",
+];
+
+/// Why a route's `methods` entry would match no request, or likely none (a misspelling).
+fn unmatchable_method(method: &Method) -> Option<String> {
+    let name = method.as_str();
+    if name == "*" {
+        return Some("\"*\" is no wildcard here: it matches no request; leave methods out to match every method".into());
+    }
+    if *method == Method::CONNECT {
+        return Some("CONNECT is refused (400) before routing: this never matches".into());
+    }
+    let standard = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::OPTIONS,
+        Method::TRACE,
+        Method::PATCH,
+    ];
+    (!standard.contains(method) && !KNOWN_EXTENSION_METHODS.contains(&name)).then(|| {
+        format!("{name:?} is not a method clients are known to send: only a request with exactly that method matches (a misspelling of another?)")
+    })
+}
+
+/// Why a route's `path` or `path_prefix` can never equal a request's path, with what to write
+/// instead: a request's path carries no query or fragment, and what is not allowed in a URI
+/// (spaces, non-ASCII letters) arrives percent-encoded.
+fn unmatchable_path(text: &str) -> Option<String> {
+    if let Some(c) = text.chars().find(|c| matches!(c, '?' | '#')) {
+        return Some(format!(
+            "never matches: a request's path does not hold its query or fragment, and {text:?} has {c:?}; match the path alone"
+        ));
+    }
+    let needs_encoding = |b: u8| !b.is_ascii_graphic() || b"\"<>\\^`{|}".contains(&b);
+    if !text.bytes().any(needs_encoding) {
+        return None;
+    }
+    let mut encoded = String::with_capacity(text.len() * 3);
+    for b in text.bytes() {
+        if needs_encoding(b) {
+            encoded.push_str(&format!("%{b:02X}"));
+        } else {
+            encoded.push(b as char);
+        }
+    }
+    Some(format!(
+        "never matches as written: clients send {text:?} percent-encoded; write {encoded:?}"
+    ))
 }
 
 /// `api.example.com` (exact) or `*.example.com` (any subdomain), compared in lowercase.

@@ -131,3 +131,35 @@ routes:
     );
     assert!(warnings(&paced("rate: 5/s, max_delay: 2s")).is_empty());
 }
+
+/// Route matches that no request would meet, as written, are warnings that say what to write:
+/// a method no client is known to send (a misspelling) or `*`, a path with a query, or with what
+/// clients send percent-encoded.
+#[test]
+fn matches_no_request_would_meet_are_warnings() {
+    let routes = "\
+routes:
+  - name: a
+    upstream: api
+    match: {methods: [GTE, \"*\", PURGE, get, PROPFIND]}
+  - name: b
+    upstream: api
+    match: {path: /ü}
+  - name: c
+    upstream: api
+    match: {path_prefix: /a b}
+  - name: d
+    upstream: api
+    match: {path: /q?x=1}
+";
+    assert_eq!(
+        warnings(&with_routes(routes)),
+        [
+            r#"proxy.yaml:8:23: routes[0].match.methods[0]: "GTE" is not a method clients are known to send: only a request with exactly that method matches (a misspelling of another?)"#,
+            r#"proxy.yaml:8:28: routes[0].match.methods[1]: "*" is no wildcard here: it matches no request; leave methods out to match every method"#,
+            r#"proxy.yaml:11:19: routes[1].match.path: never matches as written: clients send "/ü" percent-encoded; write "/%C3%BC""#,
+            r#"proxy.yaml:14:26: routes[2].match.path_prefix: never matches as written: clients send "/a b" percent-encoded; write "/a%20b""#,
+            r#"proxy.yaml:17:19: routes[3].match.path: never matches: a request's path does not hold its query or fragment, and "/q?x=1" has '?'; match the path alone"#,
+        ]
+    );
+}
