@@ -322,6 +322,29 @@ async fn leaky_bucket_limit_delays_then_refuses() {
     assert_eq!(got, [200, 200, 200, 429, 429, 429]);
 }
 
+/// A leaky bucket states its policy as the token bucket that admits the same at once: at 5/s
+/// with max_delay 1 s it takes 6 requests at once, refilled at 5/s — `q=6;w=2`, as a token
+/// bucket of burst 6 at 5/s states (not `w=1`, 6 per second, more than it lets through).
+#[tokio::test]
+async fn a_leaky_bucket_states_the_policy_of_the_token_bucket_it_matches() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    for (limits, expected) in [
+        (
+            "      - {name: l, algorithm: leaky_bucket, rate: 5/s, max_delay: 1s}",
+            r#""l";q=6;w=2"#,
+        ),
+        (
+            "      - {name: l, algorithm: token_bucket, rate: 5/s, burst: 6}",
+            r#""l";q=6;w=2"#,
+        ),
+    ] {
+        let proxy = Proxy::start(&config(&redis, &upstream, limits)).await;
+        let a = get(&proxy.url("/v1"), &[]).await;
+        assert_eq!(a.header("ratelimit-policy"), Some(expected), "{limits}");
+    }
+}
+
 /// `n` concurrent GETs of /v1; their statuses in completion-independent order.
 async fn concurrent(proxy: &Proxy, n: usize) -> Vec<u16> {
     let url = proxy.url("/v1");

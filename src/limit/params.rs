@@ -151,11 +151,16 @@ impl Algorithm {
                 u64::from(b.burst.get()),
                 f64::from(b.burst.get()) / b.rate.per_sec(),
             ),
+            // a leaky bucket admits at once the request it sends now and those it queues within
+            // max_delay: q of them, refilled at `rate` (the token bucket's burst and window, so
+            // the two state the same policy for the same traffic)
             Algorithm::LeakyBucket(p) => {
                 let queued = p
                     .max_delay_ms
-                    .map_or(1.0, |d| d / p.rate.interval_ms() + 1.0);
-                (queued.floor().max(1.0) as u64, 1.0 / p.rate.per_sec())
+                    .map_or(1.0, |d| d / p.rate.interval_ms() + 1.0)
+                    .floor()
+                    .max(1.0);
+                (queued as u64, queued / p.rate.per_sec())
             }
             Algorithm::FixedWindow(w)
             | Algorithm::SlidingWindow(w)
