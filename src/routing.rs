@@ -90,6 +90,29 @@ impl HostPattern {
     }
 }
 
+/// What keeps an authority from being a plain `host[:port]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthorityFault {
+    /// user information before the host (`user:pw@host`)
+    UserInfo,
+    /// a port that is not a number of 16 bits (`host:99999`)
+    Port,
+}
+
+/// Why `authority` is not a plain `host[:port]` (an empty port is the scheme's), if it is
+/// not: a request's target or `:authority`, an upstream target.
+pub fn authority_fault(authority: &str) -> Option<AuthorityFault> {
+    if authority.contains('@') {
+        return Some(AuthorityFault::UserInfo);
+    }
+    // (an IPv6 literal's colons are inside its brackets)
+    let after_host = authority
+        .rfind(']')
+        .map_or(authority, |i| &authority[i + 1..]);
+    let port = after_host.rsplit_once(':').map_or("", |(_, port)| port);
+    (!port.is_empty() && port.parse::<u16>().is_err()).then_some(AuthorityFault::Port)
+}
+
 /// The host of a `Host` value: without port, IPv6 brackets or the trailing dot of an absolute name.
 fn host_name(host: &str) -> &str {
     let name = if let Some(rest) = host.strip_prefix('[') {
@@ -206,6 +229,24 @@ impl RouteMatch {
 mod tests {
     use super::*;
     use http::HeaderMap;
+
+    /// An authority is plain `host[:port]`: user information or a port past 16 bits is not,
+    /// and an IPv6 literal's colons are not a port's.
+    #[test]
+    fn authority_faults() {
+        for plain in ["h", "h:80", "h:", "[::1]", "[::1]:443", "10.0.0.1:65535"] {
+            assert_eq!(authority_fault(plain), None, "{plain}");
+        }
+        for (bad, fault) in [
+            ("u@h", AuthorityFault::UserInfo),
+            ("u:pw@h:80", AuthorityFault::UserInfo),
+            ("h:99999", AuthorityFault::Port),
+            ("[::1]:65536", AuthorityFault::Port),
+            ("h:8o", AuthorityFault::Port),
+        ] {
+            assert_eq!(authority_fault(bad), Some(fault), "{bad}");
+        }
+    }
 
     fn prefix(p: &str) -> RouteMatch {
         RouteMatch {

@@ -19,6 +19,7 @@ use super::routes;
 use super::types::{AdminConfig, Config, HeaderStyle, Timeouts, TlsConfig, UpstreamConfig};
 use super::units;
 use crate::limit::Pace;
+use crate::routing::AuthorityFault;
 
 /// Collects errors and warnings while the typed config is built.
 pub(crate) struct Checker<'l> {
@@ -478,20 +479,18 @@ fn parse_target(text: &str) -> Result<http::Uri, String> {
     if uri.host().unwrap_or_default().is_empty() {
         return Err(bad());
     }
-    let authority = uri.authority().map_or("", |a| a.as_str());
-    if authority.contains('@') {
+    match crate::routing::authority_fault(uri.authority().map_or("", |a| a.as_str())) {
         // (tollgate would not send them, and they would be shown wherever the target is)
-        return Err(format!(
-            "a target takes no user or password (send credentials with the client's \
-             Authorization header), found {text:?}"
-        ));
-    }
-    // (an IPv6 literal's colons are inside its brackets; a port past 65535 reads as none)
-    let after_host = authority
-        .rfind(']')
-        .map_or(authority, |i| &authority[i + 1..]);
-    if after_host.contains(':') && uri.port_u16().is_none() {
-        return Err(format!("a target's port is at most 65535, found {text:?}"));
+        Some(AuthorityFault::UserInfo) => {
+            return Err(format!(
+                "a target takes no user or password (send credentials with the client's \
+                 Authorization header), found {text:?}"
+            ))
+        }
+        Some(AuthorityFault::Port) => {
+            return Err(format!("a target's port is at most 65535, found {text:?}"))
+        }
+        None => {}
     }
     let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
     if path != "/" && !path.is_empty() {

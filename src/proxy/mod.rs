@@ -35,7 +35,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::identity;
 use crate::metrics::{Metrics, RouteSeries};
-use crate::routing::{normalize_path, strip_prefix, PathMatch, RequestParts, RouteTable};
+use crate::routing::{
+    self, normalize_path, strip_prefix, AuthorityFault, PathMatch, RequestParts, RouteTable,
+};
 use crate::store::{Store, StoreError};
 use respond::Shown;
 
@@ -556,29 +558,12 @@ fn refused_request_line<B>(req: &Request<B>) -> Option<&'static str> {
     if !matches!(uri.scheme_str(), None | Some("http") | Some("https")) {
         return Some("malformed request target: the scheme is not http or https");
     }
-    match uri.authority() {
-        Some(a) if !well_formed_authority(a.as_str()) => {
-            Some("malformed request target: user information or a bad port")
-        }
-        _ => None,
-    }
-}
-
-/// `host[:port]` without user information, its port (if any) a number that fits 16 bits.
-fn well_formed_authority(authority: &str) -> bool {
-    if authority.contains('@') {
-        return false;
-    }
-    // (an IPv6 literal's colons are inside its brackets)
-    let after_host = authority
-        .rfind(']')
-        .map_or(authority, |i| &authority[i + 1..]);
-    match after_host.rfind(':') {
-        None => true,
-        Some(i) => {
-            let port = &after_host[i + 1..];
-            port.is_empty() || port.parse::<u16>().is_ok()
-        }
+    match uri
+        .authority()
+        .and_then(|a| routing::authority_fault(a.as_str()))?
+    {
+        AuthorityFault::UserInfo => Some("malformed request target: user information"),
+        AuthorityFault::Port => Some("malformed request target: a port out of range"),
     }
 }
 

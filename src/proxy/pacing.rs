@@ -151,7 +151,7 @@ impl Pacer {
     /// When a request refused for want of a `max_waiting` permit may find one: a sleeper
     /// leaves at each slot, one interval apart, and none before a back-off ends.
     fn queue_retry_ms(&self) -> u64 {
-        let interval_ms = 1000.0 / self.pace.rate.per_sec();
+        let interval_ms = self.pace.rate.interval_ms();
         let hold_ms = self
             .held
             .remaining()
