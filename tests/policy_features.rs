@@ -2,7 +2,9 @@
 
 mod common;
 
-use common::{get, Proxy, Redis, Upstream};
+use std::time::Duration;
+
+use common::{clear_of_hour_end, get, Proxy, Redis, Upstream};
 
 fn config(redis: &Redis, upstream: &Upstream, limit_extra: &str) -> String {
     format!(
@@ -31,6 +33,8 @@ async fn shadow_limit_counts_but_never_denies() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
     let proxy = Proxy::start(&config(&redis, &upstream, "        mode: shadow\n")).await;
+    // (the hourly window must not end under the count)
+    clear_of_hour_end(Duration::from_secs(5)).await;
     // the limit's figures on every response, also once the shadow limit would deny
     for left in [1, 0, 0, 0, 0] {
         let a = get(&proxy.url("/"), &[]).await;
@@ -104,6 +108,7 @@ async fn exempt_networks_skip_the_limit() {
     );
     let other = config(&redis, &upstream, "        exempt: [10.0.0.0/8]\n");
     let proxy = Proxy::start(&other).await;
+    clear_of_hour_end(Duration::from_secs(5)).await;
     let mut got = Vec::new();
     for _ in 0..3 {
         got.push(get(&proxy.url("/"), &[]).await.status);

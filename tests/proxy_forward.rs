@@ -20,7 +20,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use common::{get, http_client, send, Answer, Proxy, Upstream};
+use common::{clear_of_hour_end, get, http_client, send, Answer, Proxy, Upstream};
 
 /// The body type of the harness's client (`common::send`).
 type TestBody =
@@ -1473,6 +1473,8 @@ routes:
         upstream.url()
     );
     let proxy = Proxy::start(&yaml).await;
+    // (the hourly window must not end between the two POSTs)
+    clear_of_hour_end(Duration::from_secs(5)).await;
     let post = |method: &str| {
         format!(
             "{method} /login HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{get, Proxy, Redis, Upstream};
+use common::{clear_of_hour_end, get, hour_left_ms, Proxy, Redis, Upstream};
 
 /// The statuses of `n` sequential GETs of `path` with `headers`.
 async fn statuses(proxy: &Proxy, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
@@ -429,8 +429,9 @@ const BUCKET_THEN_HOURLY: &str = "      - name: per-client
 
 /// A request that a later limit refuses costs the earlier ones nothing: the bucket before the
 /// hourly window is not drained by the requests the window refuses, so each refusal names the
-/// window and waits for it (not the bucket's short refill, an early Retry-After); with Redis
-/// the bucket's key holds the one token the admitted request took, and on both stores.
+/// window and waits for it (to the clock hour's end, not the bucket's short refill, an early
+/// Retry-After); with Redis the bucket's key holds the one token the admitted request took, and
+/// on both stores.
 #[tokio::test]
 async fn a_request_refused_by_a_later_limit_costs_the_earlier_ones_nothing() {
     let redis = Redis::start();
@@ -440,6 +441,7 @@ async fn a_request_refused_by_a_later_limit_costs_the_earlier_ones_nothing() {
         memory_config(&upstream, BUCKET_THEN_HOURLY),
     ] {
         let proxy = Proxy::start(&yaml).await;
+        clear_of_hour_end(Duration::from_secs(10)).await;
         assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 200);
         for i in 0..6 {
             let denied = get(&proxy.url("/v1"), &[]).await;
@@ -447,7 +449,7 @@ async fn a_request_refused_by_a_later_limit_costs_the_earlier_ones_nothing() {
             let body: serde_json::Value = serde_json::from_str(&denied.body).unwrap();
             assert_eq!(body["limit"], "hourly", "{i}: {denied:?}");
             let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
-            assert!(retry > 60, "{i}: Retry-After {retry}");
+            assert_window_end(retry, &format!("{i}"));
         }
         drop(proxy);
     }
@@ -459,6 +461,16 @@ async fn a_request_refused_by_a_later_limit_costs_the_earlier_ones_nothing() {
         .unwrap();
     assert!((1..=60_000).contains(&ttl), "PTTL {ttl}");
     assert_eq!(upstream.seen().len(), 2);
+}
+
+/// An hourly fixed window's Retry-After (whole seconds, rounded up) is the clock hour's end,
+/// within the test's own pace.
+fn assert_window_end(retry: u64, what: &str) {
+    let left = hour_left_ms().div_ceil(1000);
+    assert!(
+        retry.abs_diff(left) <= 3,
+        "{what}: Retry-After {retry}, the hour ends in {left} s"
+    );
 }
 
 /// A leaky bucket before a limit that refuses: the refusal is answered at once, not after the
@@ -610,6 +622,7 @@ async fn the_retry_after_of_a_refusal_is_the_longest_of_the_limits_refusing() {
         memory_config(&upstream, limits),
     ] {
         let proxy = Proxy::start(&yaml).await;
+        clear_of_hour_end(Duration::from_secs(10)).await;
         for _ in 0..2 {
             assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 200);
         }
@@ -622,11 +635,9 @@ async fn the_retry_after_of_a_refusal_is_the_longest_of_the_limits_refusing() {
                 "the first refusing limit answers"
             );
             let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
-            assert!(
-                retry > 60,
-                "{i}: Retry-After {retry}: the hourly window's wait"
-            );
-            assert!(body["retry_after_ms"].as_u64().unwrap() > 60_000, "{body}");
+            assert_window_end(retry, &format!("{i}: the hourly window's wait"));
+            let retry_ms = body["retry_after_ms"].as_u64().unwrap();
+            assert!(retry_ms.abs_diff(hour_left_ms()) < 3_000, "{body}");
         }
         drop(proxy);
         redis.cli(&["flushall"]);

@@ -538,3 +538,23 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Milliseconds left of the current clock hour: what a `fixed_window` of `1h` has left (its
+/// windows start on the epoch's hours).
+pub fn hour_left_ms() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    3_600_000 - (now.as_millis() % 3_600_000) as u64
+}
+
+/// Waits out the end of the clock hour when less than `margin` of it is left, so that a test
+/// reading an hourly window's answers cannot see the window end under it. Returns what is left
+/// of the hour then, in milliseconds.
+pub async fn clear_of_hour_end(margin: Duration) -> u64 {
+    let left = hour_left_ms();
+    if left < margin.as_millis() as u64 {
+        tokio::time::sleep(Duration::from_millis(left + 200)).await;
+    }
+    hour_left_ms()
+}
