@@ -1686,3 +1686,37 @@ async fn expect_continue_is_answered_here_and_not_passed_on() {
         seen[0].headers
     );
 }
+
+/// An HTTP/1.0 client asking for keep-alive is told `Connection: close` when the response has
+/// no length (a streamed body ends with the connection), and `keep-alive` when it has one,
+/// and then its connection serves the next request.
+#[tokio::test]
+async fn an_http10_response_without_a_length_says_close() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", STRIP)).await;
+    let streamed = raw(
+        proxy.addr,
+        b"GET /v1/bytes/100 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+    )
+    .await;
+    let (head, body) = streamed.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.0 200"), "{streamed}");
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("connection: close"), "{head}");
+    assert!(!head.contains("keep-alive"), "{head}");
+    assert_eq!(body, "x".repeat(100));
+    // a response with a length keeps the connection: two requests on one, then the second
+    // asks to close
+    let sized = raw(
+        proxy.addr,
+        b"GET /v1/sized HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /v1/sized HTTP/1.0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(sized.matches("HTTP/1.0 200").count(), 2, "{sized}");
+    assert!(
+        sized
+            .to_ascii_lowercase()
+            .contains("connection: keep-alive"),
+        "{sized}"
+    );
+}

@@ -324,6 +324,7 @@ impl Proxy {
     pub async fn handle(&self, req: Request<Incoming>, conn: Conn) -> Response<Body> {
         // an HTTP/1 CONNECT is refused, and the bytes after it (the tunnel's) are no requests
         let close = *req.method() == http::Method::CONNECT && req.version() < http::Version::HTTP_2;
+        let http10 = req.version() == http::Version::HTTP_10;
         let mut record = Record {
             proxy: self,
             started: Instant::now(),
@@ -357,7 +358,15 @@ impl Proxy {
         if let Some(shown) = &record.outcome.shown {
             respond::add_rate_headers(resp.headers_mut(), self.settings.headers, shown);
         }
-        if close {
+        // An HTTP/1.0 client's response of no known length ends with its connection: say so
+        // (as nginx). hyper adds `keep-alive` to the `Connection` of a response to a keep-alive
+        // request unless the response itself is HTTP/1.0, which it then closes.
+        let unsized_for_http10 =
+            http10 && hyper::body::Body::size_hint(resp.body()).exact().is_none();
+        if unsized_for_http10 {
+            *resp.version_mut() = http::Version::HTTP_10;
+        }
+        if close || unsized_for_http10 {
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
