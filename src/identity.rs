@@ -15,7 +15,7 @@ use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
 pub use key::{
-    client_key, escape_key_value, push_ip, push_key_head, shorten_client, KeyContext,
+    client_key, escape_key_value, override_key, push_ip, push_key_head, shorten_client, KeyContext,
     MAX_CLIENT_KEY_LEN,
 };
 

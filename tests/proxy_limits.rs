@@ -216,6 +216,59 @@ async fn separate_buckets_per_api_key_with_override() {
     }
 }
 
+/// An override names a client as its requests send the key: a value with a space, `%`, `|`,
+/// braces or non-ASCII, and an address in another notation (`::ffff:127.0.0.1` is this test's
+/// client), apply to those requests. In Redis the client part is escaped, braces too: no client
+/// picks the Cluster slot of its keys with a `{hash tag}`.
+#[tokio::test]
+async fn overrides_name_clients_as_their_requests_send_them() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let limits = r#"      - name: per-key
+        algorithm: fixed_window
+        key: header:x-api-key
+        limit: 1
+        window: 1h
+        overrides:
+          "a b|c%": {limit: 3}
+          "{tag}": {limit: 3}
+          "h\u00e9llo": {limit: 3}
+      - name: per-ip
+        algorithm: fixed_window
+        limit: 9
+        window: 1h
+        overrides:
+          "0:0:0:0:0:FFFF:7F00:1": {limit: 12}"#;
+    let proxy = Proxy::start(&config(&redis, &upstream, limits)).await;
+    clear_of_hour_end(Duration::from_secs(5)).await;
+    for key in ["a b|c%", "{tag}", "h\u{e9}llo"] {
+        let got = statuses(&proxy, "/v1", &[("x-api-key", key)], 4).await;
+        assert_eq!(got, [200, 200, 200, 429], "{key:?}: the override's limit");
+    }
+    // the ip limit's override: 12, not 9, for this client (9 admitted so far; the refused
+    // ones were given back)
+    let mut got = Vec::new();
+    for key in ["z1", "z2", "z3", "z4"] {
+        got.push(get(&proxy.url("/v1"), &[("x-api-key", key)]).await.status);
+    }
+    assert_eq!(got, [200, 200, 200, 429]);
+    let keys = redis.cli(&["--scan", "--pattern", "tollgate:api:per-key:*"]);
+    let mut keys: Vec<&str> = keys.lines().collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "tollgate:api:per-key:%7Btag%7D",
+            "tollgate:api:per-key:a%20b%7Cc%25",
+            "tollgate:api:per-key:h%C3%A9llo",
+            "tollgate:api:per-key:z1",
+            "tollgate:api:per-key:z2",
+            "tollgate:api:per-key:z3",
+            "tollgate:api:per-key:z4",
+        ]
+    );
+}
+
 /// X-Forwarded-For from an untrusted peer is ignored: a client cannot pick its own identity.
 #[tokio::test]
 async fn spoofed_forwarded_for_from_untrusted_peer_is_ignored() {

@@ -11,11 +11,11 @@ use std::time::Duration;
 use http::HeaderName;
 
 use super::problem::{one_of, or_list, Path};
-use super::raw::{Field, RawAlgorithm, RawLimit, RawMode, RawParams};
+use super::raw::{Field, RawAlgorithm, RawLimit, RawMode, RawParams, StrList};
 use super::types::{LimitConfig, Mode};
 use super::units::{self, ParsedRate};
 use super::validate::{check_name, parse_net, Checker};
-use crate::identity::KeyPart;
+use crate::identity::{self, KeyPart};
 use crate::limit::{Algorithm, Bucket, Pace, ParamError, Window};
 
 /// Validates one limit; `None` when it cannot be built (the reasons are reported).
@@ -29,6 +29,11 @@ pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Optio
         chk.error(path.key("key"), "needs at least one part, such as ip");
     }
     let mut key = chk.parse_list(&raw.key, &path.key("key"), parse_key_part);
+    // (the key's own problems are reported; its overrides are not read against part of it)
+    let key_whole = raw.key.get().is_none_or(|k| match k {
+        StrList::One(_) => key.len() == 1,
+        StrList::Many(items) => key.len() == items.len(),
+    });
     if !raw.key.is_given() {
         key.push(KeyPart::Ip);
     }
@@ -44,19 +49,37 @@ pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Optio
                        far off it is; set max_delay to answer 429 past it";
         chk.warn(path.clone(), message);
     }
-    let mut overrides = Vec::new();
+    let mut overrides: Vec<(String, Algorithm)> = Vec::new();
+    // the client keys named so far, with the value naming each
+    let mut named = std::collections::HashMap::new();
     for (value, field) in raw.overrides.get().map_or(&[][..], |o| o.0.as_slice()) {
         let opath = path.key("overrides").key(value);
         let Some(params) = chk.item(field, &opath, "parameters such as {rate: 100/s}") else {
             continue;
         };
+        // the override's client as the proxy keys it (escaped, an address in one notation);
+        // one no request can have is kept as written, with a warning (SPEC's own example has
+        // an API key under `key: ip`)
+        let client = match identity::override_key(&key, value) {
+            Ok(client) => client,
+            Err(message) => {
+                if key_whole {
+                    chk.warn(opath.clone(), format!("matches no request: {message}"));
+                }
+                value.clone()
+            }
+        };
+        if let Some(first) = named.insert(client.clone(), value) {
+            let message = format!("names the same client as {first:?}; this one applies");
+            chk.warn(opath.clone(), message);
+        }
         let given = Params::read(chk, params, &opath);
         if let Some(kind) = kind {
             given.check_belongs(chk, kind);
             // Built only over a valid limit: a limit's own problem would repeat per override.
             if algorithm.is_some() {
                 if let Some(alg) = given.over(&own).build(chk, kind, &opath) {
-                    overrides.push((value.clone(), alg));
+                    overrides.push((client, alg));
                 }
             }
         }

@@ -38,9 +38,9 @@ pub struct KeyContext<'a> {
 /// * parts are joined by `|`;
 /// * `ip` is the address as text (`192.0.2.7`, `2001:db8::1`);
 /// * every other value (header, decoded query parameter, host, path, route) is written as is,
-///   except that bytes outside visible ASCII and the two bytes `%` and `|` are escaped as `%XX`
-///   (uppercase hex), so typical API keys and tenant names appear unchanged and a value cannot
-///   forge a `|`;
+///   except that bytes outside visible ASCII and the bytes `%`, `|`, `{` and `}` are escaped as
+///   `%XX` (uppercase hex), so typical API keys and tenant names appear unchanged, a value cannot
+///   forge a `|`, and no client picks its keys' Redis Cluster slot with a `{hash tag}`;
 /// * a missing or empty `header:` / `query:` value falls back to the client address, written
 ///   `%ip=ADDR`. Its `%` is not followed by two hex digits, which no escaped value can contain, so
 ///   a client cannot send `x-api-key: 192.0.2.7` (or `ip=192.0.2.7`) to drain the bucket of the
@@ -78,8 +78,47 @@ pub fn client_key(parts: &[KeyPart], ctx: &KeyContext<'_>, out: &mut String) {
     }
 }
 
-/// Appends `value` escaped as [`client_key`] escapes each value, so that, for example, a key
-/// written in the configuration (an override) compares equal to the key built from a request.
+/// The client key [`client_key`] builds for the request an override names: `written` is the
+/// values of `parts` as a request carries them, joined by `|` when there are several (`ip`
+/// as an address in any notation, `host` in any case, with or without a port; a header or a
+/// query parameter as sent, decoded). An error says why no request has that key.
+pub fn override_key(parts: &[KeyPart], written: &str) -> Result<String, String> {
+    let values: Vec<&str> = if parts.len() > 1 {
+        written.split('|').collect()
+    } else {
+        vec![written]
+    };
+    if values.len() != parts.len() {
+        return Err(format!(
+            "the key has {} parts: write their values joined by `|` (found {})",
+            parts.len(),
+            values.len()
+        ));
+    }
+    let mut out = String::new();
+    for (index, (part, value)) in parts.iter().zip(values).enumerate() {
+        if index > 0 {
+            out.push('|');
+        }
+        match part {
+            KeyPart::Ip => match value.trim().parse::<IpAddr>() {
+                Ok(ip) => push_ip(&mut out, ip.to_canonical()),
+                Err(_) => return Err(format!("{value:?} is not an IP address (key part ip)")),
+            },
+            KeyPart::Header(_) | KeyPart::Query(_) if value.is_empty() => {
+                return Err("an empty value: a request without one counts as its address".into())
+            }
+            KeyPart::Host => {
+                let host = host_name(value);
+                push_escaped(&mut out, host.bytes().map(|b| b.to_ascii_lowercase()));
+            }
+            _ => escape_key_value(value.as_bytes(), &mut out),
+        }
+    }
+    Ok(out)
+}
+
+/// Appends `value` escaped as [`client_key`] escapes each value.
 pub fn escape_key_value(value: &[u8], out: &mut String) {
     match std::str::from_utf8(value) {
         Ok(text) if value.iter().all(|&b| is_key_safe(b)) => out.push_str(text),
@@ -140,9 +179,10 @@ fn push_fallback(out: &mut String, ip: IpAddr) {
     push_ip(out, ip);
 }
 
-/// Visible ASCII except `%` (the escape) and `|` (the part separator).
+/// Visible ASCII except `%` (the escape), `|` (the part separator) and the braces of a Redis
+/// Cluster hash tag: a client must not choose the slot (the node) its keys go to.
 fn is_key_safe(byte: u8) -> bool {
-    byte.is_ascii_graphic() && byte != b'%' && byte != b'|'
+    byte.is_ascii_graphic() && !matches!(byte, b'%' | b'|' | b'{' | b'}')
 }
 
 fn push_escaped(out: &mut String, bytes: impl Iterator<Item = u8>) {
@@ -320,6 +360,45 @@ mod tests {
             key_with(&two, &headers("x-api-key", &[b"a"]), None, None),
             "a|192.0.2.7"
         );
+    }
+
+    /// A value's braces are escaped: a `{hash tag}` would let a client choose the Redis Cluster
+    /// slot, and so the node, of its keys.
+    #[test]
+    fn braces_are_escaped() {
+        let sent = headers("x-api-key", &[b"{k1}x"]);
+        assert_eq!(key_with(&[api_key()], &sent, None, None), "%7Bk1%7Dx");
+    }
+
+    /// An override names a client as its request carries the key's values; its key is the one
+    /// built from such a request: spaces, `%`, `|`, braces and non-ASCII escaped alike, an
+    /// address in any notation, a host in any case or with a port, several parts joined by `|`.
+    #[test]
+    fn override_keys_are_the_keys_of_their_requests() {
+        let same = |parts: &[KeyPart], written: &str, sent: HeaderMap, query, host| {
+            assert_eq!(
+                override_key(parts, written).unwrap(),
+                key_with(parts, &sent, query, host),
+                "{written:?}"
+            );
+        };
+        let none = HeaderMap::new;
+        let sent = |value: &str| headers("x-api-key", &[value.as_bytes()]);
+        same(&[api_key()], "a b|c%{d}", sent("a b|c%{d}"), None, None);
+        same(&[api_key()], "h\u{e9}llo", sent("h\u{e9}llo"), None, None);
+        let query = [KeyPart::Query("k".into())];
+        same(&query, "a b", none(), Some("k=a+b"), None);
+        let host = Some("api.example.COM");
+        same(&[KeyPart::Host], "API.Example.com:8443", none(), None, host);
+        let two = [KeyPart::Ip, api_key()];
+        same(&two, "192.0.2.7|gold", sent("gold"), None, None);
+        same(&[KeyPart::Ip], " 192.0.2.7", none(), None, None);
+        let v6 = |ip: &str| override_key(&[KeyPart::Ip], ip).unwrap();
+        assert_eq!(v6("2001:DB8:0::1"), "2001:db8::1");
+        assert_eq!(v6("::ffff:192.0.2.7"), "192.0.2.7");
+        assert!(override_key(&[KeyPart::Ip], "gold").is_err());
+        assert!(override_key(&[KeyPart::Ip, api_key()], "192.0.2.7").is_err());
+        assert!(override_key(&[api_key()], "").is_err());
     }
 
     /// Query values are form-decoded (then escaped); names match after decoding; missing falls back.

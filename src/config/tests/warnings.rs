@@ -163,3 +163,39 @@ routes:
         ]
     );
 }
+
+/// An override no request can have is a warning (SPEC's own example has an API key under
+/// `key: ip`), as are two written differently for one client (an address in two notations).
+#[test]
+fn overrides_no_request_can_have_are_warnings() {
+    let routes = "\
+routes:
+  - name: a
+    upstream: api
+    limits:
+      - name: l
+        algorithm: fixed_window
+        limit: 1
+        window: 1m
+        overrides:
+          vip: {limit: 5}
+          \"2001:DB8::1\": {limit: 5}
+          \"2001:db8:0::1\": {limit: 6}
+      - name: m
+        algorithm: fixed_window
+        key: [ip, header:x-api-key]
+        limit: 1
+        window: 1m
+        overrides:
+          \"192.0.2.1\": {limit: 5}
+          \"192.0.2.1|gold\": {limit: 5}
+";
+    assert_eq!(
+        warnings(&with_routes(routes)),
+        [
+            r#"proxy.yaml:14:16: routes[0].limits[0].overrides.vip: matches no request: "vip" is not an IP address (key part ip)"#,
+            r#"proxy.yaml:16:28: routes[0].limits[0].overrides["2001:db8:0::1"]: names the same client as "2001:DB8::1"; this one applies"#,
+            r#"proxy.yaml:23:24: routes[0].limits[1].overrides["192.0.2.1"]: matches no request: the key has 2 parts: write their values joined by `|` (found 1)"#,
+        ]
+    );
+}
