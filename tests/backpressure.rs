@@ -122,7 +122,7 @@ store: {{backend: redis, url: "{}", timeout: 500ms}}
 upstreams:
   api:
     targets: [{upstream}]
-    pace: {{rate: 5/s, max_delay: 10s}}
+    pace: {{rate: 2/s, max_delay: 10s}}
 routes:
   - name: api
     upstream: api
@@ -133,7 +133,8 @@ routes:
     let busy_url = proxy.url("/busy");
     let busy = tokio::spawn(async move { get(&busy_url, &[]).await.status });
     tokio::time::sleep(Duration::from_millis(50)).await;
-    // slots 200, 400 … 1000 ms after /busy's: most still sleeping when its 503 comes back
+    // slots 500, 1000 … 2500 ms after /busy's: all still sleeping when its 503 comes back
+    // (at 300 ms)
     let sleepers: Vec<_> = (0..5)
         .map(|i| {
             let url = proxy.url(&format!("/x{i}"));

@@ -259,8 +259,9 @@ async fn server_clock_decisions_match_expectations() {
         seen.push(redis.check("live", &alg, None).await.unwrap());
     }
     assert_eq!(allowed(&seen), [true, true, true, false]);
+    // (the next token a second after the first check, less the time the four took)
     assert!(
-        (900..=1000).contains(&seen[3].retry_after_ms),
+        (500..=1000).contains(&seen[3].retry_after_ms),
         "{:?}",
         seen[3]
     );

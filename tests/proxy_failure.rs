@@ -310,8 +310,8 @@ async fn denied_flood_is_served_from_deny_cache_with_honest_retry_after() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
     let store = "  timeout: 500ms\n  on_error: deny";
-    // one token every 5 s: the flood ends long before the next one
-    let proxy = Proxy::start(&config(&redis, &upstream, store, "1/5s", 3)).await;
+    // one token every 10 s: the flood ends long before the next one
+    let proxy = Proxy::start(&config(&redis, &upstream, store, "1/10s", 3)).await;
     let client = "10.0.0.1";
     assert_eq!(statuses(&proxy, client, 3).await, vec![200; 3]);
     // so that Redis's own answers name a time well inside their whole second (see below)
@@ -347,14 +347,14 @@ async fn denied_flood_is_served_from_deny_cache_with_honest_retry_after() {
             .unwrap();
         let body: serde_json::Value = serde_json::from_str(&a.body).unwrap();
         let retry_ms = body["retry_after_ms"].as_u64().expect("retry_after_ms");
-        assert!((1..=5).contains(&retry_secs), "{a:?}");
+        assert!((1..=10).contains(&retry_secs), "{a:?}");
         assert_eq!(retry_secs, retry_ms.div_ceil(1000).max(1), "{a:?}");
         let (r, t) = ratelimit_r_t(a);
         assert_eq!(r, 0, "{a:?}");
-        assert!(t > 0 && t >= retry_secs && t <= 15, "{a:?}");
+        assert!(t > 0 && t >= retry_secs && t <= 30, "{a:?}");
         assert_eq!(
             a.header("ratelimit-policy"),
-            Some(r#""per-client";q=3;w=15"#)
+            Some(r#""per-client";q=3;w=30"#)
         );
         // the time this answer names; `received` is no earlier than when it was written
         let named = *received + Duration::from_millis(retry_ms);
@@ -433,7 +433,7 @@ async fn deny_cache_is_not_early_after_a_slow_answer() {
         let a = get(&url, &[("x-forwarded-for", client)]).await;
         (a, Instant::now())
     });
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     redis.signal("-CONT");
     let (first, first_at) = slow.await.unwrap();
     let (cached, _) = request(&proxy, client).await;
@@ -446,9 +446,10 @@ async fn deny_cache_is_not_early_after_a_slow_answer() {
     };
     let named_first = first_at + retry_ms(&first);
     let named_cached = cached_at + retry_ms(&cached);
-    // both name the same admit time, give or take the few ms between the two answers
+    // both name the same admit time, give or take the few ms between the two answers (a
+    // cache reckoning from when the call was sent would be the pause, a second, early)
     assert!(
-        named_cached + Duration::from_millis(100) >= named_first,
+        named_cached + Duration::from_millis(300) >= named_first,
         "the cached denial names a time {:?} before Redis's",
         named_first - named_cached
     );

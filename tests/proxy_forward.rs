@@ -142,12 +142,6 @@ async fn raw(addr: SocketAddr, request: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// A port on which nothing listens.
-fn dead_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
 // ---------------------------------------------------------------------------------------------
 // An upstream of this file's own, for what the harness's cannot show: it counts the TCP
 // connections it accepts, answers `/v1/hop` with hop-by-hop headers, answers `/v1/drain`
@@ -1089,7 +1083,8 @@ async fn bad_percent_encoding_is_400() {
 /// A target that refuses connections: 502 with a JSON body.
 #[tokio::test]
 async fn refused_connection_is_502_json() {
-    let target = format!("http://127.0.0.1:{}", dead_port());
+    let held = common::DeadPort::new();
+    let target = format!("http://127.0.0.1:{}", held.port());
     let proxy = Proxy::start(&config(&[target], "", "", "")).await;
     let a = get(&proxy.url("/v1/x"), &[]).await;
     assert_eq!(a.status, 502, "{a:?}");

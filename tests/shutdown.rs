@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{get, Proxy, Upstream};
+use common::{eventually, get, Proxy, Upstream};
 
 /// In-flight requests, including one sleeping in pacing, finish after shutdown begins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,15 +40,20 @@ routes:
         tokio::spawn(async move { get(&url, &[]).await })
     };
     let (slow, paced) = (in_flight("/slow/600"), in_flight("/p1"));
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // both read by the proxy: the slow one at the upstream, the paced one waiting for its slot
+    // (half a second after /p0's)
+    eventually(Duration::from_secs(5), || async {
+        upstream.seen().iter().any(|s| s.uri == "/slow/600")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let addr = proxy.addr;
     let started = Instant::now();
     let stopping = tokio::spawn(proxy.shutdown());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        tokio::net::TcpStream::connect(addr).await.is_err(),
-        "no longer accepting"
-    );
+    eventually(Duration::from_secs(2), || async {
+        tokio::net::TcpStream::connect(addr).await.is_err()
+    })
+    .await;
     assert_eq!(slow.await.unwrap().status, 200);
     assert_eq!(paced.await.unwrap().status, 200);
     stopping.await.unwrap();

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{get, Proxy, Upstream};
+use common::{eventually, get, Proxy, Upstream};
 
 /// Threads of this process named as tollgate's worker threads (`tollgate-w<k>`).
 fn worker_threads() -> usize {
@@ -70,7 +70,11 @@ routes:
             tokio::spawn(async move { get(&url, &[]).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    eventually(Duration::from_secs(5), || async {
+        let seen = upstream.seen();
+        (0..3).all(|i| seen.iter().any(|s| s.uri == format!("/slow/{}", 500 + i)))
+    })
+    .await;
     let started = Instant::now();
     proxy.shutdown().await;
     for (i, answer) in in_flight.into_iter().enumerate() {

@@ -55,30 +55,63 @@ impl Redis {
             dir: tempfile::tempdir().expect("temp dir"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
-        redis.spawn();
+        redis.spawn(true);
         redis
     }
 
-    fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !ping(self.port) {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on port {} did not answer PING",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(10));
+    /// Starts redis-server on `self.port` and waits until it answers PING. A port another
+    /// process took between [`free_port`] and the server's bind makes the server exit: a first
+    /// start then moves to another port (`may_move`); a restart, whose clients know the port,
+    /// fails saying so. (The PING must come from this server, not from whatever holds the port.)
+    fn spawn(&mut self, may_move: bool) {
+        loop {
+            let mut child = Command::new("redis-server")
+                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+                .arg("--dir")
+                .arg(self.dir.path())
+                .args(&self.extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start redis-server");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let exited = loop {
+                if let Some(status) = child.try_wait().expect("redis-server's status") {
+                    break Some(status);
+                }
+                if ping(self.port) {
+                    // (a server that could not bind exits at once: still running, it is ours)
+                    std::thread::sleep(Duration::from_millis(20));
+                    match child.try_wait().expect("redis-server's status") {
+                        None => break None,
+                        Some(status) => break Some(status),
+                    }
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "redis-server on port {} did not answer PING",
+                    self.port
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            match exited {
+                None => {
+                    self.child = Some(child);
+                    return;
+                }
+                Some(status) if may_move => {
+                    eprintln!(
+                        "redis-server on port {} exited ({status}): another port",
+                        self.port
+                    );
+                    self.port = free_port();
+                }
+                Some(status) => panic!(
+                    "redis-server could not start again on port {} ({status}): taken meanwhile?",
+                    self.port
+                ),
+            }
         }
     }
 
@@ -98,7 +131,7 @@ impl Redis {
     /// Starts the server again on the same port, empty.
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        self.spawn(false);
     }
 
     /// Pauses the server (SIGSTOP) or resumes it (SIGCONT).
@@ -557,4 +590,22 @@ pub async fn clear_of_hour_end(margin: Duration) -> u64 {
         tokio::time::sleep(Duration::from_millis(left + 200)).await;
     }
     hour_left_ms()
+}
+
+/// A local port on which nothing listens, held (bound, not listening) while this lives, so no
+/// other test's server takes it meanwhile: a connection to it is refused.
+pub struct DeadPort(tokio::net::TcpSocket);
+
+impl DeadPort {
+    pub fn new() -> DeadPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind("127.0.0.1:0".parse().expect("an address"))
+            .expect("bind a free port");
+        DeadPort(socket)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.0.local_addr().expect("bound").port()
+    }
 }
