@@ -128,14 +128,31 @@ fn http_builder() -> auto::Builder<TokioExecutor> {
     builder
 }
 
-/// Whether the client's `Accept` asks for OpenMetrics (Prometheus's scraper does).
+/// Whether the client's `Accept` prefers OpenMetrics (Prometheus's scraper asks for it first)
+/// to the Prometheus text format: OpenMetrics named with a quality above 0 and no lower than
+/// that of `text/plain` (or `text/*`, `*/*`, which only the text format is served for).
 fn asks_for_openmetrics<B>(req: &Request<B>) -> bool {
-    req.headers().get_all(http::header::ACCEPT).iter().any(|v| {
-        const OPENMETRICS: &[u8] = b"application/openmetrics-text";
-        v.as_bytes()
-            .windows(OPENMETRICS.len())
-            .any(|w| w.eq_ignore_ascii_case(OPENMETRICS))
-    })
+    let (mut openmetrics, mut text) = (0.0f32, 0.0f32);
+    for value in req.headers().get_all(http::header::ACCEPT) {
+        let Ok(value) = value.to_str() else { continue };
+        for range in value.split(',') {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim();
+            let quality = parts
+                .filter_map(|p| p.split_once('='))
+                .find(|(name, _)| name.trim().eq_ignore_ascii_case("q"))
+                .map_or(1.0, |(_, q)| q.trim().parse::<f32>().unwrap_or(0.0));
+            if media.eq_ignore_ascii_case("application/openmetrics-text") {
+                openmetrics = openmetrics.max(quality);
+            } else if ["text/plain", "text/*", "*/*"]
+                .iter()
+                .any(|m| media.eq_ignore_ascii_case(m))
+            {
+                text = text.max(quality);
+            }
+        }
+    }
+    openmetrics > 0.0 && openmetrics >= text
 }
 
 /// The answer to one admin request: `/readyz` waits for [`AdminState::ready`], the others are
@@ -240,6 +257,33 @@ mod tests {
     use hyper_util::client::legacy::Client;
     use tokio::sync::oneshot;
     use tokio::task::JoinHandle;
+
+    /// OpenMetrics when `Accept` prefers it: Prometheus's own header, OpenMetrics alone or
+    /// first; the text format when OpenMetrics is refused (`q=0`) or ranked below it.
+    #[test]
+    fn openmetrics_follows_the_accepted_qualities() {
+        let asks = |accept: &[&str]| {
+            let mut req = Request::get("/metrics");
+            for a in accept {
+                req = req.header(http::header::ACCEPT, *a);
+            }
+            asks_for_openmetrics(&req.body(()).unwrap())
+        };
+        let prometheus = "application/openmetrics-text;version=1.0.0;q=0.5,\
+            application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+        assert!(asks(&[prometheus]));
+        assert!(asks(&["application/openmetrics-text"]));
+        assert!(asks(&[
+            "text/plain;q=0.5",
+            "Application/OpenMetrics-Text; q=0.9"
+        ]));
+        assert!(!asks(&[]));
+        assert!(!asks(&["*/*"]));
+        assert!(!asks(&["application/openmetrics-text;q=0"]));
+        assert!(!asks(&[
+            "text/plain;version=0.0.4;q=1,application/openmetrics-text;q=0.1"
+        ]));
+    }
 
     /// A running admin server on 127.0.0.1:0 and what controls it.
     struct Running {

@@ -176,10 +176,11 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        // redis-rs's own warnings off by default: a Cluster node that is down makes it warn on
-        // every reconnect attempt (hundreds of lines a second); tollgate's breaker logs the
-        // outage once when it opens and once when it closes
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,redis=error"));
+        // redis-rs's own lines off by default: a Cluster node that is down makes it warn on
+        // every reconnect attempt (hundreds of lines a second), and with every node out it
+        // logs each failed recovery as an error (several a second); tollgate's breaker logs
+        // the outage once when it opens and once when it closes
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,redis=off"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

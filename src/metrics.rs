@@ -412,6 +412,14 @@ impl Metrics {
             .observe(delay);
     }
 
+    /// Makes `tollgate_pacing_delay_seconds{upstream}` exist, empty until a paced request.
+    pub fn pacing_known(&self, upstream: &Arc<str>) {
+        let labels = UpstreamLabel {
+            upstream: upstream.clone(),
+        };
+        drop(self.inner.pacing_delay.get_or_create(&labels));
+    }
+
     /// Records the time of one store call, failed or not: `tollgate_store_duration_seconds`.
     pub fn store_call(&self, elapsed: Duration) {
         self.inner.store_duration.observe(elapsed);
@@ -658,6 +666,20 @@ mod tests {
                 r#"tollgate_limit_decisions_total{route="api",limit="per_ip",decision="allowed"} 2"#,
                 r#"tollgate_limit_decisions_total{route="api",limit="per_ip",decision="denied"} 1"#,
                 r#"tollgate_limit_decisions_total{route="api",limit="per_key",decision="shadow_denied"} 1"#,
+            ],
+        );
+    }
+
+    /// A paced upstream's delay histogram is there before its first request, empty.
+    #[test]
+    fn a_paced_upstream_has_its_delay_histogram_from_the_start() {
+        let m = Metrics::new();
+        m.pacing_known(&"payments".into());
+        assert_has(
+            &m.encode(),
+            &[
+                "# TYPE tollgate_pacing_delay_seconds histogram",
+                r#"tollgate_pacing_delay_seconds_count{upstream="payments"} 0"#,
             ],
         );
     }

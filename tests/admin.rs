@@ -259,3 +259,74 @@ async fn abandoned_requests_are_counted_as_499() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+/// On a Cluster whose state is `fail` (a master gone), with `on_error: deny`, a `/readyz` probe
+/// that finds the cluster unready keeps the circuit breaker open (it closed it: the next
+/// requests went to the broken cluster again, each waiting for it); and the probes are not
+/// counted among the requests' store errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_on_a_failed_cluster_keeps_the_breaker_open() {
+    let mut cluster = common::Cluster::start();
+    let upstream = Upstream::start().await;
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+admin: {{listen: 127.0.0.1:0}}
+store: {{backend: redis, cluster: [{}], timeout: 300ms, on_error: deny}}
+upstreams:
+  api:
+    targets: [{}]
+routes:
+  - name: api
+    upstream: api
+    limits:
+      - {{name: l, algorithm: token_bucket, rate: 100/s}}
+"#,
+        nodes.join(", "),
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let admin = format!("http://{}", proxy.admin.unwrap());
+    assert_eq!(get(&proxy.url("/"), &[]).await.status, 200);
+    cluster.nodes[2].kill();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !cluster.nodes[0]
+        .cli(&["cluster", "info"])
+        .contains("cluster_state:fail")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cluster never noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let skipped = || async {
+        let text = get(&format!("{admin}/metrics"), &[]).await.body;
+        metric_value(&text, r#"tollgate_store_errors_total{kind="circuit_open"}"#)
+    };
+    // the requests' failures open the breaker: then they are answered without the store
+    eventually(Duration::from_secs(10), || async {
+        assert_eq!(get(&proxy.url("/"), &[]).await.status, 503);
+        skipped().await > 0
+    })
+    .await;
+    for _ in 0..3 {
+        // past the cool-down, a probe goes to the cluster and finds it unready
+        tokio::time::sleep(tollgate::store::policy::COOL_DOWN + Duration::from_millis(100)).await;
+        let before = skipped().await;
+        let probe = get(&format!("{admin}/readyz"), &[]).await;
+        assert_eq!(probe.status, 503, "{}", probe.body);
+        assert_eq!(
+            skipped().await,
+            before,
+            "a probe counted as a request's error"
+        );
+        // the breaker is open again: the next request is not sent to the cluster
+        assert_eq!(get(&proxy.url("/"), &[]).await.status, 503);
+        assert_eq!(
+            skipped().await,
+            before + 1,
+            "the request after the probe went to the store"
+        );
+    }
+}

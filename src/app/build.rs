@@ -90,8 +90,12 @@ pub fn build_proxy(
             preserve_host: u.preserve_host,
             pacer,
         };
-        // its error series exist from the start, at zero, so `rate(...)` has one to read
+        // its error series (and a paced one's delay histogram) exist from the start, at zero,
+        // so `rate(...)` has one to read
         metrics.upstream_known(&upstream.name);
+        if upstream.pacer.is_some() {
+            metrics.pacing_known(&upstream.name);
+        }
         upstreams.insert(u.name.clone(), Arc::new(upstream));
     }
     let mut routes = Vec::with_capacity(config.routes.len());

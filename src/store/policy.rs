@@ -217,7 +217,22 @@ impl Store for GuardedStore {
             // Without one, the store is asked, through the breaker like a request's call: a
             // probe that finds Redis back closes the breaker, so an instance that a load
             // balancer stopped sending requests to (because this said no) still comes back.
-            self.through_breaker(self.primary.ready()).await
+            // One that finds it unready (also a Cluster answering that its state is not ok)
+            // is a failure, never a success that closes the breaker. Not a request's call, it
+            // is not counted in the store's error metrics.
+            let Some(permit) = self.breaker.allow_now() else {
+                return Err(StoreError::CircuitOpen);
+            };
+            let _in_flight = InFlight {
+                breaker: &self.breaker,
+                permit,
+            };
+            let result = self.primary.ready().await;
+            match &result {
+                Ok(()) => self.breaker.success(),
+                Err(e) => self.breaker.failure(permit, self.breaker.now(), e),
+            }
+            result
         })
     }
 
@@ -319,7 +334,15 @@ struct Breaker {
     /// the half-open probe is in flight; only the probe's [`InFlight`] clears it
     probing: AtomicBool,
     epoch: OnceInstant,
+    /// ms on [`Breaker::now`] of the last failed call logged (0: none yet), and the failed
+    /// calls since that were not: see [`Breaker::note_failed`]
+    logged_at: AtomicU64,
+    unlogged: AtomicU64,
 }
+
+/// Failed calls that do not open the breaker (a Cluster node down while the others answer, a
+/// key Redis refuses) are logged at most once in this many ms.
+const FAILED_CALL_LOG_MS: u64 = 10_000;
 
 /// Why a call may go to the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -377,7 +400,11 @@ impl Breaker {
     fn record(&self, permit: Permit, error: Option<&StoreError>) {
         match error {
             Some(e) if e.is_outage() => self.failure(permit, self.now(), e),
-            _ => self.success(),
+            Some(e) => {
+                self.success();
+                self.note_failed(self.now(), e);
+            }
+            None => self.success(),
         }
     }
 
@@ -388,7 +415,29 @@ impl Breaker {
             if self.open_until.swap(until, Ordering::AcqRel) == 0 {
                 tracing::warn!(%error, "store failing: circuit breaker open, applying on_error for {COOL_DOWN:?} at a time");
             }
+        } else {
+            self.note_failed(now, error);
         }
+    }
+
+    /// Logs a failed call that does not open the breaker, at most once in
+    /// [`FAILED_CALL_LOG_MS`], with how many failed since the last line: failures that calls
+    /// to the rest of the store keep from adding up (each success starts the count again)
+    /// are seen in the log too, and one line in that time at most, not one a call.
+    fn note_failed(&self, now: u64, error: &StoreError) {
+        let last = self.logged_at.load(Ordering::Acquire);
+        let due = last == 0 || now >= last + FAILED_CALL_LOG_MS;
+        if !due
+            || self
+                .logged_at
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let since = self.unlogged.swap(0, Ordering::Relaxed);
+        tracing::warn!(%error, kind = error.kind(), failed_since_last_line = since, "store call failed; applying on_error (such failures are logged at most every {}s)", FAILED_CALL_LOG_MS / 1000);
     }
 }
 

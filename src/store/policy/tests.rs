@@ -448,3 +448,56 @@ async fn huge_retry_after_does_not_panic() {
         assert!(!d.allowed && d.retry_after_ms > 0, "{d:?}");
     }
 }
+
+/// What `f` logs, as text lines.
+fn logged(f: impl FnOnce()) -> String {
+    #[derive(Clone)]
+    struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Capture {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .expect("not poisoned")
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let capture = Capture(Arc::default());
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let bytes = capture.0.lock().expect("not poisoned").clone();
+    String::from_utf8(bytes).expect("UTF-8 log")
+}
+
+/// Failed calls that never add up to a trip (each followed by a success: a Cluster node down
+/// while the others answer) are logged, but at most once in ten seconds, with how many failed
+/// meanwhile; errors of one call (Redis answered) the same way.
+#[test]
+fn failures_that_do_not_trip_are_logged_at_most_every_ten_seconds() {
+    let b = Breaker::default();
+    let text = logged(|| {
+        for at in [1, 2, 3, 5_000, 10_000, 10_001, 10_002] {
+            b.failure(Permit::Closed, at, &timeout());
+            b.success();
+        }
+        b.note_failed(20_001, &wrongtype());
+    });
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines[0].contains("store call failed"), "{text}");
+    assert!(
+        lines[0].contains("kind=\"timeout\"") || lines[0].contains("kind=timeout"),
+        "{text}"
+    );
+    assert!(lines[0].contains("failed_since_last_line=0"), "{text}");
+    assert!(lines[1].contains("failed_since_last_line=4"), "{text}");
+    assert!(lines[2].contains("WRONGTYPE"), "{text}");
+    assert!(!b.is_open());
+}
