@@ -225,17 +225,30 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
             chk.warn(path, message);
         }
     }
+    let trusted_proxies = chk.parse_list(
+        &raw.trusted_proxies,
+        &root.key("trusted_proxies"),
+        parse_net,
+    );
+    // a network of every address trusts any client to name itself in X-Forwarded-For
+    if let Some(list) = raw.trusted_proxies.get() {
+        for (path, text) in list.items(&root.key("trusted_proxies")) {
+            if parse_net(text).is_ok_and(|net| net.prefix_len() == 0) {
+                let message = format!(
+                    "{text:?} trusts every peer: any client can choose the address it is limited \
+                     by with X-Forwarded-For; list the proxies in front of tollgate"
+                );
+                chk.warn(path, message);
+            }
+        }
+    }
     Config {
         listen,
         workers,
         tls,
         admin,
         store: backend::store(chk, raw.store.get()),
-        trusted_proxies: chk.parse_list(
-            &raw.trusted_proxies,
-            &root.key("trusted_proxies"),
-            parse_net,
-        ),
+        trusted_proxies,
         rate_limit_headers: match raw.rate_limit_headers.get() {
             Some(RawHeaderStyle::Ietf) | None => HeaderStyle::Ietf,
             Some(RawHeaderStyle::Legacy) => HeaderStyle::Legacy,

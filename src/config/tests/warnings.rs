@@ -199,3 +199,19 @@ routes:
         ]
     );
 }
+
+/// Trusting every address (`0.0.0.0/0`, `::/0`) lets any client choose its identity.
+#[test]
+fn trusting_every_peer_is_a_warning() {
+    let text = MINIMAL.replace(
+        "listen:",
+        "trusted_proxies: [10.0.0.0/8, 0.0.0.0/0, \"::/0\"]\nlisten:",
+    );
+    assert_eq!(
+        warnings(&text),
+        [
+            r#"proxy.yaml:1:31: trusted_proxies[1]: "0.0.0.0/0" trusts every peer: any client can choose the address it is limited by with X-Forwarded-For; list the proxies in front of tollgate"#,
+            r#"proxy.yaml:1:42: trusted_proxies[2]: "::/0" trusts every peer: any client can choose the address it is limited by with X-Forwarded-For; list the proxies in front of tollgate"#,
+        ]
+    );
+}
