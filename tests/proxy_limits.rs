@@ -656,7 +656,8 @@ async fn a_client_gone_while_its_request_waits_gives_back_what_it_took() {
 
 /// When the first limit refuses, the later ones are asked too: the first answers (SPEC §2), but
 /// with the longest wait of those refusing, so a client is not told to come back in a second
-/// when an hourly quota refuses it for an hour. Both stores, the deny cache's answer too.
+/// when an hourly quota refuses it for an hour; the rate-limit headers are that longest
+/// refusal's. Both stores, the deny cache's answer too.
 #[tokio::test]
 async fn the_retry_after_of_a_refusal_is_the_longest_of_the_limits_refusing() {
     let redis = Redis::start();
@@ -692,6 +693,15 @@ async fn the_retry_after_of_a_refusal_is_the_longest_of_the_limits_refusing() {
             assert_window_end(retry, &format!("{i}: the hourly window's wait"));
             let retry_ms = body["retry_after_ms"].as_u64().unwrap();
             assert!(retry_ms.abs_diff(hour_left_ms()) < 3_000, "{body}");
+            // the rate-limit headers are the hourly window's, whose wait it is (not the
+            // per-second bucket's policy with an hour to reset)
+            assert_eq!(
+                denied.header("ratelimit-policy"),
+                Some(r#""hourly";q=2;w=3600"#),
+                "{denied:?}"
+            );
+            let shown = denied.header("ratelimit").unwrap();
+            assert_eq!(shown, format!(r#""hourly";r=0;t={retry}"#), "{denied:?}");
         }
         drop(proxy);
         redis.cli(&["flushall"]);

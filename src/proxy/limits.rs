@@ -195,7 +195,9 @@ pub(super) async fn check<'r, B>(
                 // given back at once: the request's true wait is the longest of the refusals
                 // (its Retry-After), and a client told the first one's short wait would only be
                 // refused again by a later one.
-                let mut refusal = decision;
+                // (the rate-limit headers show the refusal that waits longest: its own
+                // quota and reset, which the Retry-After then matches)
+                let mut longest = limit.shown(alg, decision);
                 for (later_ix, later) in route.limits.iter().enumerate().skip(ix + 1) {
                     if later.shadow || identity::is_trusted(ip, &later.exempt) {
                         continue;
@@ -203,17 +205,18 @@ pub(super) async fn check<'r, B>(
                     let later_alg = limit_key(proxy, route, later, &ctx, &mut key);
                     match proxy.store.check(&key, later_alg, None).await {
                         Ok(d) if d.allowed => taken.push((later_ix, Instant::now(), d.delay_us)),
-                        Ok(d) => {
-                            refusal.retry_after_ms = refusal.retry_after_ms.max(d.retry_after_ms)
+                        Ok(d) if d.retry_after_ms > longest.decision.retry_after_ms => {
+                            longest = later.shown(later_alg, d);
                         }
-                        // none known: the refusals so far stand
-                        Err(_) => {}
+                        // a shorter refusal, or none known: the longest so far stands
+                        _ => {}
                     }
                 }
                 give_back(proxy, route, &ctx, &taken).await;
                 return Ok(Checked::Denied(respond::rate_limited(
                     proxy.settings.headers,
-                    &limit.shown(alg, refusal),
+                    &limit.name,
+                    &longest,
                 )));
             }
             // a shadow denial admits the request, and its figures are shown like any other
@@ -273,24 +276,29 @@ fn remembered_denial(
     ctx: &KeyContext<'_>,
     key: &mut String,
 ) -> Option<Response<Body>> {
-    let mut first: Option<(&Limit, &Algorithm, Decision)> = None;
+    // (the first remembered answers; the headers show the longest remembered wait)
+    let mut found: Option<(&Limit, Shown<'_>)> = None;
     for limit in &route.limits {
         if limit.shadow || identity::is_trusted(ctx.ip, &limit.exempt) {
             continue;
         }
         let alg = limit_key(proxy, route, limit, ctx, key);
         if let Some(d) = proxy.store.cached_denial(key, alg) {
-            match &mut first {
-                None => first = Some((limit, alg, d)),
-                Some((_, _, f)) => f.retry_after_ms = f.retry_after_ms.max(d.retry_after_ms),
+            match &mut found {
+                None => found = Some((limit, limit.shown(alg, d))),
+                Some((_, longest)) if d.retry_after_ms > longest.decision.retry_after_ms => {
+                    *longest = limit.shown(alg, d);
+                }
+                Some(_) => {}
             }
         }
     }
-    let (limit, alg, decision) = first?;
-    proxy.metrics.limit_decided(&limit.series, Counted::Denied);
+    let (first, longest) = found?;
+    proxy.metrics.limit_decided(&first.series, Counted::Denied);
     Some(respond::rate_limited(
         proxy.settings.headers,
-        &limit.shown(alg, decision),
+        &first.name,
+        &longest,
     ))
 }
 

@@ -149,10 +149,12 @@ pub fn set_retry_after(headers: &mut HeaderMap, retry_after_ms: u64) {
     headers.insert(RETRY_AFTER, HeaderValue::from(secs));
 }
 
-/// 429 for the limit that denied: `Retry-After`, the rate-limit headers, and the JSON body.
-pub fn rate_limited(style: HeaderStyle, shown: &Shown<'_>) -> Response<Body> {
+/// 429 answered by the limit named `answering`: the JSON body naming it, and `Retry-After` and
+/// the rate-limit headers of `shown`, the refusal that waits longest (that limit's own, or a
+/// later one's when several refuse).
+pub fn rate_limited(style: HeaderStyle, answering: &str, shown: &Shown<'_>) -> Response<Body> {
     let retry = shown.decision.retry_after_ms;
-    let name = json_string(shown.name);
+    let name = json_string(answering);
     let body = format!(r#"{{"error":"rate_limited","limit":{name},"retry_after_ms":{retry}}}"#);
     let mut resp = json(StatusCode::TOO_MANY_REQUESTS, body);
     set_retry_after(resp.headers_mut(), retry);
