@@ -9,7 +9,9 @@ ARGV[3]  now in milliseconds (optional, decimals allowed; absent or empty: the R
 Returns {allowed 1|0, remaining, retry_after_ms, reset_ms}, all integers:
   remaining       requests left after this one, by the weighted estimate
   retry_after_ms  0 when allowed; else the time until the estimate admits one more (rounded up)
-  reset_ms        the time until the current aligned window ends (at least retry_after_ms)
+  reset_ms        the time until the current aligned window ends, or until the estimate
+                  admits a request again when that is later and none remains (a refusal, or
+                  the last request admitted): a client told it is never back early
 
 The estimate: the sliding window [now - window, now) covers the elapsed part of the current
 aligned window and the last (window - elapsed) of the previous one. Assuming the previous
@@ -77,20 +79,29 @@ if w ~= start then
   curr = 0
 end
 
-local estimate = prev * (window - now + start) / window + curr
-if estimate + 1 > limit then
-  local wait
+-- The time from now until the estimate admits one more request, with these counts (when it does
+-- not now).
+local function wait_for_one(curr, prev)
   if curr + 1 <= limit then
     -- later in this window: prev * (window - e) / window + curr + 1 <= limit
-    wait = window_end - (limit - 1 - curr) * window / prev - now
-  else
-    -- in the next window, where prev' = curr and curr' = 0: curr * (window - e) / window + 1 <= limit
-    wait = window_end + window - (limit - 1) * window / curr - now
+    return window_end - (limit - 1 - curr) * window / prev - now
   end
-  local retry = math.max(1, math.ceil(wait))
+  -- in the next window, where prev' = curr and curr' = 0: curr * (window - e) / window + 1 <= limit
+  return window_end + window - (limit - 1) * window / curr - now
+end
+
+local estimate = prev * (window - now + start) / window + curr
+if estimate + 1 > limit then
+  local retry = math.max(1, math.ceil(wait_for_one(curr, prev)))
   return {0, 0, retry, math.max(retry, math.ceil(window_end - now))}
 end
 curr = curr + 1
 redis.call('HSET', key, 'w', string.format('%.17g', start), 'c', curr, 'p', prev)
 redis.call('PEXPIRE', key, math.max(1, math.ceil(window_end + window - now)) + slack)
-return {1, math.floor(limit - estimate - 1), 0, math.max(1, math.ceil(window_end - now))}
+local remaining = math.floor(limit - estimate - 1)
+local reset = math.ceil(window_end - now)
+if remaining <= 0 then
+  -- none left: the quota is back no sooner than the next request is admitted
+  reset = math.max(reset, math.ceil(wait_for_one(curr, prev)))
+end
+return {1, remaining, 0, math.max(1, reset)}

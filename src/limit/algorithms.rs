@@ -314,15 +314,18 @@ fn sliding_window_counter(
         Some(State::Counter { start: s, curr, .. }) if *s == start - window => (0, *curr),
         _ => (0, 0),
     };
+    // the time from now until the estimate admits one more, with these counts (see the script)
+    let wait_for_one = |curr: f64, prev: f64| {
+        if curr + 1.0 <= limit {
+            window_end - (limit - 1.0 - curr) * window / prev - now
+        } else {
+            window_end + window - (limit - 1.0) * window / curr - now
+        }
+    };
     let (currf, prevf) = (curr as f64, prev as f64);
     let estimate = prevf * (window - now + start) / window + currf;
     if estimate + 1.0 > limit {
-        let wait = if currf + 1.0 <= limit {
-            window_end - (limit - 1.0 - currf) * window / prevf - now
-        } else {
-            window_end + window - (limit - 1.0) * window / currf - now
-        };
-        let retry = ceil_ms(wait);
+        let retry = ceil_ms(wait_for_one(currf, prevf));
         let reset = retry.max(ceil0(window_end - now));
         return (Decision::counted(false, 0, retry, reset), None);
     }
@@ -331,8 +334,13 @@ fn sliding_window_counter(
         curr: curr + 1,
         prev,
     });
-    let remaining = (limit - estimate - 1.0).floor() as u64;
-    let decision = Decision::counted(true, remaining, 0, ceil_ms(window_end - now));
+    let left = (limit - estimate - 1.0).floor();
+    let mut reset = ceil0(window_end - now);
+    if left <= 0.0 {
+        // none left: the quota is back no sooner than the next request is admitted
+        reset = reset.max(ceil0(wait_for_one(currf + 1.0, prevf)));
+    }
+    let decision = Decision::counted(true, left.max(0.0) as u64, 0, reset.max(1));
     (decision, Some(ceil_ms(window_end + window - now)))
 }
 

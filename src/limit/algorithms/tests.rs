@@ -146,6 +146,31 @@ fn sliding_window_counter_weighs_previous_window() {
     assert!(apply(&alg, &mut state, t + 100.0).0.allowed);
 }
 
+/// The counter's last request admitted (none left) states the time until it admits one again
+/// as its reset when that is past the window's end: a client waiting out `t` is not refused.
+#[test]
+fn sliding_window_counter_reset_is_never_early_when_none_is_left() {
+    // ten just after a window starts: the tenth leaves none, and the next is admitted 300 ms
+    // into the next window (10 * 0.7 + 1 <= 10 ... 0.7 of 10 still count until e >= 300)
+    let alg = Algorithm::SlidingWindowCounter(window(10, 3000));
+    let start = 1_700_000_001_000.0 - 1_700_000_001_000.0 % 3000.0;
+    let mut state = None;
+    let d: Vec<Decision> = (0..10)
+        .map(|_| apply(&alg, &mut state, start + 10.0).0)
+        .collect();
+    assert!(d.iter().all(|d| d.allowed));
+    assert_eq!(d[8].reset_ms, 2990, "one left: the window's end");
+    assert_eq!((d[9].remaining, d[9].reset_ms), (0, 3290));
+    assert!(!apply(&alg, &mut state, start + 10.0 + 3289.0).0.allowed);
+    assert!(apply(&alg, &mut state, start + 10.0 + 3290.0).0.allowed);
+    // a limit of one: the next is admitted once the previous window's one no longer counts
+    let alg = Algorithm::SlidingWindowCounter(window(1, 3_600_000));
+    let mut state = None;
+    let first = apply(&alg, &mut state, start + 10.0).0;
+    let end = 3_600_000.0 - (start + 10.0) % 3_600_000.0;
+    assert_eq!(first.reset_ms, (end + 3_600_000.0) as u64);
+}
+
 /// Pacing hands out slots one interval apart and refuses, reserving nothing, past max_delay.
 #[test]
 fn leaky_bucket_spaces_slots_and_refuses_past_max_delay() {
