@@ -123,11 +123,12 @@ async fn proxy_errors_after_the_limits_carry_the_headers() {
     assert_eq!(slow.header("ratelimit"), Some(r#""per-client";r=2;t=1"#));
 }
 
-/// A request of cost 3 refused with one token left says so: `r=1`, not 0 (a cheaper request
-/// could still pass), with Retry-After until the third token; so does the next refusal, which
-/// the deny cache answers.
+/// The headers of a limit whose requests cost 3 tokens count requests: `q` and `r` are the
+/// requests the tokens pay for (7 tokens left: `r=2`; one left: `r=0`, as the next request is
+/// refused), Retry-After runs until the third token; so does the next refusal, which the deny
+/// cache answers.
 #[tokio::test]
-async fn a_costly_refusal_shows_the_tokens_held() {
+async fn a_costly_limit_counts_requests_in_its_headers() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
     let limits = "      - name: costly
@@ -136,9 +137,10 @@ async fn a_costly_refusal_shows_the_tokens_held() {
         burst: 10
         cost: 3";
     let proxy = Proxy::start(&config(&redis, &upstream, limits)).await;
-    for left in [7, 4, 1] {
+    for left in [2, 1, 0] {
         let a = get(&proxy.url("/v1"), &[]).await;
         assert_eq!(a.status, 200);
+        assert_eq!(a.header("ratelimit-policy"), Some(r#""costly";q=3;w=100"#));
         let shown = a.header("ratelimit").unwrap();
         assert!(
             shown.starts_with(&format!(r#""costly";r={left};"#)),
@@ -149,7 +151,7 @@ async fn a_costly_refusal_shows_the_tokens_held() {
         let denied = get(&proxy.url("/v1"), &[]).await;
         assert_eq!(denied.status, 429);
         let shown = denied.header("ratelimit").unwrap();
-        assert!(shown.starts_with(r#""costly";r=1;"#), "{shown}");
+        assert!(shown.starts_with(r#""costly";r=0;"#), "{shown}");
         // two more tokens at one per 10 s
         let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
         assert!((18..=20).contains(&retry), "{retry}");

@@ -65,7 +65,9 @@ impl Limit {
 
     /// What a response shows of this limit's `decision` under `alg` (its own parameters or an
     /// override's), borrowed from the limit: nothing shared is written per request.
-    fn shown<'a>(&'a self, alg: &'a Algorithm, decision: Decision) -> Shown<'a> {
+    fn shown<'a>(&'a self, alg: &'a Algorithm, mut decision: Decision) -> Shown<'a> {
+        // the headers count requests: a bucket's tokens left, over what one request costs
+        decision.remaining /= cost(alg);
         // (decided for this instance's share of the limit, by the `local` fallback: the policy
         // stated is that share, the one enforced)
         let (quota, window_secs) = match decision.share {
@@ -85,10 +87,19 @@ impl Limit {
     }
 }
 
-/// The quota and window (whole seconds, at least 1) the policy header states for `alg`.
+/// The quota (in requests) and window (whole seconds, at least 1) the policy header states for
+/// `alg`.
 fn figures(alg: &Algorithm) -> (u64, u64) {
     let (quota, window) = alg.policy();
-    (quota, window.ceil().max(1.0) as u64)
+    (quota / cost(alg), window.ceil().max(1.0) as u64)
+}
+
+/// The tokens one request takes of `alg`'s quota: a token bucket's `cost`, else 1.
+fn cost(alg: &Algorithm) -> u64 {
+    match alg {
+        Algorithm::TokenBucket(b) => u64::from(b.cost.get()),
+        _ => 1,
+    }
 }
 
 /// The limit phase's outcome.
