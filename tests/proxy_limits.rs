@@ -528,6 +528,40 @@ fn assert_window_end(retry: u64, what: &str) {
     );
 }
 
+/// A window's check given back (a later limit refused the request) is taken off the window it
+/// counted in, also in the first milliseconds of that window: a flood refused by a later limit
+/// just after a window starts does not fill the window (it filled it, and the window then
+/// refused requests the later limit would have let through).
+#[tokio::test]
+async fn a_refusal_just_after_a_window_starts_costs_the_window_nothing() {
+    let upstream = Upstream::start().await;
+    let limits = "      - name: win
+        algorithm: fixed_window
+        limit: 3
+        window: 2s
+      - name: once
+        algorithm: token_bucket
+        rate: 1/h
+        burst: 1";
+    let proxy = Proxy::start(&memory_config(&upstream, limits)).await;
+    // just after a window of 2 s starts (they start on the epoch's even seconds)
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(2000 - now % 2000 + 2)).await;
+    assert_eq!(get(&proxy.url("/v1"), &[]).await.status, 200);
+    for i in 0..5 {
+        let denied = get(&proxy.url("/v1"), &[]).await;
+        assert_eq!(denied.status, 429, "{i}: {denied:?}");
+        let body: serde_json::Value = serde_json::from_str(&denied.body).unwrap();
+        assert_eq!(
+            body["limit"], "once",
+            "{i}: the window counted a refusal: {body}"
+        );
+    }
+}
+
 /// A leaky bucket before a limit that refuses: the refusal is answered at once, not after the
 /// leaky bucket's wait (every limit is asked before the request waits).
 #[tokio::test]

@@ -173,7 +173,7 @@ pub(super) async fn check<'r, B>(
     let mut tightest: Option<(bool, Shown<'r>)> = None;
     let mut delay_us = 0;
     // the limits that admitted the request, when more follow: given back if one refuses it
-    let mut taken: Vec<(usize, Instant, u64)> = Vec::new();
+    let mut taken: Vec<(usize, Instant, Decision)> = Vec::new();
     for (ix, limit) in route.limits.iter().enumerate() {
         if identity::is_trusted(ip, &limit.exempt) {
             continue;
@@ -215,7 +215,7 @@ pub(super) async fn check<'r, B>(
                     }
                     let later_alg = limit_key(proxy, route, later, &ctx, &mut key);
                     match proxy.store.check(&key, later_alg, None).await {
-                        Ok(d) if d.allowed => taken.push((later_ix, Instant::now(), d.delay_us)),
+                        Ok(d) if d.allowed => taken.push((later_ix, Instant::now(), d)),
                         Ok(d) if d.retry_after_ms > longest.decision.retry_after_ms => {
                             longest = later.shown(later_alg, d);
                         }
@@ -237,7 +237,7 @@ pub(super) async fn check<'r, B>(
             // (kept to be given back if the request is refused after all, or waits and its
             // client goes away)
             if several || decision.delay_us > 0 || paced {
-                taken.push((ix, Instant::now(), decision.delay_us));
+                taken.push((ix, Instant::now(), decision));
             }
             if !limit.shadow {
                 delay_us = delay_us.max(decision.delay_us);
@@ -313,25 +313,20 @@ fn remembered_denial(
     ))
 }
 
-/// What the limits in `taken` (index, when they admitted, the delay they set) took, with their
+/// What the limits in `taken` (index, when they admitted, what they answered) took, with their
 /// keys.
 fn owed(
     proxy: &Proxy,
     route: &Route,
     ctx: &KeyContext<'_>,
-    taken: &[(usize, Instant, u64)],
+    taken: &[(usize, Instant, Decision)],
 ) -> Vec<Taken> {
     let mut key = String::new();
     taken
         .iter()
-        .map(|&(ix, at, delay_us)| {
-            let alg = *limit_key(proxy, route, &route.limits[ix], ctx, &mut key);
-            Taken {
-                key: key.clone(),
-                alg,
-                at,
-                delay_us,
-            }
+        .map(|(ix, at, decision)| {
+            let alg = *limit_key(proxy, route, &route.limits[*ix], ctx, &mut key);
+            Taken::new(key.clone(), alg, *at, decision)
         })
         .collect()
 }
@@ -343,7 +338,7 @@ async fn give_back(
     proxy: &Proxy,
     route: &Route,
     ctx: &KeyContext<'_>,
-    taken: &[(usize, Instant, u64)],
+    taken: &[(usize, Instant, Decision)],
 ) {
     Owed::new(proxy.store.clone(), owed(proxy, route, ctx, taken))
         .give_back()

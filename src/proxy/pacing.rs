@@ -105,12 +105,12 @@ impl Pacer {
             // (the slot is given back if the client goes away before it, or no permit is left)
             let owed = Owed::new(
                 store.clone(),
-                vec![Taken {
-                    key: self.key.clone(),
-                    alg: self.alg,
-                    at: Instant::now(),
-                    delay_us: decision.delay_us,
-                }],
+                vec![Taken::new(
+                    self.key.clone(),
+                    self.alg,
+                    Instant::now(),
+                    &decision,
+                )],
             );
             if !self.may_sleep(&mut permit) {
                 owed.give_back().await;
