@@ -205,3 +205,49 @@ async fn a_kept_alive_connection_sees_a_reload_at_its_next_request() {
     assert!(!driven.is_finished(), "one connection throughout");
     proxy.shutdown().await;
 }
+
+/// A reload's `client_header` and `idle` apply from the next connection (they stayed those of
+/// the start while `/config` showed the new ones): a silent new connection and an idle
+/// kept-alive one are closed after the new second, not the old ten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloaded_connection_timeouts_apply_to_new_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let with = |burst, secs| {
+        yaml(&upstream, burst, "").replace(
+            "listen: 127.0.0.1:0\n",
+            &format!("listen: 127.0.0.1:0\ntimeouts: {{idle: {secs}s, client_header: {secs}s}}\n"),
+        )
+    };
+    let (_dir, path, proxy) = start_watching(&with(3, 10)).await;
+    replace_file(&path, &with(4, 1));
+    eventually(Duration::from_secs(10), || async {
+        let a = get(&proxy.url("/"), &[("x-client", "probe")]).await;
+        a.header("ratelimit-policy") == Some(r#""per-client";q=4;w=14400"#)
+    })
+    .await;
+    // closed: the read ends (0 bytes, or an error) before 5 s
+    async fn closed_within(s: &mut tokio::net::TcpStream, limit: Duration) -> bool {
+        let mut buf = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(limit, s.read(&mut buf)).await {
+                Err(_) => return false,
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+            }
+        }
+    }
+    let mut silent = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(5)).await,
+        "a silent connection outlived the new client_header"
+    );
+    let mut kept = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    kept.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nx-client: kept\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(
+        closed_within(&mut kept, Duration::from_secs(5)).await,
+        "an idle kept-alive connection outlived the new idle"
+    );
+}

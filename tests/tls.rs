@@ -316,3 +316,27 @@ async fn a_renewed_certificate_is_served_after_a_reload() {
         "the old certificate is no longer served"
     );
 }
+
+/// Shutdown does not wait for a TLS handshake under way: a client that connected and sent
+/// nothing is dropped at once (as on a cleartext listener), not after `client_header`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_wait_for_a_silent_tls_client() {
+    let certs = Certs::new();
+    let upstream = common::Upstream::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntls: {{cert: \"{}\", key: \"{}\"}}\ntimeouts: {{client_header: 20s}}\nupstreams:\n  api: {{targets: [{}]}}\nroutes:\n  - name: api\n    upstream: api\n",
+        certs.cert(),
+        certs.key(),
+        upstream.url()
+    );
+    let proxy = common::Proxy::start(&yaml).await;
+    let _silent = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    proxy.shutdown().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "shutdown waited {:?} for a silent TLS client",
+        started.elapsed()
+    );
+}

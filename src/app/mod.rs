@@ -60,6 +60,9 @@ struct Shared {
     metrics: Metrics,
     /// Set when shutdown starts: `/readyz` then answers 503 so balancers stop sending.
     draining: AtomicBool,
+    /// The `timeouts` in force, read by each new connection (so a reload applies them from
+    /// the next connection on)
+    timeouts: ArcSwap<crate::config::Timeouts>,
     /// Upgraded (WebSocket) tunnels: hyper's graceful shutdown does not see them.
     tunnels: TaskTracker,
     /// TLS termination for every listener, when `tls` is set: its certificate and key read
@@ -106,6 +109,7 @@ impl Server {
         let workers = Workers::start(workers).context("cannot start the worker threads")?;
         let shared = Arc::new(Shared {
             proxy: ArcSwap::from_pointee(proxy),
+            timeouts: ArcSwap::from_pointee(config.timeouts),
             current: Mutex::new((config, store)),
             clients,
             metrics,
@@ -159,7 +163,6 @@ impl Server {
             let ctx = AcceptCtx {
                 shared: self.shared.clone(),
                 http: http.clone(),
-                handshake_timeout: config.timeouts.client_header,
             };
             let loop_ = accept_loop(
                 listener,

@@ -98,6 +98,7 @@ impl Reloader {
             ..config
         };
         self.shared.proxy.store(Arc::new(proxy));
+        self.shared.timeouts.store(Arc::new(config.timeouts));
         *current = (config, store);
         Ok(())
     }

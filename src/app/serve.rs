@@ -58,8 +58,6 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 pub(super) struct AcceptCtx {
     pub(super) shared: Arc<Shared>,
     pub(super) http: Arc<Http>,
-    /// a TLS handshake must finish within this (as a request head must)
-    pub(super) handshake_timeout: Duration,
 }
 
 /// Accepts until `stop` changes. The graceful-shutdown handle stays in this loop (connection
@@ -72,11 +70,6 @@ pub(super) async fn accept_loop(
     workers: Arc<Workers>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let timeouts = ctx.shared.config().timeouts;
-    let deadlines = Deadlines {
-        client_header: timeouts.client_header,
-        idle: timeouts.idle,
-    };
     let ctx = Arc::new(ctx);
     loop {
         let (stream, peer) = tokio::select! {
@@ -92,6 +85,12 @@ pub(super) async fn accept_loop(
             _ = stop.changed() => return,
         };
         let _ = stream.set_nodelay(true);
+        // the deadlines in force when the connection came (a reload applies from the next)
+        let timeouts = **ctx.shared.timeouts.load();
+        let deadlines = Deadlines {
+            client_header: timeouts.client_header,
+            idle: timeouts.idle,
+        };
         let ctx = ctx.clone();
         let watcher = graceful.watcher();
         let stop = stop.clone();
@@ -120,7 +119,15 @@ pub(super) async fn accept_loop(
                     // the certificate in force when the connection came
                     let acceptor = TlsAcceptor::from(config.load_full());
                     let tls = async {
-                        match handshake(&acceptor, stream, ctx.handshake_timeout).await {
+                        // (a TLS handshake must finish within client_header, as a head must;
+                        // one under way when shutdown starts is dropped, as a silent
+                        // cleartext connection is)
+                        let mut waiting = stop.clone();
+                        let shaken = tokio::select! {
+                            shaken = handshake(&acceptor, stream, deadlines.client_header) => shaken,
+                            _ = waiting.wait_for(|stop| *stop) => return,
+                        };
+                        match shaken {
                             Some(tls) => {
                                 let speaks = alpn(&tls);
                                 let io = (tls, Instant::now());
