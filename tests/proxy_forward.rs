@@ -977,6 +977,51 @@ async fn a_cut_body_reaches_the_client_with_its_head_then_the_close() {
     }
 }
 
+/// A body the upstream stops sending (5 bytes of 10 000, then nothing, the connection open) is
+/// cut after `upstream_response` without a byte, as nginx's `proxy_read_timeout`: the client
+/// gets the head and the 5 bytes, then the close, instead of both connections held for ever.
+/// Both clients of the pool: a bodiless request's and one with a body.
+#[tokio::test]
+async fn a_body_the_upstream_stops_sending_is_cut_after_upstream_response() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10000\r\n\r\nabcde");
+            held.push(stream);
+        }
+    });
+    let timeouts = "timeouts: {upstream_response: 1s}";
+    let proxy = Proxy::start(&config(&[upstream], timeouts, "", "")).await;
+    for request in [
+        "GET /v1/stall HTTP/1.1\r\nHost: x\r\n\r\n",
+        "POST /v1/stall HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi",
+    ] {
+        let started = Instant::now();
+        let answer = raw(proxy.addr, request.as_bytes()).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200 OK\r\n") && answer.ends_with("\r\n\r\nabcde"),
+            "{request:?}: {answer:?}"
+        );
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(6),
+            "{request:?}: cut after {took:?}"
+        );
+    }
+}
+
 /// A request the upstream reads and then closes on without answering is sent again at most
 /// once, on a new connection, and only when its method is idempotent: with two idle
 /// connections, a GET is read twice and a DELETE too, a POST once.

@@ -309,6 +309,7 @@ fn answered(
     if let Some(proto) = switched {
         set_upgrade(&mut parts.headers, proto);
     }
+    let body = body.stalls_after(f.response_timeout);
     Ok(Response::from_parts(parts, body.boxed()))
 }
 

@@ -450,6 +450,17 @@ impl Back {
 pub struct Pooled {
     reading: Reading,
     cut: Option<BoxError>,
+    /// the longest the upstream may leave the body waiting, and its timer: set when a poll
+    /// finds nothing to read (so a body read in one go never makes one)
+    stall: Option<Stall>,
+}
+
+/// See [`Pooled::stalls_after`].
+struct Stall {
+    limit: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// the timer runs for the wait under way (not one before it)
+    armed: bool,
 }
 
 enum Reading {
@@ -465,7 +476,41 @@ impl Pooled {
     }
 
     fn of(reading: Reading) -> Pooled {
-        Pooled { reading, cut: None }
+        Pooled {
+            reading,
+            cut: None,
+            stall: None,
+        }
+    }
+
+    /// Ends the body as cut short when the upstream sends nothing of it for `limit` (between
+    /// two reads, as nginx's `proxy_read_timeout`): a stalled upstream no longer holds the
+    /// client's response and both connections open for ever.
+    pub fn stalls_after(mut self, limit: Duration) -> Pooled {
+        self.stall = Some(Stall {
+            limit,
+            timer: None,
+            armed: false,
+        });
+        self
+    }
+
+    /// `Pending` while the body waits within its stall limit; the failure once past it.
+    fn waiting(&mut self, cx: &mut Context<'_>) -> Poll<BoxError> {
+        let Some(stall) = &mut self.stall else {
+            return Poll::Pending;
+        };
+        let deadline = tokio::time::Instant::now() + stall.limit;
+        let timer = stall
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if !stall.armed {
+            timer.as_mut().reset(deadline);
+            stall.armed = true;
+        }
+        ready!(timer.as_mut().poll(cx));
+        let limit = stall.limit;
+        Poll::Ready(format!("the upstream sent nothing of the body for {limit:?}").into())
     }
 
     fn poll_reading(
@@ -506,7 +551,19 @@ impl HttpBody for Pooled {
         if let Some(cut) = this.cut.take() {
             return Poll::Ready(Some(Err(cut)));
         }
-        match ready!(this.poll_reading(cx)) {
+        let read = match this.poll_reading(cx) {
+            Poll::Ready(read) => {
+                if let Some(stall) = &mut this.stall {
+                    stall.armed = false;
+                }
+                read
+            }
+            Poll::Pending => match this.waiting(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(stalled) => Some(Err(stalled)),
+            },
+        };
+        match read {
             Some(Err(cut)) => {
                 let target = match &mut this.reading {
                     Reading::Own(body) => body.home().map(|home| home.key.authority().clone()),
