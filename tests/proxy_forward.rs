@@ -537,6 +537,53 @@ async fn upgrade_requests_are_tunnelled_after_101() {
     assert_eq!(seen[0].get("connection").unwrap(), "upgrade");
 }
 
+/// A tunnel with no bytes either way for `timeouts.idle` is closed (as nginx closes one after
+/// `proxy_read_timeout`); one in use stays open past it.
+#[tokio::test]
+async fn an_idle_tunnel_is_closed_after_idle() {
+    let upstream = CountingUpstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "timeouts: {idle: 1s}", "", "")).await;
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(
+        b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut byte))
+            .await
+            .expect("101 in time")
+            .unwrap();
+        assert_eq!(n, 1, "closed after {:?}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    // in use for three times `idle`: open all along
+    for _ in 0..10 {
+        s.write_all(b"ping").await.unwrap();
+        let mut back = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back))
+            .await
+            .expect("echo in time")
+            .expect("the tunnel is open");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // then silent: closed within two `idle`s (and some slack)
+    let started = Instant::now();
+    let mut rest = [0u8; 16];
+    let end = tokio::time::timeout(Duration::from_secs(6), s.read(&mut rest))
+        .await
+        .expect("an idle tunnel is closed");
+    assert!(matches!(end, Ok(0) | Err(_)), "{end:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// An upgrade to anything but WebSocket is not passed on (`h2c` above all: a tunnel would
 /// carry later requests past the routes and limits): the request goes on as a plain one, and
 /// bytes sent after it are read as the next request, routed like any other.

@@ -147,6 +147,7 @@ pub fn build_proxy(
             headers,
             key_prefix: prefix.clone(),
             upstream_response: config.timeouts.upstream_response,
+            tunnel_idle: config.timeouts.idle,
             max_body_size: config.max_body_size,
         },
     })

@@ -182,6 +182,8 @@ pub struct Forward<'a> {
     pub trusted_peer: bool,
     /// past this without a response head: 504
     pub response_timeout: Duration,
+    /// an upgraded tunnel with no bytes either way for this long is closed
+    pub tunnel_idle: Duration,
     /// larger request bodies get 413
     pub max_body_size: Option<u64>,
     /// upgraded (WebSocket) tunnels run here, so that shutdown can wait for them
@@ -290,8 +292,12 @@ fn answered(
     let switched = match client_upgrade {
         Some(client_side) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
             let upstream_side = hyper::upgrade::on(&mut resp);
-            f.tunnels
-                .spawn(tunnel(client_side, upstream_side, f.upstream.to_string()));
+            f.tunnels.spawn(tunnel(
+                client_side,
+                upstream_side,
+                f.upstream.to_string(),
+                f.tunnel_idle,
+            ));
             resp.headers().get(header::UPGRADE).cloned()
         }
         _ => None,
@@ -426,7 +432,11 @@ fn set_upgrade(headers: &mut HeaderMap, proto: HeaderValue) {
 
 /// Copies bytes both ways between the upgraded client and upstream connections until either
 /// side closes. Runs as its own task: the request handler has already returned the 101.
-async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, name: String) {
+/// Copies an upgraded connection's bytes both ways until either side closes, or until no byte
+/// has passed either way for `idle` (as nginx closes a WebSocket tunnel after
+/// `proxy_read_timeout`: a silent tunnel, which no limit counts after its handshake, must not
+/// be held for ever).
+async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, name: String, idle: Duration) {
     let (client, upstream) = match tokio::try_join!(client, upstream) {
         Ok(both) => both,
         Err(e) => {
@@ -434,10 +444,80 @@ async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, name: String) {
             return;
         }
     };
-    let mut client = TokioIo::new(client);
-    let mut upstream = TokioIo::new(upstream);
-    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        tracing::debug!(upstream = %name, error = %e, "upgraded connection ended with an error");
+    let moved = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut client = Moving::new(TokioIo::new(client), moved.clone());
+    let mut upstream = Moving::new(TokioIo::new(upstream), moved.clone());
+    let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
+    let watch = async {
+        // wakes once per `idle`: closes when no byte moved since the wake before
+        let mut seen = moved.load(Ordering::Relaxed);
+        loop {
+            tokio::time::sleep(idle).await;
+            let now = moved.load(Ordering::Relaxed);
+            if now == seen {
+                return;
+            }
+            seen = now;
+        }
+    };
+    tokio::select! {
+        copied = copy => if let Err(e) = copied {
+            tracing::debug!(upstream = %name, error = %e, "upgraded connection ended with an error");
+        },
+        () = watch => tracing::debug!(upstream = %name, ?idle, "upgraded connection idle: closed"),
+    }
+}
+
+/// An upgraded connection's side, counting the bytes that pass through it into a counter the
+/// two sides share.
+struct Moving<T> {
+    io: T,
+    moved: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<T> Moving<T> {
+    fn new(io: T, moved: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        Moving { io, moved }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Moving<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
+        let read = buf.filled().len() - before;
+        if read > 0 {
+            self.moved.fetch_add(read as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Moving<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

@@ -87,6 +87,8 @@ pub struct Settings {
     pub key_prefix: String,
     /// no response head within this: 504
     pub upstream_response: Duration,
+    /// an upgraded (WebSocket) tunnel with no bytes either way for this long is closed
+    pub tunnel_idle: Duration,
     /// larger request bodies: 413
     pub max_body_size: Option<u64>,
 }
@@ -458,6 +460,7 @@ impl Proxy {
                 proto: if conn.tls { "https" } else { "http" },
                 trusted_peer: peer_trusted,
                 response_timeout: self.settings.upstream_response,
+                tunnel_idle: self.settings.tunnel_idle,
                 max_body_size: self.settings.max_body_size,
                 tunnels: &self.tunnels,
             };
