@@ -340,3 +340,37 @@ async fn shutdown_does_not_wait_for_a_silent_tls_client() {
         started.elapsed()
     );
 }
+
+/// A plain HTTP request sent to the TLS listener gets a 400 saying so (as nginx answers), not a
+/// TLS alert the client's HTTP parser cannot read; TLS clients are served as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_to_the_tls_port_gets_400() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let certs = Certs::new();
+    let upstream = common::Upstream::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ntls: {{cert: \"{}\", key: \"{}\"}}\nupstreams:\n  api: {{targets: [{}]}}\nroutes:\n  - name: api\n    upstream: api\n",
+        certs.cert(),
+        certs.key(),
+        upstream.url()
+    );
+    let proxy = common::Proxy::start(&yaml).await;
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+        "{answer}"
+    );
+    let (_, body) = answer.split_once("\r\n\r\n").unwrap();
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(body["error"], "bad_request");
+    assert!(upstream.seen().is_empty());
+}

@@ -143,19 +143,37 @@ pub(super) async fn accept_loop(
     }
 }
 
+/// What a client speaking plain HTTP to a TLS listener is answered (as nginx and Go's server
+/// answer it), rather than a TLS alert its HTTP parser cannot read.
+const PLAIN_TO_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n\
+    Content-Length: 75\r\nConnection: close\r\n\r\n\
+    {\"error\":\"bad_request\",\"message\":\"a plain HTTP request sent to a TLS port\"}";
+
 async fn handshake(
     acceptor: &TlsAcceptor,
-    stream: TcpStream,
+    mut stream: TcpStream,
     limit: Duration,
 ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
-    match tokio::time::timeout(limit, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => Some(tls),
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "TLS handshake failed");
-            None
+    let shake = async {
+        // a TLS client's first byte is a handshake record's (22); an HTTP request's is the
+        // first letter of its method
+        let mut first = [0u8; 1];
+        if stream.peek(&mut first).await.ok()? == 1 && first[0].is_ascii_uppercase() {
+            use tokio::io::AsyncWriteExt;
+            let _ = stream.write_all(PLAIN_TO_TLS).await;
+            let _ = stream.shutdown().await;
+            tracing::debug!("a plain HTTP request on a TLS listener: 400");
+            return None;
         }
-        Err(_) => None,
-    }
+        match acceptor.accept(stream).await {
+            Ok(tls) => Some(tls),
+            Err(e) => {
+                tracing::debug!(error = %e, "TLS handshake failed");
+                None
+            }
+        }
+    };
+    tokio::time::timeout(limit, shake).await.ok().flatten()
 }
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4), which a client speaking HTTP/2 by prior
