@@ -496,12 +496,9 @@ async fn x_forwarded_for_from_a_trusted_proxy_appends_the_peer() {
     assert_eq!(xfh, ["pub.example.com"]);
 }
 
-/// An `Upgrade` request that the upstream accepts with 101 becomes a two-way byte tunnel; the
-/// upstream sees the handshake headers and the client gets them back.
-#[tokio::test]
-async fn upgrade_requests_are_tunnelled_after_101() {
-    let upstream = CountingUpstream::start().await;
-    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+/// Sends a WebSocket upgrade request for `/v1/ws` on a new connection: the connection, and the
+/// response head read from it (byte by byte: nothing after it).
+async fn upgraded(proxy: &Proxy) -> (tokio::net::TcpStream, String) {
     let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     s.write_all(
         b"GET /v1/ws HTTP/1.1\r\nHost: api.example.com\r\n\
@@ -519,7 +516,17 @@ async fn upgrade_requests_are_tunnelled_after_101() {
         assert_eq!(n, 1, "closed after {:?}", String::from_utf8_lossy(&head));
         head.push(byte[0]);
     }
-    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    (s, String::from_utf8(head).unwrap())
+}
+
+/// An `Upgrade` request that the upstream accepts with 101 becomes a two-way byte tunnel; the
+/// upstream sees the handshake headers and the client gets them back.
+#[tokio::test]
+async fn upgrade_requests_are_tunnelled_after_101() {
+    let upstream = CountingUpstream::start().await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    let (mut s, head) = upgraded(&proxy).await;
+    let head = head.to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("\r\nupgrade: websocket\r\n"), "{head}");
     assert!(head.contains("\r\nconnection: upgrade\r\n"), "{head}");
@@ -543,23 +550,8 @@ async fn upgrade_requests_are_tunnelled_after_101() {
 async fn an_idle_tunnel_is_closed_after_idle() {
     let upstream = CountingUpstream::start().await;
     let proxy = Proxy::start(&config(&[upstream.url()], "timeouts: {idle: 1s}", "", "")).await;
-    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    s.write_all(
-        b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut byte))
-            .await
-            .expect("101 in time")
-            .unwrap();
-        assert_eq!(n, 1, "closed after {:?}", String::from_utf8_lossy(&head));
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    let (mut s, head) = upgraded(&proxy).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head:?}");
     // in use for three times `idle`: open all along
     for _ in 0..10 {
         s.write_all(b"ping").await.unwrap();

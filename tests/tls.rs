@@ -317,18 +317,23 @@ async fn a_renewed_certificate_is_served_after_a_reload() {
     );
 }
 
+/// A TLS listener with `certs` in front of `upstream`, `top` added at the top level.
+fn tls_listener(certs: &Certs, upstream: &common::Upstream, top: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\ntls: {{cert: \"{}\", key: \"{}\"}}\n{top}\nupstreams:\n  api: {{targets: [{}]}}\nroutes:\n  - name: api\n    upstream: api\n",
+        certs.cert(),
+        certs.key(),
+        upstream.url()
+    )
+}
+
 /// Shutdown does not wait for a TLS handshake under way: a client that connected and sent
 /// nothing is dropped at once (as on a cleartext listener), not after `client_header`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_does_not_wait_for_a_silent_tls_client() {
     let certs = Certs::new();
     let upstream = common::Upstream::start().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0\ntls: {{cert: \"{}\", key: \"{}\"}}\ntimeouts: {{client_header: 20s}}\nupstreams:\n  api: {{targets: [{}]}}\nroutes:\n  - name: api\n    upstream: api\n",
-        certs.cert(),
-        certs.key(),
-        upstream.url()
-    );
+    let yaml = tls_listener(&certs, &upstream, "timeouts: {client_header: 20s}");
     let proxy = common::Proxy::start(&yaml).await;
     let _silent = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -348,12 +353,7 @@ async fn plain_http_to_the_tls_port_gets_400() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let certs = Certs::new();
     let upstream = common::Upstream::start().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0\ntls: {{cert: \"{}\", key: \"{}\"}}\nupstreams:\n  api: {{targets: [{}]}}\nroutes:\n  - name: api\n    upstream: api\n",
-        certs.cert(),
-        certs.key(),
-        upstream.url()
-    );
+    let yaml = tls_listener(&certs, &upstream, "");
     let proxy = common::Proxy::start(&yaml).await;
     let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
