@@ -1274,6 +1274,8 @@ async fn the_response_timeout_starts_when_the_body_has_been_sent() {
     .await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("request_timeout"), "{answer}");
+    // the body was not read to its end: the connection ends, and the answer says so
+    assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -1307,6 +1309,11 @@ async fn body_over_max_size_with_content_length_is_413() {
     .await;
     assert_eq!(a.status, 413, "{a:?}");
     assert_eq!(json(&a)["error"], "payload_too_large");
+    assert_eq!(
+        a.header("connection"),
+        Some("close"),
+        "the body is not read"
+    );
     assert_eq!(upstream.accepted(), 0);
     let a = send(
         Request::post(proxy.url("/v1/drain"))

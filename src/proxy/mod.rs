@@ -325,7 +325,8 @@ impl Proxy {
     /// Serves one request through the phases, then records its metrics and access log line.
     pub async fn handle(&self, req: Request<Incoming>, conn: Conn) -> Response<Body> {
         // an HTTP/1 CONNECT is refused, and the bytes after it (the tunnel's) are no requests
-        let close = *req.method() == http::Method::CONNECT && req.version() < http::Version::HTTP_2;
+        let http1 = req.version() < http::Version::HTTP_2;
+        let mut close = *req.method() == http::Method::CONNECT && http1;
         let http10 = req.version() == http::Version::HTTP_10;
         let mut record = Record {
             proxy: self,
@@ -353,6 +354,15 @@ impl Proxy {
                     }
                     _ => tracing::debug!(error = %err, "answered by the proxy"),
                 }
+                // a request body refused, malformed or stalled is not read to its end: the
+                // connection ends with this answer, and says so (as nginx's 413 and 408 do)
+                close |= http1
+                    && matches!(
+                        err,
+                        ProxyError::BodyTooLarge
+                            | ProxyError::BadBody
+                            | ProxyError::ClientBodyTimeout { .. }
+                    );
                 respond::error(&err)
             }
         };
