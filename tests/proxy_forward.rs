@@ -976,17 +976,15 @@ async fn unframeable_or_cut_responses_are_not_passed_on_as_whole() {
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 3);
 }
 
-/// A short body cut by the upstream (10 000 bytes announced, 5 sent, then the close) reaches
-/// the client as nginx passes it: the head and the 5 bytes, then the connection closes. Never
-/// a close with no response at all (which a client may take as leave to send it again).
-#[tokio::test]
-async fn a_cut_body_reaches_the_client_with_its_head_then_the_close() {
-    // (on a thread of its own: the answer and the close leave together, as they do from
-    // most servers, and reach the proxy in one turn of its runtime)
+/// An upstream (on a thread of its own) that answers each request head with 10 000 bytes
+/// announced and 5 sent, then closes the connection, or with `hold`, keeps it open sending
+/// nothing more.
+fn short_body_upstream(hold: bool) -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let upstream = format!("http://{}", listener.local_addr().unwrap());
     std::thread::spawn(move || {
         use std::io::{Read, Write};
+        let mut held = Vec::new();
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
             let mut head = Vec::new();
@@ -998,8 +996,22 @@ async fn a_cut_body_reaches_the_client_with_its_head_then_the_close() {
                 }
             }
             let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10000\r\n\r\nabcde");
+            if hold {
+                held.push(stream);
+            }
         }
     });
+    upstream
+}
+
+/// A short body cut by the upstream (10 000 bytes announced, 5 sent, then the close) reaches
+/// the client as nginx passes it: the head and the 5 bytes, then the connection closes. Never
+/// a close with no response at all (which a client may take as leave to send it again).
+#[tokio::test]
+async fn a_cut_body_reaches_the_client_with_its_head_then_the_close() {
+    // (on a thread of its own: the answer and the close leave together, as they do from
+    // most servers, and reach the proxy in one turn of its runtime)
+    let upstream = short_body_upstream(false);
     let tries = 12;
     let proxy = Proxy::start(&config(&[upstream], "workers: 1", "", "")).await;
     for i in 0..tries {
@@ -1022,25 +1034,7 @@ async fn a_cut_body_reaches_the_client_with_its_head_then_the_close() {
 /// Both clients of the pool: a bodiless request's and one with a body.
 #[tokio::test]
 async fn a_body_the_upstream_stops_sending_is_cut_after_upstream_response() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let upstream = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        let mut held = Vec::new();
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let mut head = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                match stream.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => head.extend_from_slice(&buf[..n]),
-                }
-            }
-            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10000\r\n\r\nabcde");
-            held.push(stream);
-        }
-    });
+    let upstream = short_body_upstream(true);
     let timeouts = "timeouts: {upstream_response: 1s}";
     let proxy = Proxy::start(&config(&[upstream], timeouts, "", "")).await;
     for request in [

@@ -430,12 +430,10 @@ fn set_upgrade(headers: &mut HeaderMap, proto: HeaderValue) {
     headers.insert(header::UPGRADE, proto);
 }
 
-/// Copies bytes both ways between the upgraded client and upstream connections until either
-/// side closes. Runs as its own task: the request handler has already returned the 101.
 /// Copies an upgraded connection's bytes both ways until either side closes, or until no byte
 /// has passed either way for `idle` (as nginx closes a WebSocket tunnel after
 /// `proxy_read_timeout`: a silent tunnel, which no limit counts after its handshake, must not
-/// be held for ever).
+/// be held for ever). Runs as its own task: the request handler has already returned the 101.
 async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, name: String, idle: Duration) {
     let (client, upstream) = match tokio::try_join!(client, upstream) {
         Ok(both) => both,
@@ -444,9 +442,16 @@ async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, name: String, idle: Dura
             return;
         }
     };
-    let moved = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut client = Moving::new(TokioIo::new(client), moved.clone());
-    let mut upstream = Moving::new(TokioIo::new(upstream), moved.clone());
+    // (both sides and the watch run in this one task: the counter is borrowed, not shared)
+    let moved = std::sync::atomic::AtomicU64::new(0);
+    let mut client = Moving {
+        io: TokioIo::new(client),
+        moved: &moved,
+    };
+    let mut upstream = Moving {
+        io: TokioIo::new(upstream),
+        moved: &moved,
+    };
     let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
     let watch = async {
         // wakes once per `idle`: closes when no byte moved since the wake before
@@ -468,20 +473,14 @@ async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, name: String, idle: Dura
     }
 }
 
-/// An upgraded connection's side, counting the bytes that pass through it into a counter the
-/// two sides share.
-struct Moving<T> {
+/// An upgraded connection's side, counting the bytes read from it into a counter the two
+/// sides share (every byte copied is read once).
+struct Moving<'a, T> {
     io: T,
-    moved: Arc<std::sync::atomic::AtomicU64>,
+    moved: &'a std::sync::atomic::AtomicU64,
 }
 
-impl<T> Moving<T> {
-    fn new(io: T, moved: Arc<std::sync::atomic::AtomicU64>) -> Self {
-        Moving { io, moved }
-    }
-}
-
-impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Moving<T> {
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Moving<'_, T> {
     fn poll_read(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -497,7 +496,7 @@ impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Moving<T> {
     }
 }
 
-impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Moving<T> {
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Moving<'_, T> {
     fn poll_write(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,

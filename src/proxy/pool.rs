@@ -500,14 +500,15 @@ impl Pooled {
         let Some(stall) = &mut self.stall else {
             return Poll::Pending;
         };
-        let deadline = tokio::time::Instant::now() + stall.limit;
-        let timer = stall
-            .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         if !stall.armed {
-            timer.as_mut().reset(deadline);
+            let deadline = tokio::time::Instant::now() + stall.limit;
+            match &mut stall.timer {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => stall.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
             stall.armed = true;
         }
+        let timer = stall.timer.as_mut().expect("armed above");
         ready!(timer.as_mut().poll(cx));
         let limit = stall.limit;
         Poll::Ready(format!("the upstream sent nothing of the body for {limit:?}").into())

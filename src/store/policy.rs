@@ -189,13 +189,18 @@ impl GuardedStore {
     }
 
     /// `call` to the shared store when the breaker lets it go, its outcome recorded;
-    /// [`StoreError::CircuitOpen`] when it does not.
+    /// [`StoreError::CircuitOpen`] when it does not (counted as skipped for a request's call).
     async fn through_breaker<T>(
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
+        request: bool,
     ) -> Result<T, StoreError> {
         let Some(permit) = self.breaker.allow_now() else {
-            return Err(self.skipped());
+            return Err(if request {
+                self.skipped()
+            } else {
+                StoreError::CircuitOpen
+            });
         };
         let _in_flight = InFlight {
             breaker: &self.breaker,
@@ -217,22 +222,9 @@ impl Store for GuardedStore {
             // Without one, the store is asked, through the breaker like a request's call: a
             // probe that finds Redis back closes the breaker, so an instance that a load
             // balancer stopped sending requests to (because this said no) still comes back.
-            // One that finds it unready (also a Cluster answering that its state is not ok)
-            // is a failure, never a success that closes the breaker. Not a request's call, it
-            // is not counted in the store's error metrics.
-            let Some(permit) = self.breaker.allow_now() else {
-                return Err(StoreError::CircuitOpen);
-            };
-            let _in_flight = InFlight {
-                breaker: &self.breaker,
-                permit,
-            };
-            let result = self.primary.ready().await;
-            match &result {
-                Ok(()) => self.breaker.success(),
-                Err(e) => self.breaker.failure(permit, self.breaker.now(), e),
-            }
-            result
+            // Not a request's call, a probe kept from the store is not counted in the store's
+            // error metrics.
+            self.through_breaker(self.primary.ready(), false).await
         })
     }
 
@@ -260,7 +252,7 @@ impl Store for GuardedStore {
             // to the store that decided: the shared one, or (it failing, with `local`) the
             // fallback; with `allow` or `deny` nothing was taken on a failure
             let shared = self
-                .through_breaker(self.primary.give_back(key, alg, age_ms, now))
+                .through_breaker(self.primary.give_back(key, alg, age_ms, now), true)
                 .await;
             if shared.is_err() && self.on_error == OnError::Local {
                 self.local
@@ -280,7 +272,7 @@ impl Store for GuardedStore {
         Box::pin(async move {
             // The local schedule holds too, so the fallback obeys the upstream during an outage.
             let local = self.local.hold(key, pace, hold_ms, now);
-            let shared = self.through_breaker(self.primary.defer(key, pace, hold_ms, now));
+            let shared = self.through_breaker(self.primary.defer(key, pace, hold_ms, now), true);
             Ok(shared.await.unwrap_or(local))
         })
     }

@@ -155,10 +155,11 @@ impl RedisStore {
                 if info.lines().any(|l| l.trim() == "cluster_state:ok") {
                     return Ok(());
                 }
-                Err(StoreError::Reply {
-                    script: "CLUSTER INFO",
-                    detail: "the cluster's state is not ok (a slot is not covered)".into(),
-                })
+                // (an outage, as the CLUSTERDOWN its keys' calls then get)
+                Err(StoreError::Redis(::redis::RedisError::from((
+                    ::redis::ErrorKind::Server(::redis::ServerErrorKind::ClusterDown),
+                    "the cluster's state is not ok (a slot is not covered)",
+                ))))
             }
         }
     }
