@@ -445,6 +445,68 @@ async fn checks_of_one_bucket_in_flight_together_run_as_one_script() {
     assert_eq!(seen, (0..10).map(|r| (true, r)).collect::<Vec<_>>());
 }
 
+/// A busy bucket far from empty leases tokens (`src/store/lease.rs`): a joined call takes some
+/// ahead, and the next checks of the bucket are answered from them. Redis counted every token
+/// before it was handed out (another instance sees the bucket without them while the lease is
+/// held), every check got a count of its own, as if run in its turn, and what the lease did not
+/// hand out is back in the bucket after its life: then the bucket holds exactly what was
+/// admitted. A bucket under 1 000 tokens never leases: Redis holds exactly that at every moment.
+#[tokio::test]
+async fn busy_buckets_lease_tokens_and_give_back_what_they_do_not_hand_out() {
+    let redis = common::Redis::start();
+    let s = store(redis.url(), Duration::from_secs(5));
+    let other = store(redis.url(), Duration::from_secs(5));
+    s.check("warm", &bucket(1.0, 1), None).await.unwrap();
+    other.check("warm2", &bucket(1.0, 1), None).await.unwrap();
+
+    // (refilled once in 1000 s: the counts below do not move while the test runs)
+    let big = bucket(0.001, 100_000);
+    let mut seen = Vec::new();
+    let mut probes = 0;
+    let mut leased = false;
+    for _ in 0..20 {
+        seen.extend(at_once(&s, "big", big, 200).await);
+        // what another instance finds in Redis at once (one check of its own, not joined)
+        let probe = other.check("big", &big, None).await.unwrap();
+        probes += 1;
+        let exact = 100_000 - seen.len() as u64 - probes;
+        assert!(
+            probe.allowed && probe.remaining <= exact,
+            "{probe:?}, {exact}"
+        );
+        if probe.remaining < exact {
+            leased = true;
+            break;
+        }
+    }
+    assert!(leased, "no lease held after {} checks", seen.len());
+    assert!(seen.iter().all(|&(allowed, _)| allowed));
+    let mut counts: Vec<u64> = seen.iter().map(|&(_, r)| r).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    assert_eq!(
+        counts.len(),
+        seen.len(),
+        "two checks were told the same count"
+    );
+
+    // the lease's life is 20 ms: what it did not hand out is given back
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let last = other.check("big", &big, None).await.unwrap();
+    probes += 1;
+    assert_eq!(last.remaining, 100_000 - seen.len() as u64 - probes);
+    assert!(*counts.first().unwrap() > last.remaining);
+
+    // a bucket of 999: never a token held beyond what was admitted
+    let small = bucket(0.001, 999);
+    let mut admitted = 0;
+    for round in 0..4 {
+        admitted += at_once(&s, "small", small, 200).await.len() as u64;
+        let probe = other.check("small", &small, None).await.unwrap();
+        assert_eq!(probe.remaining, 999 - admitted - round - 1, "round {round}");
+    }
+}
+
 /// Token-bucket checks of different keys (with the same limit) in flight together run as one
 /// script call with all their keys, and each caller gets its own bucket's answer; a key the
 /// script fails on (here one holding a hash) fails only its own check, and after `NOSCRIPT`

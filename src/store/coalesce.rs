@@ -57,8 +57,9 @@ pub(crate) struct Join {
 /// What a joined call adds up.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Kind {
-    /// a token bucket: the cost, its last argument; the joined call takes the sum
-    Tokens { cost: u64 },
+    /// a token bucket: the cost, its last argument; the joined call takes the sum (and may take
+    /// tokens ahead, [`super::lease`]); `burst` the bucket's size
+    Tokens { cost: u64, burst: u64 },
     /// a leaky bucket: one slot each, at `rate` per second, each waiting at most `max_delay_ms`
     Slots {
         rate: f64,
@@ -67,18 +68,19 @@ pub(crate) enum Kind {
 }
 
 impl Join {
-    fn cost(&self) -> u64 {
+    pub(crate) fn cost(&self) -> u64 {
         match self.kind {
-            Kind::Tokens { cost } => cost,
+            Kind::Tokens { cost, .. } => cost,
             Kind::Slots { .. } => 1,
         }
     }
 }
 
 /// Writes the one command of the calls `joins` (in order; `first` is the first call's command)
-/// into `out`; false, writing nothing, when they cannot be joined (more slots than `max_delay`
-/// holds even from an idle schedule).
-pub(crate) fn encode(first: &[u8], joins: &[Join], out: &mut Vec<u8>) -> bool {
+/// into `out`, taking `ahead` tokens more than the checks' for a lease (token buckets only);
+/// false, writing nothing, when they cannot be joined (more slots than `max_delay` holds even
+/// from an idle schedule).
+pub(crate) fn encode(first: &[u8], joins: &[Join], ahead: u64, out: &mut Vec<u8>) -> bool {
     let Some(join) = joins.first() else {
         return false;
     };
@@ -86,7 +88,7 @@ pub(crate) fn encode(first: &[u8], joins: &[Join], out: &mut Vec<u8>) -> bool {
     match join.kind {
         Kind::Tokens { .. } => {
             out.extend_from_slice(&first[..join.head]);
-            bulk(out, crate::decimal::digits(total, &mut [0; 20]));
+            bulk(out, crate::decimal::digits(total + ahead, &mut [0; 20]));
         }
         Kind::Slots { rate, max_delay_ms } => {
             let later = (total - 1) as f64 * join.interval_ms;
@@ -108,11 +110,12 @@ pub(crate) fn encode(first: &[u8], joins: &[Join], out: &mut Vec<u8>) -> bool {
     true
 }
 
-/// The reply of each joined call in `joins` (in order), from the joined call's `reply`; `None`
-/// when each must be sent again alone (also when the reply is not of the script's shape: each
-/// check alone then gets one to report).
-pub(crate) fn answer(reply: &Reply, joins: &[Join]) -> Option<Vec<Reply>> {
-    let total: u64 = joins.iter().map(Join::cost).sum();
+/// The reply of each joined call in `joins` (in order), from the joined call's `reply` (which
+/// took `ahead` tokens more than theirs, after them); `None` when each must be sent again alone
+/// (also when the reply is not of the script's shape: each check alone then gets one to
+/// report).
+pub(crate) fn answer(reply: &Reply, joins: &[Join], ahead: u64) -> Option<Vec<Reply>> {
+    let total: u64 = joins.iter().map(Join::cost).sum::<u64>() + ahead;
     match (joins.first()?.kind, reply) {
         (Kind::Tokens { .. }, Reply::Four(n)) if admitted(n) => Some(
             joins
@@ -190,7 +193,7 @@ fn admitted(reply: &[i64; 4]) -> bool {
 
 /// The reply one check of an admitted joined call would have got alone: `after` is the cost of
 /// the checks that took their tokens after it (the joined call's members are in order).
-fn share(reply: &[i64; 4], after: u64, join: &Join) -> [i64; 4] {
+pub(crate) fn share(reply: &[i64; 4], after: u64, join: &Join) -> [i64; 4] {
     let [allowed, remaining, retry_after, reset] = *reply;
     let later = i64::try_from(after).unwrap_or(i64::MAX);
     // remaining = floor((tolerance − tat_after + ε) / interval): moving the TAT back by
@@ -266,7 +269,7 @@ mod tests {
                     head: 0,
                     same: 0,
                     key: (0, 0),
-                    kind: Kind::Tokens { cost },
+                    kind: Kind::Tokens { cost, burst: 10 },
                     interval_ms: interval,
                 };
                 let alone = lua(start + taken as f64 * interval);
@@ -288,12 +291,12 @@ mod tests {
             head: 0,
             same: 0,
             key: (0, 0),
-            kind: Kind::Tokens { cost: 1 },
+            kind: Kind::Tokens { cost: 1, burst: 10 },
             interval_ms: 1.0,
         };
-        assert_eq!(answer(&Reply::Value(Value::Int(1)), &[join; 2]), None);
+        assert_eq!(answer(&Reply::Value(Value::Int(1)), &[join; 2], 0), None);
         assert_eq!(
-            answer(&Reply::Four(reply(1, 5, 0, 3)), &[join; 2]),
+            answer(&Reply::Four(reply(1, 5, 0, 3)), &[join; 2], 0),
             Some(vec![
                 Reply::Four(reply(1, 6, 0, 2)),
                 Reply::Four(reply(1, 5, 0, 3))
@@ -312,7 +315,7 @@ mod tests {
             head: 0,
             same: 0,
             key: (0, 0),
-            kind: Kind::Tokens { cost: 1 },
+            kind: Kind::Tokens { cost: 1, burst: 10 },
             interval_ms: interval,
         };
         // `tat − now` from a bucket with half a token to one overdrawn; 5 checks of cost 1
@@ -369,13 +372,13 @@ mod tests {
             },
         };
         let mut out = Vec::new();
-        assert!(encode(first, &[join(Some(550.0)); 4], &mut out));
+        assert!(encode(first, &[join(Some(550.0)); 4], 0, &mut out));
         assert_eq!(out, b"HEAD$3\r\n2.5\r\n$3\r\n250\r\n");
         let mut out = Vec::new();
-        assert!(encode(first, &[join(None); 3], &mut out));
+        assert!(encode(first, &[join(None); 3], 0, &mut out));
         assert_eq!(out, b"HEAD$18\r\n3.3333333333333335\r\n$0\r\n\r\n");
         let mut out = Vec::new();
-        assert!(!encode(first, &[join(Some(550.0)); 7], &mut out));
+        assert!(!encode(first, &[join(Some(550.0)); 7], 0, &mut out));
         assert!(out.is_empty());
         // admitted: each its own slot; refused past max_delay itself: each refused
         let reply = |admitted: i64, delay: &str| {
@@ -385,7 +388,7 @@ mod tests {
             ]))
         };
         assert_eq!(
-            answer(&reply(1, "12.345"), &[join(Some(550.0)); 3]),
+            answer(&reply(1, "12.345"), &[join(Some(550.0)); 3], 0),
             Some(vec![
                 reply(1, "12.345"),
                 reply(1, "112.345"),
@@ -394,10 +397,13 @@ mod tests {
         );
         let past = reply(0, "551.000");
         assert_eq!(
-            answer(&past, &[join(Some(550.0)); 2]),
+            answer(&past, &[join(Some(550.0)); 2], 0),
             Some(vec![past.clone(), past])
         );
-        assert_eq!(answer(&reply(0, "400.000"), &[join(Some(550.0)); 2]), None);
+        assert_eq!(
+            answer(&reply(0, "400.000"), &[join(Some(550.0)); 2], 0),
+            None
+        );
     }
 
     /// Equal heads hash equal; a change anywhere in a head (the key's last byte, a rate digit)

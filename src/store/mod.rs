@@ -9,6 +9,7 @@
 //! and the failure policy decides what that means.
 
 mod coalesce;
+mod lease;
 pub mod memory;
 mod pipe;
 pub mod policy;

@@ -32,6 +32,10 @@
 //! answers its own error; a call that fails whole (`NOSCRIPT`) ran nothing, and its checks go
 //! again alone.
 //!
+//! A joined call of a busy token bucket far from empty also takes a few tokens ahead, a lease
+//! ([`super::lease`]): the next checks of that bucket are answered from it in [`Pipe::call`],
+//! before they reach the driver, and what a lease does not hand out the driver gives back.
+//!
 //! A pipe has one such connection per worker thread (its *lanes*; see [`set_thread_lane`]):
 //! the calls of a worker's requests go over a connection whose driver runs on that worker's
 //! runtime, so neither the call nor its reply wakes another thread (a cross-thread wake-up is
@@ -43,7 +47,7 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -55,6 +59,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, Sleep};
 
 use super::coalesce::{self, Join};
+use super::lease::{self, Leases};
 use super::reply::Reply;
 
 /// Calls taken from the channel at a time.
@@ -122,7 +127,13 @@ pub(crate) enum Addr {
 /// ends when the handle is dropped.
 pub(crate) struct Pipe {
     endpoint: Endpoint,
-    lanes: Box<[OnceLock<mpsc::UnboundedSender<Call>>]>,
+    lanes: Box<[Lane]>,
+}
+
+/// One lane: the channel to its driver, and its leases ([`super::lease`]).
+struct Lane {
+    calls: OnceLock<mpsc::UnboundedSender<Call>>,
+    leases: Arc<lease::Lane>,
 }
 
 thread_local! {
@@ -179,10 +190,13 @@ impl Slot {
 /// What a command written to Redis is answered to.
 enum Waiting {
     One(Slot),
-    /// a joined call: its members in order, kept whole to be sent again alone if it is refused
-    Joined(Vec<Call>),
+    /// a joined call: its members in order, kept whole to be sent again alone if it is refused,
+    /// and the tokens it took ahead for a lease ([`super::lease`])
+    Joined(Vec<Call>, u64),
     /// one call for the checks of several keys: one reply each, in order
     Keys(Vec<Call>),
+    /// a lease's give-back: its reply is dropped
+    Nobody,
 }
 
 /// The lane's one timer: rings at (or before) the earliest deadline of the calls the driver
@@ -266,9 +280,10 @@ impl Alarm {
         for waiting in waiting.iter_mut() {
             match waiting {
                 Waiting::One(slot) => written(slot),
-                Waiting::Joined(calls) | Waiting::Keys(calls) => {
+                Waiting::Joined(calls, _) | Waiting::Keys(calls) => {
                     calls.iter_mut().for_each(|c| written(&mut c.slot));
                 }
+                Waiting::Nobody => {}
             }
         }
         if let Some(next) = next {
@@ -313,23 +328,31 @@ impl Pipe {
     pub(crate) fn new(endpoint: Endpoint, lanes: usize) -> Pipe {
         Pipe {
             endpoint,
-            lanes: (0..lanes.max(1)).map(|_| OnceLock::new()).collect(),
+            lanes: (0..lanes.max(1))
+                .map(|_| Lane {
+                    calls: OnceLock::new(),
+                    leases: Arc::new(lease::Lane::new()),
+                })
+                .collect(),
         }
     }
 
     /// Sends one encoded command and waits for its reply, until `deadline` at the latest; a
     /// server error reply is a [`Failure::Redis`]. With `join`, the command may be sent joined
-    /// with others of its bucket.
+    /// with others of its bucket, or be answered from its bucket's lease without being sent.
     pub(crate) async fn call(
         &self,
         command: Vec<u8>,
         join: Option<Join>,
         deadline: Instant,
     ) -> Answer {
-        let lane = LANE.with(Cell::get) % self.lanes.len();
-        let calls = self.lanes[lane].get_or_init(|| {
+        let lane = &self.lanes[LANE.with(Cell::get) % self.lanes.len()];
+        if let Some(reply) = join.and_then(|join| lane.leases.hand_out(&command, join)) {
+            return Ok(Reply::Four(reply));
+        }
+        let calls = lane.calls.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(drive(self.endpoint.clone(), rx));
+            tokio::spawn(drive(self.endpoint.clone(), rx, lane.leases.clone()));
             tx
         });
         let (reply, answer) = oneshot::channel();
@@ -348,7 +371,11 @@ impl Pipe {
 }
 
 /// The driver: connects when calls come, serves them until the connection breaks, repeats.
-async fn drive(endpoint: Endpoint, mut calls: mpsc::UnboundedReceiver<Call>) {
+async fn drive(
+    endpoint: Endpoint,
+    mut calls: mpsc::UnboundedReceiver<Call>,
+    leases: Arc<lease::Lane>,
+) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut alarm = Alarm::new();
     loop {
@@ -413,8 +440,8 @@ async fn drive(endpoint: Endpoint, mut calls: mpsc::UnboundedReceiver<Call>) {
             Ok(stream) => {
                 batch.append(&mut later);
                 match stream {
-                    Stream::Tcp(s) => serve(s, &mut calls, &mut batch, &mut alarm).await,
-                    Stream::Unix(s) => serve(s, &mut calls, &mut batch, &mut alarm).await,
+                    Stream::Tcp(s) => serve(s, &mut calls, &mut batch, &mut alarm, &leases).await,
+                    Stream::Unix(s) => serve(s, &mut calls, &mut batch, &mut alarm, &leases).await,
                 }
             }
         };
@@ -497,6 +524,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     calls: &mut mpsc::UnboundedReceiver<Call>,
     batch: &mut Vec<Call>,
     alarm: &mut Alarm,
+    leases: &lease::Lane,
 ) -> bool {
     let mut waiting: VecDeque<Waiting> = VecDeque::with_capacity(BATCH);
     let mut entries = Vec::with_capacity(BATCH);
@@ -526,7 +554,10 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         // (a written call past its deadline), batches go as they come, as before this rule:
         // a Redis that stopped answering then has data unacknowledged, so `TCP_USER_TIMEOUT`
         // breaks the connection, and calls that came meanwhile are not held for it.
-        if written == out.len() && !batch.is_empty() && (waiting.is_empty() || overdue) {
+        if written == out.len()
+            && (!batch.is_empty() || leases.with(|l| l.returning()))
+            && (waiting.is_empty() || overdue)
+        {
             if busy {
                 for _ in 0..GATHER_TURNS {
                     tokio::task::yield_now().await;
@@ -540,7 +571,19 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             out.clear();
             written = 0;
             busy = batch.len() > 1;
-            queue(batch, &mut entries, &mut joins, &mut out, &mut waiting);
+            leases.with(|leases| {
+                queue(
+                    batch,
+                    &mut entries,
+                    &mut joins,
+                    leases,
+                    &mut out,
+                    &mut waiting,
+                );
+                for _ in 0..leases.write_returns(&mut out) {
+                    waiting.push_back(Waiting::Nobody);
+                }
+            });
             // Most often the socket takes it all at once; what it does not take is written as
             // it drains, while replies are read and deadlines kept.
             if !out.is_empty() {
@@ -576,8 +619,13 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             io = socket => {
                 let error = match io {
                     Io::Read(Ok(0)) | Io::Wrote(Ok(0)) => closed(),
-                    Io::Read(Ok(_)) => match deliver(&mut input, &mut waiting, &mut joins, &mut again) {
-                        Ok(()) => {
+                    Io::Read(Ok(_)) => match leases.with(|l| {
+                        deliver(&mut input, &mut waiting, &mut joins, l, &mut again)
+                    }) {
+                        Ok(end) => {
+                            if let Some(end) = end {
+                                alarm.set(end);
+                            }
                             // sent again before the calls that came after them
                             if !again.is_empty() {
                                 batch.splice(0..0, again.drain(..));
@@ -594,7 +642,12 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 };
                 return broken(&mut waiting, &error);
             }
-            () = alarm.rung() => overdue |= alarm.expire(batch, &mut waiting),
+            () = alarm.rung() => {
+                overdue |= alarm.expire(batch, &mut waiting);
+                if let Some(end) = leases.with(|l| l.expire(Instant::now())) {
+                    alarm.set(end);
+                }
+            }
             n = calls.recv_many(batch, BATCH) => {
                 if n == 0 {
                     return false;
@@ -624,21 +677,31 @@ fn queue(
     batch: &mut Vec<Call>,
     entries: &mut Vec<(u64, Entry)>,
     joins: &mut Vec<Join>,
+    leases: &mut Leases,
     out: &mut Vec<u8>,
     waiting: &mut VecDeque<Waiting>,
 ) {
     let alone = batch.len() == 1;
     let now = Instant::now();
+    leases.expire(now);
     for mut call in batch.drain(..) {
         if call.slot.expire(now).is_none() {
             continue; // late or given up: not sent, so no reply to wait for
         }
-        let Some(join) = call.join.filter(|_| !alone) else {
+        let Some(join) = call.join else {
             entries.push((0, Entry::Alone(call)));
             continue;
         };
         let head = &call.command[..join.same];
         let hash = coalesce::hash(head);
+        if let Some(reply) = leases.hand_out(hash, head, join, now) {
+            call.slot.reply(Ok(Reply::Four(reply)));
+            continue;
+        }
+        if alone {
+            entries.push((0, Entry::Alone(call)));
+            continue;
+        }
         let same = entries.iter_mut().find(|(h, entry)| {
             let first = entry.first();
             *h == hash && first.join.is_some_and(|j| first.command[..j.same] == *head)
@@ -651,7 +714,7 @@ fn queue(
     // token-bucket checks of different keys with the same script and arguments: one call (a
     // batch of one call has nothing to put with it, and goes as it is)
     let mut keyed: Vec<Vec<Call>> = Vec::new();
-    for (_, entry) in entries.drain(..) {
+    for (hash, entry) in entries.drain(..) {
         match entry {
             Entry::Alone(call) if !alone && keyable(&call) => {
                 match keyed
@@ -669,8 +732,10 @@ fn queue(
             Entry::Joined(calls) => {
                 joins.clear();
                 joins.extend(calls.iter().filter_map(|c| c.join));
-                if coalesce::encode(&calls[0].command, joins, out) {
-                    waiting.push_back(Waiting::Joined(calls));
+                let head = &calls[0].command[..joins[0].same];
+                let ahead = leases.ahead(hash, head, joins);
+                if coalesce::encode(&calls[0].command, joins, ahead, out) {
+                    waiting.push_back(Waiting::Joined(calls, ahead));
                 } else {
                     for call in calls {
                         out.extend_from_slice(&call.command);
@@ -757,14 +822,17 @@ fn answer_keys(reply: Reply, calls: Vec<Call>, again: &mut Vec<Call>) {
 }
 
 /// Hands every complete reply in `input` to the call waiting longest, and drops those bytes.
-/// The checks of a joined call that was refused go into `again`, to be sent alone.
+/// The checks of a joined call that was refused go into `again`, to be sent alone. Returns
+/// when the first lease taken ends, if one was.
 fn deliver(
     input: &mut Vec<u8>,
     waiting: &mut VecDeque<Waiting>,
     joins: &mut Vec<Join>,
+    leases: &mut Leases,
     again: &mut Vec<Call>,
-) -> Result<(), RedisError> {
+) -> Result<Option<Instant>, RedisError> {
     let mut at = 0;
+    let mut end: Option<Instant> = None;
     let result = loop {
         let parsed = match parse_four(&input[at..]) {
             Some((four, used)) => Ok(Some((Reply::Four(four), used))),
@@ -776,12 +844,16 @@ fn deliver(
                 // the call may be late or given up: its reply is then dropped
                 match waiting.pop_front() {
                     Some(Waiting::One(mut slot)) => slot.reply(checked(reply)),
-                    Some(Waiting::Joined(calls)) => answer_joined(reply, calls, joins, again),
+                    Some(Waiting::Joined(calls, ahead)) => {
+                        let taken = answer_joined(reply, calls, ahead, joins, leases, again);
+                        end = end.or(taken);
+                    }
                     Some(Waiting::Keys(calls)) => answer_keys(reply, calls, again),
+                    Some(Waiting::Nobody) => {}
                     None => break Err(protocol("a reply to no command")),
                 }
             }
-            Ok(None) => break Ok(()),
+            Ok(None) => break Ok(end),
             Err(e) => break Err(e),
         }
     };
@@ -791,13 +863,34 @@ fn deliver(
 
 /// Shares the reply of a joined call out among its checks; when it was refused, refuses each
 /// check if the reply proves it would be refused alone, or else puts the checks into `again` to
-/// be decided one by one (see [`super::coalesce`]).
-fn answer_joined(reply: Reply, calls: Vec<Call>, joins: &mut Vec<Join>, again: &mut Vec<Call>) {
+/// be decided one by one (see [`super::coalesce`]). An admitted token-bucket call's reply, and
+/// the `ahead` tokens it took, are kept in `leases`; returns when that lease ends.
+fn answer_joined(
+    reply: Reply,
+    calls: Vec<Call>,
+    ahead: u64,
+    joins: &mut Vec<Join>,
+    leases: &mut Leases,
+    again: &mut Vec<Call>,
+) -> Option<Instant> {
     match checked(reply) {
         Ok(reply) => {
             joins.clear();
             joins.extend(calls.iter().filter_map(|c| c.join));
-            match coalesce::answer(&reply, joins) {
+            let replies = coalesce::answer(&reply, joins, ahead);
+            let mut end = None;
+            if let (Reply::Four(four), Some(&join)) = (&reply, joins.first()) {
+                if matches!(join.kind, coalesce::Kind::Tokens { .. }) {
+                    let head = &calls[0].command[..join.same];
+                    let hash = coalesce::hash(head);
+                    if four[0] == 1 {
+                        end = leases.taken(hash, head, join, four, ahead, Instant::now());
+                    } else {
+                        leases.refused(hash, head);
+                    }
+                }
+            }
+            match replies {
                 Some(replies) => {
                     for (mut call, reply) in calls.into_iter().zip(replies) {
                         call.slot.reply(Ok(reply));
@@ -805,11 +898,13 @@ fn answer_joined(reply: Reply, calls: Vec<Call>, joins: &mut Vec<Join>, again: &
                 }
                 None => again.extend(calls.into_iter().map(|call| Call { join: None, ..call })),
             }
+            end
         }
         Err(e) => {
             for mut call in calls {
                 call.slot.reply(Err(copy(&e)));
             }
+            None
         }
     }
 }
@@ -819,11 +914,12 @@ fn fail(waiting: &mut VecDeque<Waiting>, error: &RedisError) {
     for waiting in waiting.drain(..) {
         match waiting {
             Waiting::One(mut slot) => slot.reply(Err(copy(error))),
-            Waiting::Joined(calls) | Waiting::Keys(calls) => {
+            Waiting::Joined(calls, _) | Waiting::Keys(calls) => {
                 for mut call in calls {
                     call.slot.reply(Err(copy(error)));
                 }
             }
+            Waiting::Nobody => {}
         }
     }
 }

@@ -113,7 +113,8 @@ impl Scripts {
             (Some(now), _) => call = call.arg(Arg::Num(now)),
             (None, Algorithm::TokenBucket(b)) => {
                 let cost = b.cost.get().into();
-                call.joinable = Some((Kind::Tokens { cost }, b.rate.interval_ms()));
+                let burst = b.burst.get().into();
+                call.joinable = Some((Kind::Tokens { cost, burst }, b.rate.interval_ms()));
             }
             (None, Algorithm::LeakyBucket(p)) => {
                 let kind = Kind::Slots {
@@ -462,7 +463,7 @@ mod tests {
         let join = join.expect("joinable");
         assert_eq!(
             (join.kind, join.interval_ms),
-            (Kind::Tokens { cost: 1 }, 400.0)
+            (Kind::Tokens { cost: 1, burst: 10 }, 400.0)
         );
         assert_eq!(&out[join.head..], b"$1\r\n1\r\n");
         assert_eq!(join.same, join.head);

@@ -1,0 +1,378 @@
+//! Leases: a few tokens of a busy, far-from-empty token bucket taken ahead by a joined call, and
+//! handed to the next checks of that bucket on the same connection without a script run.
+//!
+//! Joining ([`super::coalesce`]) makes the checks of one bucket that wait together one script
+//! run; under a steady load that is still a run per round trip to Redis, and Redis's CPU and
+//! wake-ups for those runs were what kept the Redis bucket under the unlimited proxy's
+//! throughput (BENCHMARKS.md). A joined call of a bucket that is far from empty therefore takes
+//! [`AHEAD`] times its checks' tokens more, and the checks of that bucket that reach the lane
+//! during the lease's [`LIFE`] are answered from those tokens, in order, as if each had run the
+//! script in its turn: check k gets the remaining tokens and the reset the script would have
+//! answered had the lease's tokens been taken after it ([`super::coalesce::share`]).
+//!
+//! What that changes, and why it is bounded:
+//!
+//! * Nothing is admitted that Redis did not count: a leased token was taken from the bucket in
+//!   Redis before any check is answered with it, so no instance, alone or with others, admits
+//!   more than the limit.
+//! * A lease is taken only when the bucket, as the last joined reply of that bucket (at most
+//!   [`LIFE`] old) showed it, keeps at least half its burst after the lease; and a lease is at
+//!   most a thousandth of the burst ([`SHARE`]). So a bucket under 1 000 tokens never leases
+//!   (every check is the script's, exactly as before), and a check refused elsewhere while a
+//!   lease is held finds a bucket that another instance emptied of more than half its burst
+//!   within [`LIFE`].
+//! * Tokens of a lease not handed out by the end of its [`LIFE`] are given back
+//!   (`lua/give_back.lua`, which moves the bucket's TAT back by their time), so the fleet
+//!   admits no fewer than the limit for longer than that. Only a lease whose connection breaks
+//!   before its end loses its tokens (at most a thousandth of the burst).
+//! * A reply from a lease counts the tokens left as the lease's reply showed them, so it may
+//!   state fewer than the bucket holds (its refill since), never more; its reset counts down
+//!   with the time since the reply.
+//!
+//! Leases are per lane (one Redis connection of one worker): the lane's driver takes and ends
+//! them, and a caller is answered from them before its call is sent ([`Lane::hand_out`]), so a
+//! check served from a lease costs neither the channel to the driver nor a wake-up. The lock is
+//! the worker's own (each worker calls on its own lane), and not taken at all while the lane
+//! holds no lease.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::coalesce::{self, Join, Kind};
+use super::pipe::{bulk, push_count};
+
+/// How long a lease's tokens are handed out; what is left then is given back.
+pub(crate) const LIFE: Duration = Duration::from_millis(20);
+/// A lease takes this many times the joined checks' tokens.
+const AHEAD: u64 = 8;
+/// A lease is at most 1/SHARE of the bucket's burst.
+const SHARE: u64 = 1000;
+/// Buckets a lane keeps leases (or the last reply) of, at most: the buckets checked by more
+/// than one request at a time in the last [`LIFE`].
+const MAX: usize = 64;
+
+/// `give_back.lua`, sent whole with `EVAL` (Redis keeps it by its hash; a give-back is rare, and
+/// needs no `NOSCRIPT` round).
+const GIVE_BACK: &str = include_str!("../../lua/give_back.lua");
+
+/// The leases of one lane, as its callers and its driver share them.
+pub(crate) struct Lane {
+    /// whether any lease holds tokens: callers look no further when not
+    holding: AtomicBool,
+    leases: Mutex<Leases>,
+}
+
+impl Lane {
+    pub(crate) fn new() -> Lane {
+        Lane {
+            holding: AtomicBool::new(false),
+            leases: Mutex::new(Leases::new()),
+        }
+    }
+
+    /// The reply of the check `command` (joinable as `join`) from its bucket's lease, if the
+    /// lane holds one with its tokens.
+    pub(crate) fn hand_out(&self, command: &[u8], join: Join) -> Option<[i64; 4]> {
+        if !self.holding.load(Ordering::Relaxed) {
+            return None;
+        }
+        let head = &command[..join.same];
+        let hash = coalesce::hash(head);
+        self.with(|leases| leases.hand_out(hash, head, join, Instant::now()))
+    }
+
+    /// Runs `f` on the leases (for the driver), keeping the callers' shortcut true.
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Leases) -> T) -> T {
+        let mut leases: MutexGuard<'_, Leases> =
+            self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        let result = f(&mut leases);
+        self.holding.store(leases.tokens > 0, Ordering::Relaxed);
+        result
+    }
+}
+
+/// The leases of one lane.
+pub(crate) struct Leases {
+    /// tokens held by all of them
+    tokens: u64,
+    held: Vec<Held>,
+    /// the give-back commands to write next, and how many
+    returns: Vec<u8>,
+    count: usize,
+    /// when the first lease ends
+    next: Option<Instant>,
+}
+
+/// One bucket's lease.
+struct Held {
+    hash: u64,
+    /// the check's command up to its cost (script, key, rate, burst: [`Join::same`])
+    head: Box<[u8]>,
+    join: Join,
+    /// tokens taken and not yet handed out
+    tokens: u64,
+    /// the reply of the joined call that took them: the bucket after the lease
+    reply: [i64; 4],
+    /// when that reply came
+    at: Instant,
+}
+
+impl Leases {
+    pub(crate) fn new() -> Leases {
+        Leases {
+            tokens: 0,
+            held: Vec::new(),
+            returns: Vec::new(),
+            count: 0,
+            next: None,
+        }
+    }
+
+    /// Where the lease of the bucket whose checks' commands start with `head` is kept.
+    fn position(&self, hash: u64, head: &[u8]) -> Option<usize> {
+        self.held
+            .iter()
+            .position(|h| h.hash == hash && *h.head == *head)
+    }
+
+    /// The reply of a check of cost `join.cost()` whose command starts with `head` (hashed
+    /// `hash`), from its bucket's lease, if it holds the tokens.
+    pub(crate) fn hand_out(
+        &mut self,
+        hash: u64,
+        head: &[u8],
+        join: Join,
+        now: Instant,
+    ) -> Option<[i64; 4]> {
+        let cost = join.cost();
+        let at = self.position(hash, head)?;
+        let held = &mut self.held[at];
+        if held.tokens < cost || now >= held.at + LIFE {
+            return None;
+        }
+        held.tokens -= cost;
+        self.tokens -= cost;
+        let [allowed, remaining, retry, reset] = coalesce::share(&held.reply, held.tokens, &join);
+        // never sooner than the bucket is full: whole ms of the time since the reply only
+        let since = now.duration_since(held.at).as_millis() as i64;
+        Some([allowed, remaining, retry, (reset - since).max(1)])
+    }
+
+    /// How many tokens a joined call of `joins` (whose command starts with `head`, hashed
+    /// `hash`) takes ahead for a lease: none unless its bucket's last reply shows it keeps half
+    /// its burst after them.
+    pub(crate) fn ahead(&self, hash: u64, head: &[u8], joins: &[Join]) -> u64 {
+        let Some(Kind::Tokens { burst, .. }) = joins.first().map(|j| j.kind) else {
+            return 0;
+        };
+        let Some(at) = self.position(hash, head) else {
+            return 0;
+        };
+        let held = &self.held[at];
+        let cost: u64 = joins.iter().map(Join::cost).sum();
+        let lease = (AHEAD * cost).min(burst / SHARE);
+        let left = u64::try_from(held.reply[1]).unwrap_or(0);
+        if lease == 0 || left < cost + lease + burst / 2 {
+            return 0;
+        }
+        lease
+    }
+
+    /// Keeps what a joined call of `join`'s bucket answered (`reply`, admitted, with `ahead`
+    /// tokens taken for the lease) at `now`: the lease, and the bucket's tokens for the next
+    /// [`Leases::ahead`]. Returns when the lease ends, for the lane's alarm.
+    pub(crate) fn taken(
+        &mut self,
+        hash: u64,
+        head: &[u8],
+        join: Join,
+        reply: &[i64; 4],
+        ahead: u64,
+        now: Instant,
+    ) -> Option<Instant> {
+        let at = match self.position(hash, head) {
+            Some(at) => at,
+            None if self.held.len() < MAX => {
+                self.held.push(Held {
+                    hash,
+                    head: head.into(),
+                    join,
+                    tokens: 0,
+                    reply: *reply,
+                    at: now,
+                });
+                self.held.len() - 1
+            }
+            None => {
+                if ahead > 0 {
+                    // (no room: nothing may be held that is not kept; `ahead` took room for it)
+                    give_back(&mut self.returns, head, &join, ahead);
+                    self.count += 1;
+                }
+                return None;
+            }
+        };
+        let held = &mut self.held[at];
+        // tokens left of an earlier lease (fewer than a check's cost) stay taken, after these
+        held.tokens += ahead;
+        self.tokens += ahead;
+        held.reply = *reply;
+        held.at = now;
+        let end = now + LIFE;
+        self.next = Some(self.next.map_or(end, |n| n.min(end)));
+        Some(end)
+    }
+
+    /// A joined call of the bucket was refused: no lease until a reply shows it far from empty
+    /// again (tokens still held stay so).
+    pub(crate) fn refused(&mut self, hash: u64, head: &[u8]) {
+        if let Some(at) = self.position(hash, head) {
+            self.held[at].reply[1] = 0;
+        }
+    }
+
+    /// Ends the leases past their life at `now`: their tokens left are to be given back.
+    /// Returns when the next one ends.
+    pub(crate) fn expire(&mut self, now: Instant) -> Option<Instant> {
+        if self.next.is_none_or(|next| next > now) {
+            return self.next;
+        }
+        let mut next: Option<Instant> = None;
+        let (returns, count, tokens) = (&mut self.returns, &mut self.count, &mut self.tokens);
+        self.held.retain(|held| {
+            let end = held.at + LIFE;
+            if end > now {
+                next = Some(next.map_or(end, |n| n.min(end)));
+                return true;
+            }
+            if held.tokens > 0 {
+                give_back(returns, &held.head, &held.join, held.tokens);
+                *count += 1;
+                *tokens -= held.tokens;
+            }
+            false
+        });
+        self.next = next;
+        next
+    }
+
+    /// Give-backs waiting to be written.
+    pub(crate) fn returning(&self) -> bool {
+        self.count > 0
+    }
+
+    /// Appends the give-backs waiting to `out`; returns how many (each gets one reply, which
+    /// no one waits for).
+    pub(crate) fn write_returns(&mut self, out: &mut Vec<u8>) -> usize {
+        out.extend_from_slice(&self.returns);
+        self.returns.clear();
+        std::mem::take(&mut self.count)
+    }
+}
+
+/// `EVAL give_back.lua 1 key token_bucket taken_ms`: `tokens` of `join`'s bucket (whose check's
+/// command starts with `head`) back.
+fn give_back(out: &mut Vec<u8>, head: &[u8], join: &Join, tokens: u64) {
+    out.push(b'*');
+    push_count(out, 6);
+    bulk(out, b"EVAL");
+    bulk(out, GIVE_BACK.as_bytes());
+    bulk(out, b"1");
+    out.extend_from_slice(&head[join.key.0..join.key.1]);
+    bulk(out, b"token_bucket");
+    let taken = tokens as f64 * join.interval_ms;
+    bulk(out, taken.to_string().as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn join(cost: u64, burst: u64) -> Join {
+        Join {
+            head: 7,
+            same: 7,
+            key: (0, 7),
+            interval_ms: 10.0,
+            kind: Kind::Tokens { cost, burst },
+        }
+    }
+
+    /// A bucket under 1 000 tokens never leases; a larger one leases eight times the joined
+    /// checks' tokens, only while its last reply shows half its burst kept after them.
+    #[test]
+    fn leases_only_from_buckets_far_from_empty() {
+        let now = Instant::now();
+        let head = b"$1\r\nk\r\n";
+        let hash = coalesce::hash(head);
+        let mut leases = Leases::new();
+        // no reply seen yet: no lease
+        assert_eq!(leases.ahead(hash, head, &[join(1, 100_000); 3]), 0);
+        leases.taken(hash, head, join(1, 100_000), &[1, 90_000, 0, 5], 0, now);
+        assert_eq!(leases.ahead(hash, head, &[join(1, 100_000); 3]), 24);
+        // capped at a thousandth of the burst
+        assert_eq!(leases.ahead(hash, head, &[join(1, 100_000); 80]), 100);
+        // under half the burst kept after it: none
+        leases.taken(hash, head, join(1, 100_000), &[1, 50_005, 0, 5], 0, now);
+        assert_eq!(leases.ahead(hash, head, &[join(1, 100_000); 3]), 0);
+        // a small bucket, full: none
+        let small = b"$1\r\ns\r\n";
+        let hash = coalesce::hash(small);
+        leases.taken(hash, small, join(1, 999), &[1, 990, 0, 5], 0, now);
+        assert_eq!(leases.ahead(hash, small, &[join(1, 999); 3]), 0);
+    }
+
+    /// A lease hands its tokens out in order, each check told what the script would have told
+    /// it in its turn; then the next check is not served from it; past its life its tokens go
+    /// back, in one give-back naming the key and their time.
+    #[test]
+    fn a_lease_answers_in_order_then_gives_back_what_is_left() {
+        let now = Instant::now();
+        let head = b"$1\r\nk\r\n";
+        let hash = coalesce::hash(head);
+        let mut leases = Leases::new();
+        // a joined call took 3 checks' tokens and 4 ahead: 1000 left after all of it
+        let end = leases.taken(hash, head, join(1, 100_000), &[1, 1000, 0, 990_000], 4, now);
+        assert_eq!(end, Some(now + LIFE));
+        let got: Vec<_> = (0..3)
+            .map(|_| leases.hand_out(hash, head, join(1, 100_000), now))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                Some([1, 1003, 0, 989_970]),
+                Some([1, 1002, 0, 989_980]),
+                Some([1, 1001, 0, 989_990]),
+            ]
+        );
+        // a check of cost 2 does not fit the one token left; one of cost 1 does, 5 ms later
+        assert_eq!(leases.hand_out(hash, head, join(2, 100_000), now), None);
+        let later = now + Duration::from_millis(5);
+        assert_eq!(
+            leases.hand_out(hash, head, join(1, 100_000), later),
+            Some([1, 1000, 0, 989_995])
+        );
+        assert_eq!(leases.hand_out(hash, head, join(1, 100_000), later), None);
+        assert!(!leases.returning());
+        assert_eq!(leases.expire(later), Some(now + LIFE));
+
+        // another lease, not used: given back at its end
+        leases.taken(hash, head, join(1, 100_000), &[1, 990, 0, 5], 7, now);
+        assert_eq!(leases.expire(now + LIFE), None);
+        assert!(leases.returning());
+        let mut out = Vec::new();
+        assert_eq!(leases.write_returns(&mut out), 1);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("*6\r\n$4\r\nEVAL\r\n"), "{text}");
+        assert!(text.ends_with("\r\n$1\r\n1\r\n$1\r\nk\r\n$12\r\ntoken_bucket\r\n$2\r\n70\r\n"));
+        assert!(!leases.returning());
+        // and past its life, a lease answers nothing
+        assert_eq!(
+            leases.hand_out(hash, head, join(1, 100_000), now + LIFE),
+            None
+        );
+    }
+}
