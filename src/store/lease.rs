@@ -13,8 +13,11 @@
 //! What that changes, and why it is bounded:
 //!
 //! * Nothing is admitted that Redis did not count: a leased token was taken from the bucket in
-//!   Redis before any check is answered with it, so no instance, alone or with others, admits
-//!   more than the limit.
+//!   Redis before any check is answered with it. It was taken when the lease began, though, not
+//!   when it is handed out: if the bucket in Redis fills up meanwhile (its refill capped at the
+//!   burst, where the lease's tokens kept in it would have been), a span of time that starts
+//!   while the lease is held may admit the lease's tokens more than `burst + rate·T`: at most a
+//!   thousandth of the burst per lane, and once (a bucket under half its burst gets no lease).
 //! * A lease is taken only when the bucket, as the last joined reply of that bucket (at most
 //!   [`LIFE`] old) showed it, keeps at least half its burst after the lease; and a lease is at
 //!   most a thousandth of the burst ([`SHARE`]). So a bucket under 1 000 tokens never leases
