@@ -5,7 +5,8 @@
 //! run; under a steady load that is still a run per round trip to Redis, and Redis's CPU and
 //! wake-ups for those runs were what kept the Redis bucket under the unlimited proxy's
 //! throughput (BENCHMARKS.md). A joined call of a bucket that is far from empty therefore takes
-//! [`AHEAD`] times its checks' tokens more, and the checks of that bucket that reach the lane
+//! tokens more than its checks' (as many again at first, up to [`AHEAD`] times as many while
+//! the bucket's checks keep coming back for more: [`Leases::ahead`]), and the checks of that bucket that reach the lane
 //! during the lease's [`LIFE`] are answered from those tokens, in order, as if each had run the
 //! script in its turn: check k gets the remaining tokens and the reset the script would have
 //! answered had the lease's tokens been taken after it ([`super::coalesce::share`]).
@@ -26,11 +27,15 @@
 //!   within [`LIFE`].
 //! * Tokens of a lease not handed out by the end of its [`LIFE`] are given back
 //!   (`lua/give_back.lua`, which moves the bucket's TAT back by their time), so the fleet
-//!   admits no fewer than the limit for longer than that. Only a lease whose connection breaks
-//!   before its end loses its tokens (at most a thousandth of the burst).
-//! * A reply from a lease counts the tokens left as the lease's reply showed them, so it may
-//!   state fewer than the bucket holds (its refill since), never more; its reset counts down
-//!   with the time since the reply.
+//!   admits no fewer than the limit for longer than that (only a give-back written when its
+//!   connection breaks is lost: at most a thousandth of the burst).
+//! * A reply from a lease counts from the lease's reply: the bucket's refill since is not in it,
+//!   nor what other workers or instances took since (as any count is out of date once others
+//!   take tokens); its reset counts down with the time since the reply. Tokens given back raise
+//!   the bucket's count as a refill does, so a later check may be told a count that one
+//!   answered before was told too (an outside audit saw up to a fifth of 200 requests sent at
+//!   once share a count with another); among one lease's checks, and on one connection's
+//!   requests in turn, counts still go down one by one.
 //!
 //! Leases are per lane (one Redis connection of one worker): the lane's driver takes and ends
 //! them, and a caller is answered from them before its call is sent ([`Lane::hand_out`]), so a
@@ -117,6 +122,8 @@ struct Held {
     join: Join,
     /// tokens taken and not yet handed out
     tokens: u64,
+    /// the size of the last lease taken (0: none yet)
+    grant: u64,
     /// the reply of the joined call that took them: the bucket after the lease
     reply: [i64; 4],
     /// when that reply came
@@ -166,7 +173,10 @@ impl Leases {
 
     /// How many tokens a joined call of `joins` (whose command starts with `head`, hashed
     /// `hash`) takes ahead for a lease: none unless its bucket's last reply shows it keeps half
-    /// its burst after them.
+    /// its burst after them. The first lease of a bucket is as many tokens as the checks take;
+    /// each one after (its checks came back for more within a lease's life: the last one was
+    /// handed out) twice the last, up to [`AHEAD`] times the checks' tokens. A burst of
+    /// requests that ends leaves little to give back; a steady flow gets the large leases.
     pub(crate) fn ahead(&self, hash: u64, head: &[u8], joins: &[Join]) -> u64 {
         let Some(Kind::Tokens { burst, .. }) = joins.first().map(|j| j.kind) else {
             return 0;
@@ -176,7 +186,12 @@ impl Leases {
         };
         let held = &self.held[at];
         let cost: u64 = joins.iter().map(Join::cost).sum();
-        let lease = (AHEAD * cost).min(burst / SHARE);
+        let next = if held.grant == 0 {
+            cost
+        } else {
+            2 * held.grant
+        };
+        let lease = next.min(AHEAD * cost).min(burst / SHARE);
         let left = u64::try_from(held.reply[1]).unwrap_or(0);
         if lease == 0 || left < cost + lease + burst / 2 {
             return 0;
@@ -204,6 +219,7 @@ impl Leases {
                     head: head.into(),
                     join,
                     tokens: 0,
+                    grant: 0,
                     reply: *reply,
                     at: now,
                 });
@@ -222,6 +238,9 @@ impl Leases {
         // tokens left of an earlier lease (fewer than a check's cost) stay taken, after these
         held.tokens += ahead;
         self.tokens += ahead;
+        if ahead > 0 {
+            held.grant = ahead;
+        }
         held.reply = *reply;
         held.at = now;
         let end = now + LIFE;
@@ -304,8 +323,9 @@ mod tests {
         }
     }
 
-    /// A bucket under 1 000 tokens never leases; a larger one leases eight times the joined
-    /// checks' tokens, only while its last reply shows half its burst kept after them.
+    /// A bucket under 1 000 tokens never leases; a larger one leases only while its last reply
+    /// shows half its burst kept after the lease, growing from the checks' own tokens to eight
+    /// times them, and never over a thousandth of the burst.
     #[test]
     fn leases_only_from_buckets_far_from_empty() {
         let now = Instant::now();
@@ -315,9 +335,20 @@ mod tests {
         // no reply seen yet: no lease
         assert_eq!(leases.ahead(hash, head, &[join(1, 100_000); 3]), 0);
         leases.taken(hash, head, join(1, 100_000), &[1, 90_000, 0, 5], 0, now);
-        assert_eq!(leases.ahead(hash, head, &[join(1, 100_000); 3]), 24);
-        // capped at a thousandth of the burst
-        assert_eq!(leases.ahead(hash, head, &[join(1, 100_000); 80]), 100);
+        // the first lease as many tokens as the checks', then twice the last, up to 8 times
+        let mut grants = Vec::new();
+        for _ in 0..5 {
+            let ahead = leases.ahead(hash, head, &[join(1, 100_000); 3]);
+            leases.taken(hash, head, join(1, 100_000), &[1, 90_000, 0, 5], ahead, now);
+            grants.push(ahead);
+        }
+        assert_eq!(grants, [3, 6, 12, 24, 24]);
+        // and never over a thousandth of the burst
+        for want in [48, 96, 100, 100] {
+            let ahead = leases.ahead(hash, head, &[join(1, 100_000); 80]);
+            assert_eq!(ahead, want);
+            leases.taken(hash, head, join(1, 100_000), &[1, 90_000, 0, 5], ahead, now);
+        }
         // under half the burst kept after it: none
         leases.taken(hash, head, join(1, 100_000), &[1, 50_005, 0, 5], 0, now);
         assert_eq!(leases.ahead(hash, head, &[join(1, 100_000); 3]), 0);
