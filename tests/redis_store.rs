@@ -505,6 +505,21 @@ async fn busy_buckets_lease_tokens_and_give_back_what_they_do_not_hand_out() {
         let probe = other.check("small", &small, None).await.unwrap();
         assert_eq!(probe.remaining, 999 - admitted - round - 1, "round {round}");
     }
+
+    // with leases off (`store.leases: false`) a big bucket is exact at every moment too
+    let target = RedisTarget::Single(redis.url());
+    let exact = RedisStore::connect(&target, Duration::from_secs(5), 1).unwrap();
+    let exact = Arc::new(exact.with_leases(false));
+    let mut admitted = 0;
+    for round in 0..6 {
+        admitted += at_once(&exact, "off", big, 200).await.len() as u64;
+        let probe = other.check("off", &big, None).await.unwrap();
+        assert_eq!(
+            probe.remaining,
+            100_000 - admitted - round - 1,
+            "round {round}"
+        );
+    }
 }
 
 /// Token-bucket checks of different keys (with the same limit) in flight together run as one

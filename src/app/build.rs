@@ -50,7 +50,9 @@ pub async fn build_store(
         Backend::Redis { url } => RedisTarget::Single(url.clone()),
         Backend::Cluster { urls } => RedisTarget::Cluster(urls.clone()),
     };
-    let redis = RedisStore::connect(&target, config.timeout, workers).context("redis store")?;
+    let redis = RedisStore::connect(&target, config.timeout, workers)
+        .context("redis store")?
+        .with_leases(config.leases);
     // the error series of a shared store exist from the start, at zero
     for kind in StoreError::KINDS {
         metrics.store_error_known(kind);

@@ -50,6 +50,7 @@ pub(crate) fn store(chk: &mut Checker<'_>, raw: Option<&RawStore>) -> StoreConfi
         },
         instances,
         max_keys,
+        leases: raw.leases.get().copied().unwrap_or(default.leases),
     }
 }
 

@@ -96,6 +96,7 @@ pub(crate) struct RawStore {
     pub on_error: Field<RawOnError>,
     pub instances: Field<u64>,
     pub max_keys: Field<u64>,
+    pub leases: Field<bool>,
 }
 
 /// `store.backend`

@@ -97,6 +97,9 @@ fn store_line(config: &Config) -> String {
         if s.instances.get() > 1 {
             line.push_str(&format!(", instances {}", s.instances));
         }
+        if !s.leases {
+            line.push_str(", no leases");
+        }
     }
     line.push_str(&format!(", max_keys {}", s.max_keys));
     line
@@ -121,6 +124,7 @@ fn store_json(config: &Config) -> Value {
         "on_error": on_error(s.on_error),
         "instances": s.instances.get(),
         "max_keys": s.max_keys.get(),
+        "leases": s.leases,
     })
 }
 

@@ -88,6 +88,9 @@ pub struct StoreConfig {
     pub instances: NonZeroU32,
     /// `store.max_keys`: bound of the memory store and of the local fallback (default 1000000)
     pub max_keys: NonZeroUsize,
+    /// `store.leases`: busy token buckets of 1 000 tokens or more may lease a few tokens ahead
+    /// on each worker (README, "Store"; default true); false: every check is a Redis call
+    pub leases: bool,
 }
 
 impl Default for StoreConfig {
@@ -100,6 +103,7 @@ impl Default for StoreConfig {
             on_error: OnError::Local,
             instances: NonZeroU32::MIN,
             max_keys: NonZeroUsize::new(1_000_000).expect("a non-zero literal"),
+            leases: true,
         }
     }
 }

@@ -104,6 +104,8 @@ impl Lane {
 
 /// The leases of one lane.
 pub(crate) struct Leases {
+    /// whether leases are taken at all (`store.leases`)
+    pub(crate) enabled: bool,
     /// tokens held by all of them
     tokens: u64,
     held: Vec<Held>,
@@ -133,6 +135,7 @@ struct Held {
 impl Leases {
     pub(crate) fn new() -> Leases {
         Leases {
+            enabled: true,
             tokens: 0,
             held: Vec::new(),
             returns: Vec::new(),
@@ -181,6 +184,9 @@ impl Leases {
         let Some(Kind::Tokens { burst, .. }) = joins.first().map(|j| j.kind) else {
             return 0;
         };
+        if !self.enabled {
+            return 0;
+        }
         let Some(at) = self.position(hash, head) else {
             return 0;
         };

@@ -337,6 +337,13 @@ impl Pipe {
         }
     }
 
+    /// Whether the lanes take leases (they do unless told not to).
+    pub(crate) fn set_leases(&self, on: bool) {
+        for lane in &self.lanes {
+            lane.leases.with(|leases| leases.enabled = on);
+        }
+    }
+
     /// Sends one encoded command and waits for its reply, until `deadline` at the latest; a
     /// server error reply is a [`Failure::Redis`]. With `join`, the command may be sent joined
     /// with others of its bucket, or be answered from its bucket's lease without being sent.

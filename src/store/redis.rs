@@ -128,6 +128,15 @@ impl RedisStore {
         })
     }
 
+    /// Whether busy token buckets may lease tokens ahead ([`super::lease`]; on by default, and
+    /// only on the store's own connection).
+    pub fn with_leases(self, on: bool) -> RedisStore {
+        if let Conn::Pipe(pipe) = &self.conn {
+            pipe.set_leases(on);
+        }
+        self
+    }
+
     /// Sends `PING` (bounded by the timeout): for readiness checks and tests.
     pub async fn ping(&self) -> Result<(), StoreError> {
         match &self.conn {

@@ -16,6 +16,7 @@ fn a_file_with_only_listen_gets_every_default() {
     assert_eq!(c.store.on_error, OnError::Local);
     assert_eq!(c.store.instances.get(), 1);
     assert_eq!(c.store.max_keys.get(), 1_000_000);
+    assert!(c.store.leases);
     assert_eq!(c.store, StoreConfig::default());
     assert!(c.trusted_proxies.is_empty());
     assert_eq!(c.rate_limit_headers, HeaderStyle::Ietf);
@@ -330,4 +331,25 @@ upstreams (1):
 routes (1):
   all: every request -> api";
     assert_eq!(ok(MINIMAL).config.summary(), expected);
+}
+
+/// `store.leases: false` turns the leases of busy token buckets off; the summary and `/config`
+/// say so; a value that is not a boolean is an error at its place.
+#[test]
+fn store_leases_may_be_turned_off() {
+    let text = "listen: 0.0.0.0:8080\nstore: {url: redis://127.0.0.1:6379/0, leases: false}\n";
+    let c = ok(text).config;
+    assert!(!c.store.leases);
+    assert!(c.summary().contains(", no leases"), "{}", c.summary());
+    let on = ok("listen: 0.0.0.0:8080\nstore: {url: redis://127.0.0.1:6379/0}\n").config;
+    assert!(on.store.leases);
+    assert!(!on.summary().contains("leases"));
+    let bad = problems(
+        "listen: 0.0.0.0:8080\nstore:\n  url: redis://127.0.0.1:6379/0\n  leases: sometimes\n",
+    );
+    assert!(
+        bad.iter()
+            .any(|p| p.contains("proxy.yaml:4:") && p.contains("leases")),
+        "{bad:?}"
+    );
 }
