@@ -97,7 +97,7 @@ impl Lane {
         let mut leases: MutexGuard<'_, Leases> =
             self.leases.lock().unwrap_or_else(PoisonError::into_inner);
         let result = f(&mut leases);
-        self.holding.store(leases.tokens > 0, Ordering::Relaxed);
+        self.holding.store(leases.holding(), Ordering::Relaxed);
         result
     }
 }
@@ -106,14 +106,10 @@ impl Lane {
 pub(crate) struct Leases {
     /// whether leases are taken at all (`store.leases`)
     pub(crate) enabled: bool,
-    /// tokens held by all of them
-    tokens: u64,
     held: Vec<Held>,
     /// the give-back commands to write next, and how many
     returns: Vec<u8>,
     count: usize,
-    /// when the first lease ends
-    next: Option<Instant>,
 }
 
 /// One bucket's lease.
@@ -136,12 +132,15 @@ impl Leases {
     pub(crate) fn new() -> Leases {
         Leases {
             enabled: true,
-            tokens: 0,
             held: Vec::new(),
             returns: Vec::new(),
             count: 0,
-            next: None,
         }
+    }
+
+    /// Whether any lease holds tokens.
+    fn holding(&self) -> bool {
+        self.held.iter().any(|h| h.tokens > 0)
     }
 
     /// Where the lease of the bucket whose checks' commands start with `head` is kept.
@@ -167,7 +166,6 @@ impl Leases {
             return None;
         }
         held.tokens -= cost;
-        self.tokens -= cost;
         let [allowed, remaining, retry, reset] = coalesce::share(&held.reply, held.tokens, &join);
         // never sooner than the bucket is full: whole ms of the time since the reply only
         let since = now.duration_since(held.at).as_millis() as i64;
@@ -243,15 +241,12 @@ impl Leases {
         let held = &mut self.held[at];
         // tokens left of an earlier lease (fewer than a check's cost) stay taken, after these
         held.tokens += ahead;
-        self.tokens += ahead;
         if ahead > 0 {
             held.grant = ahead;
         }
         held.reply = *reply;
         held.at = now;
-        let end = now + LIFE;
-        self.next = Some(self.next.map_or(end, |n| n.min(end)));
-        Some(end)
+        Some(now + LIFE)
     }
 
     /// A joined call of the bucket was refused: no lease until a reply shows it far from empty
@@ -265,11 +260,8 @@ impl Leases {
     /// Ends the leases past their life at `now`: their tokens left are to be given back.
     /// Returns when the next one ends.
     pub(crate) fn expire(&mut self, now: Instant) -> Option<Instant> {
-        if self.next.is_none_or(|next| next > now) {
-            return self.next;
-        }
         let mut next: Option<Instant> = None;
-        let (returns, count, tokens) = (&mut self.returns, &mut self.count, &mut self.tokens);
+        let (returns, count) = (&mut self.returns, &mut self.count);
         self.held.retain(|held| {
             let end = held.at + LIFE;
             if end > now {
@@ -279,11 +271,9 @@ impl Leases {
             if held.tokens > 0 {
                 give_back(returns, &held.head, &held.join, held.tokens);
                 *count += 1;
-                *tokens -= held.tokens;
             }
             false
         });
-        self.next = next;
         next
     }
 
