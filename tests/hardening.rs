@@ -1301,6 +1301,82 @@ async fn idle_shorter_than_client_header_ends_keep_alive_waits() {
     assert_healthy(&proxy, "after idle").await;
 }
 
+/// A client that stops reading its response is cut off once it has taken no bytes for `send`
+/// (as nginx's `send_timeout`), although its request is still in flight; one that reads slowly,
+/// pausing for less than `send`, gets its whole response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_stop_reading_are_cut_off_after_send() {
+    let upstream = Upstream::start().await;
+    let top = "timeouts:\n  send: 1s\n  idle: 30s";
+    let proxy = Proxy::start(&config(&upstream.url(), top)).await;
+    let addr = proxy.addr;
+    // far more than the sockets between here and the upstream can hold
+    const HUGE: u64 = 8 << 30;
+    const CAP: u64 = 256 << 20;
+    let stalled = tokio::spawn(async move {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let head = format!("GET /s/bytes/{HUGE} HTTP/1.1\r\nHost: x\r\n\r\n");
+        s.write_all(head.as_bytes()).await.unwrap();
+        // reads nothing for three times `send`
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        // then takes what the sockets held, and must find the end of the connection there
+        let mut buf = vec![0u8; 1 << 20];
+        let mut first = Vec::new();
+        let mut total = 0u64;
+        while total < CAP {
+            match tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return Ok((first, total)),
+                Ok(Ok(n)) => {
+                    if first.len() < 12 {
+                        first.extend_from_slice(&buf[..n.min(12)]);
+                    }
+                    total += n as u64;
+                }
+                Err(_) => return Err(format!("no end and no bytes for 10 s after {total}")),
+            }
+        }
+        Err(format!("{total} bytes and still open: never cut off"))
+    });
+    // reads 12 MiB half a MiB at a time, pausing 150 ms between
+    let slow = tokio::spawn(async move {
+        const BODY: u64 = 12 << 20;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        // (the connection ends with the response: read to its end)
+        let head = format!("GET /s/bytes/{BODY} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut total = 0u64;
+        let mut since_pause = 0;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return total,
+                Ok(Ok(n)) => {
+                    total += n as u64;
+                    since_pause += n;
+                }
+            }
+            if since_pause >= 512 << 10 {
+                since_pause = 0;
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+        }
+    });
+    let stalled = stalled.await.unwrap();
+    let (first, total) = stalled.unwrap_or_else(|e| panic!("stalled client: {e}"));
+    println!("stalled client: {total} bytes held in the sockets, then the end");
+    assert!(
+        first.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&first)
+    );
+    let total = slow.await.unwrap();
+    assert!(
+        total >= 12 << 20,
+        "a client reading slowly got {total} bytes of its 12 MiB"
+    );
+    assert_healthy(&proxy, "after a client stopped reading").await;
+}
+
 /// Resident set size of this process, in bytes.
 fn rss() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();

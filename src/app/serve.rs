@@ -90,6 +90,7 @@ pub(super) async fn accept_loop(
         let deadlines = Deadlines {
             client_header: timeouts.client_header,
             idle: timeouts.idle,
+            send: timeouts.send,
         };
         let ctx = ctx.clone();
         let watcher = graceful.watcher();
@@ -310,6 +311,9 @@ fn report<E: Display>(ended: Ended<E>, conn: Conn) {
         Ended::HeadTimeout => {
             tracing::debug!(peer = %conn.peer, "no complete request head within client_header");
         }
+        Ended::SendTimeout => {
+            tracing::debug!(peer = %conn.peer, "the client took no bytes within send");
+        }
     }
 }
 
@@ -319,11 +323,13 @@ enum Ended<E> {
     Closed(Result<(), E>),
     /// cut off: a request head (or a new connection's first) outlasted `client_header`
     HeadTimeout,
+    /// cut off: the client took no bytes for `send`
+    SendTimeout,
 }
 
 /// Runs `connection` under its deadlines: graceful shutdown on `stop` or after `idle`, cut off
-/// (dropped, closing the socket) when a head outlasts `client_header` or a graceful close does
-/// not finish within it.
+/// (dropped, closing the socket) when a head outlasts `client_header`, the client takes no
+/// bytes for `send`, or a graceful close does not finish within `client_header`.
 async fn drive<C, E>(
     mut connection: Pin<Box<C>>,
     graceful_shutdown: impl Fn(Pin<&mut C>),
@@ -347,7 +353,7 @@ where
                 tokio::select! {
                     biased;
                     _ = stop.wait_for(|stop| *stop), if !closing => Side::Stop,
-                    () = activity.head_started() => Side::Head,
+                    () = activity.sooner() => Side::Sooner,
                     () = &mut timer => Side::Timer,
                 }
             };
@@ -366,14 +372,15 @@ where
                 graceful_shutdown(connection.as_mut());
             }
             // while closing, the timer holds the grace deadline: nothing moves it
-            Side::Head if closing => {}
-            Side::Head => {
+            Side::Sooner if closing => {}
+            Side::Sooner => {
                 let next = activity.arm().unwrap_or_else(|_| Instant::now());
                 timer.as_mut().reset(next);
             }
             Side::Timer => match activity.arm() {
                 Ok(next) => timer.as_mut().reset(next),
                 Err(Expired::Head) => return Ended::HeadTimeout,
+                Err(Expired::Send) => return Ended::SendTimeout,
                 Err(Expired::Idle) if !closing => {
                     closing = true;
                     graceful_shutdown(connection.as_mut());
@@ -392,8 +399,9 @@ where
 enum Side {
     /// the server is shutting down
     Stop,
-    /// a request head began
-    Head,
+    /// a deadline sooner than the timer's began (a request head, the connection idle, a
+    /// write that found the socket full)
+    Sooner,
     /// the deadline timer rang
     Timer,
 }

@@ -134,6 +134,7 @@ pub(crate) struct RawTimeouts {
     pub upstream_connect: Field<String>,
     pub upstream_response: Field<String>,
     pub idle: Field<String>,
+    pub send: Field<String>,
     pub shutdown: Field<String>,
 }
 

@@ -64,6 +64,7 @@ impl Config {
                 "upstream_connect": format_duration(t.upstream_connect),
                 "upstream_response": format_duration(t.upstream_response),
                 "idle": format_duration(t.idle),
+                "send": format_duration(t.send),
                 "shutdown": format_duration(t.shutdown),
             },
             "max_body_size": self.max_body_size,

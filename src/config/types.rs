@@ -153,6 +153,9 @@ pub struct Timeouts {
     pub upstream_response: Duration,
     /// `idle`: an idle client connection is closed after this (default 60s)
     pub idle: Duration,
+    /// `send`: a client that takes none of its response's bytes for this long is cut off, as
+    /// by nginx's `send_timeout` (default 60s)
+    pub send: Duration,
     /// `shutdown`: drain time after SIGTERM (default 30s)
     pub shutdown: Duration,
 }
@@ -164,6 +167,7 @@ impl Default for Timeouts {
             upstream_connect: Duration::from_secs(2),
             upstream_response: Duration::from_secs(30),
             idle: Duration::from_secs(60),
+            send: Duration::from_secs(60),
             shutdown: Duration::from_secs(30),
         }
     }

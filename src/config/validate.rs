@@ -354,6 +354,7 @@ fn timeouts(chk: &mut Checker<'_>, raw: &RawTimeouts) -> Timeouts {
             default.upstream_response,
         ),
         idle: chk.duration(&raw.idle, &path.key("idle"), default.idle),
+        send: chk.duration(&raw.send, &path.key("send"), default.send),
         // Zero is a valid drain time: stop at once.
         shutdown: {
             let path = path.key("shutdown");

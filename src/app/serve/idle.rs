@@ -6,6 +6,9 @@
 //!   sniffing, which has no timeout of its own. An expired head is cut off (the socket closed).
 //! * **`idle`**: a connection with no request in flight is closed this long after its last
 //!   response finished (as nginx's `keepalive_timeout`), gracefully: HTTP/2 gets a GOAWAY.
+//! * **`send`**: a connection whose client takes none of the bytes written to it for this long
+//!   (its socket stays full) is cut off, in flight or not (as nginx's `send_timeout`): a client
+//!   that stops reading a response cannot hold the connection, and the upstream's, for ever.
 //!
 //! hyper's own `header_read_timeout` cannot tell the two apart: it runs from the moment hyper
 //! waits for a head, so it would also end every keep-alive pause at `client_header`.
@@ -13,8 +16,9 @@
 //! Two observers feed [`Activity`]: [`Tracked`], the connection's I/O, notes the first bytes
 //! read while no request is in flight (a head begins); an [`InFlight`] guard, held by each
 //! request until hyper drops its response body (sent, or the connection gone), counts requests
-//! in flight. Nothing expires while a request is in flight: slow uploads and long responses are
-//! bounded by the upstream timeouts instead.
+//! in flight. Only `send` expires while a request is in flight: slow uploads and long responses
+//! are bounded by the upstream timeouts instead. [`Tracked`] also notes writes that find the
+//! socket full, and the next write that goes through.
 //!
 //! On HTTP/2, bytes between requests are mostly control frames (WINDOW_UPDATE, PING, SETTINGS
 //! acknowledgements), not the start of a head, so once a connection has carried an HTTP/2
@@ -37,13 +41,15 @@ use tokio::time::Instant;
 
 use crate::proxy::{Body, BoxError};
 
-/// The two timeouts, from `timeouts`.
+/// The connection's timeouts, from `timeouts`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Deadlines {
     /// `timeouts.client_header`
     pub(super) client_header: Duration,
     /// `timeouts.idle`
     pub(super) idle: Duration,
+    /// `timeouts.send`
+    pub(super) send: Duration,
 }
 
 /// Which deadline passed.
@@ -53,6 +59,8 @@ pub(super) enum Expired {
     Head,
     /// no request for `idle`
     Idle,
+    /// the client took no bytes for `send`
+    Send,
 }
 
 /// What one connection is doing, in milliseconds since it was accepted. Atomics rather than a
@@ -68,12 +76,14 @@ pub(super) struct Activity {
     head_since: AtomicU64,
     /// set by the first HTTP/2 request: reads between requests no longer start a head
     multiplexed: AtomicBool,
+    /// 1 + when a write first found the socket full; 0 while writes go through
+    send_blocked: AtomicU64,
     /// when the connection's timer is due; a head whose deadline comes earlier wakes it
     armed: AtomicU64,
-    /// woken when a head begins, or the last request in flight ends, with a deadline before
-    /// `armed`: on a busy keep-alive connection the timer is usually due sooner, so requests
-    /// cost no wake-up
-    head_started: Notify,
+    /// woken when a head begins, the last request in flight ends, or a write finds the socket
+    /// full, with a deadline before `armed`: on a busy keep-alive connection the timer is
+    /// usually due sooner, so requests cost no wake-up
+    sooner: Notify,
 }
 
 impl Activity {
@@ -88,8 +98,9 @@ impl Activity {
             idle_since: AtomicU64::new(0),
             head_since: AtomicU64::new(1),
             multiplexed: AtomicBool::new(false),
+            send_blocked: AtomicU64::new(0),
             armed: AtomicU64::new(0),
-            head_started: Notify::new(),
+            sooner: Notify::new(),
         };
         activity.arm_at(activity.origin + limits.client_header);
         Arc::new(activity)
@@ -113,7 +124,25 @@ impl Activity {
             let began = self.head_since.compare_exchange(0, now + 1, SeqCst, SeqCst);
             let due = now + ms(self.limits.client_header);
             if began.is_ok() && self.armed.load(SeqCst) > due {
-                self.head_started.notify_one();
+                self.sooner.notify_one();
+            }
+        }
+    }
+
+    /// A write to the client went through, or (`blocked`) found the socket full: the first
+    /// such write starts the `send` deadline, the next that goes through ends it.
+    fn note_write(&self, blocked: bool) {
+        if !blocked {
+            if self.send_blocked.load(SeqCst) != 0 {
+                self.send_blocked.store(0, SeqCst);
+            }
+        } else if self.send_blocked.load(SeqCst) == 0 {
+            let now = self.now_ms();
+            let began = self
+                .send_blocked
+                .compare_exchange(0, now + 1, SeqCst, SeqCst);
+            if began.is_ok() && self.armed.load(SeqCst) > now + ms(self.limits.send) {
+                self.sooner.notify_one();
             }
         }
     }
@@ -122,22 +151,28 @@ impl Activity {
     pub(super) fn check(&self) -> Result<Instant, Expired> {
         let limits = self.limits;
         let now = Instant::now();
-        if self.in_flight.load(SeqCst) > 0 {
-            // nothing expires meanwhile; the request's end moves the idle deadline past this
-            return Ok(now + limits.idle);
+        let blocked = self.send_blocked.load(SeqCst);
+        let send_at = (blocked > 0).then(|| self.at(blocked - 1) + limits.send);
+        if send_at.is_some_and(|at| at <= now) {
+            return Err(Expired::Send);
         }
-        let head = self.head_since.load(SeqCst);
-        let (at, what) = if head > 0 {
-            (self.at(head - 1) + limits.client_header, Expired::Head)
+        let next = if self.in_flight.load(SeqCst) > 0 {
+            // only `send` expires meanwhile; the request's end moves the idle deadline past this
+            now + limits.idle
         } else {
-            let idle_since = self.idle_since.load(SeqCst);
-            (self.at(idle_since) + limits.idle, Expired::Idle)
+            let head = self.head_since.load(SeqCst);
+            let (at, what) = if head > 0 {
+                (self.at(head - 1) + limits.client_header, Expired::Head)
+            } else {
+                let idle_since = self.idle_since.load(SeqCst);
+                (self.at(idle_since) + limits.idle, Expired::Idle)
+            };
+            if at <= now {
+                return Err(what);
+            }
+            at
         };
-        if at <= now {
-            Err(what)
-        } else {
-            Ok(at)
-        }
+        Ok(send_at.map_or(next, |at| at.min(next)))
     }
 
     /// [`check`](Self::check), recording the answer as the time the timer is due.
@@ -156,10 +191,10 @@ impl Activity {
         self.armed.store(due, SeqCst);
     }
 
-    /// Completes when a request head begins to arrive, or the connection fell idle, with a
-    /// deadline before the one the timer is set for.
-    pub(super) async fn head_started(&self) {
-        self.head_started.notified().await;
+    /// Completes when a request head begins to arrive, the connection fell idle, or a write
+    /// found the socket full, with a deadline before the one the timer is set for.
+    pub(super) async fn sooner(&self) {
+        self.sooner.notified().await;
     }
 }
 
@@ -195,7 +230,7 @@ impl Drop for InFlight {
         if a.in_flight.fetch_sub(1, SeqCst) == 1
             && a.armed.load(SeqCst) > now + ms(a.limits.idle) + 1
         {
-            a.head_started.notify_one();
+            a.sooner.notify_one();
         }
     }
 }
@@ -235,7 +270,8 @@ impl hyper::body::Body for Guarded {
     }
 }
 
-/// A connection's I/O, reporting reads to its [`Activity`].
+/// A connection's I/O, reporting reads, and writes that find the socket full, to its
+/// [`Activity`].
 pub(super) struct Tracked<I> {
     io: I,
     activity: Arc<Activity>,
@@ -269,7 +305,10 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.activity.note_write(polled.is_pending());
+        polled
     }
 
     fn poll_write_vectored(
@@ -277,7 +316,10 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.activity.note_write(polled.is_pending());
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -300,6 +342,7 @@ mod tests {
     const LIMITS: Deadlines = Deadlines {
         client_header: Duration::from_secs(1),
         idle: Duration::from_secs(5),
+        send: Duration::from_secs(3),
     };
 
     /// A new connection owes a head within client_header; a request in flight suspends both
@@ -335,14 +378,14 @@ mod tests {
         // the timer is set for the idle deadline (5 s): a head (due in 1 s) must wake it
         assert!(a.arm().is_ok());
         a.note_read();
-        let woke = tokio::time::timeout(Duration::from_millis(1), a.head_started()).await;
+        let woke = tokio::time::timeout(Duration::from_millis(1), a.sooner()).await;
         assert!(woke.is_ok(), "head sooner than the idle deadline: woken");
         // now set for that head's deadline: the next request's head (due later) does not wake
         assert!(a.arm().is_ok());
         drop(InFlight::start(&a, Version::HTTP_11));
         tokio::time::advance(Duration::from_millis(10)).await;
         a.note_read();
-        let woke = tokio::time::timeout(Duration::from_millis(1), a.head_started()).await;
+        let woke = tokio::time::timeout(Duration::from_millis(1), a.sooner()).await;
         assert!(woke.is_err(), "head due after the armed time: no wake-up");
         // the timer still fires in time, and looking again finds the head's true deadline
         tokio::time::advance(Duration::from_millis(990)).await;
@@ -358,12 +401,13 @@ mod tests {
         let limits = Deadlines {
             client_header: Duration::from_secs(10),
             idle: Duration::from_secs(2),
+            send: Duration::from_secs(60),
         };
         let a = Activity::new(limits, Instant::now());
         let guard = InFlight::start(&a, Version::HTTP_11);
         tokio::time::advance(Duration::from_millis(100)).await;
         drop(guard);
-        let woke = tokio::time::timeout(Duration::from_millis(1), a.head_started()).await;
+        let woke = tokio::time::timeout(Duration::from_millis(1), a.sooner()).await;
         assert!(
             woke.is_ok(),
             "idle deadline sooner than the armed one: woken"
@@ -375,11 +419,50 @@ mod tests {
         );
         // set for it now: the next request's end (idle deadline later) does not wake
         drop(InFlight::start(&a, Version::HTTP_11));
-        let woke = tokio::time::timeout(Duration::from_millis(1), a.head_started()).await;
+        let woke = tokio::time::timeout(Duration::from_millis(1), a.sooner()).await;
         assert!(
             woke.is_err(),
             "idle deadline after the armed time: no wake-up"
         );
+    }
+
+    /// A write that finds the socket full starts `send`, in flight or not; a write that goes
+    /// through ends it; a blocked write due before the armed time wakes the timer.
+    #[tokio::test(start_paused = true)]
+    async fn writes_the_client_does_not_take_expire_at_send() {
+        let a = Activity::new(LIMITS, Instant::now());
+        let guard = InFlight::start(&a, Version::HTTP_11);
+        // in flight, the timer is set for the next look (idle, 5 s): a blocked write (due in
+        // 3 s) wakes it
+        assert!(a.arm().is_ok());
+        a.note_write(true);
+        let woke = tokio::time::timeout(Duration::from_millis(1), a.sooner()).await;
+        assert!(
+            woke.is_ok(),
+            "send deadline sooner than the armed one: woken"
+        );
+        let next = a.arm().expect("not yet expired");
+        assert!(
+            next <= Instant::now() + Duration::from_secs(3),
+            "set for send"
+        );
+        // writes still blocked do not move the deadline; one that goes through ends it
+        tokio::time::advance(Duration::from_millis(2000)).await;
+        a.note_write(true);
+        a.note_write(false);
+        tokio::time::advance(Duration::from_millis(2000)).await;
+        assert!(a.check().is_ok(), "bytes went through: no send deadline");
+        // blocked again: expires 3 s later, although a request is in flight
+        a.note_write(true);
+        tokio::time::advance(Duration::from_millis(2900)).await;
+        assert!(a.check().is_ok(), "send not yet over");
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(a.check(), Err(Expired::Send));
+        // and with none in flight (the tail of the last response unsent) before idle's end
+        drop(guard);
+        assert_eq!(a.check(), Err(Expired::Send));
+        a.note_write(false);
+        assert!(a.check().is_ok(), "idle since the request's end");
     }
 
     /// After an HTTP/2 request, reads between requests (control frames) leave only `idle`.

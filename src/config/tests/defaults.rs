@@ -25,6 +25,7 @@ fn a_file_with_only_listen_gets_every_default() {
     assert_eq!(c.timeouts.upstream_connect, Duration::from_secs(2));
     assert_eq!(c.timeouts.upstream_response, Duration::from_secs(30));
     assert_eq!(c.timeouts.idle, Duration::from_secs(60));
+    assert_eq!(c.timeouts.send, Duration::from_secs(60));
     assert_eq!(c.timeouts.shutdown, Duration::from_secs(30));
     assert_eq!(c.max_body_size, None);
     assert!(c.upstreams.is_empty() && c.routes.is_empty());
@@ -33,8 +34,9 @@ fn a_file_with_only_listen_gets_every_default() {
 /// A partly written `timeouts` keeps the defaults of the keys it leaves out.
 #[test]
 fn timeouts_not_written_keep_their_defaults() {
-    let c = ok("listen: 0.0.0.0:8080\ntimeouts: {idle: 5m, shutdown: 0s}\n").config;
+    let c = ok("listen: 0.0.0.0:8080\ntimeouts: {idle: 5m, send: 15s, shutdown: 0s}\n").config;
     assert_eq!(c.timeouts.idle, Duration::from_secs(300));
+    assert_eq!(c.timeouts.send, Duration::from_secs(15));
     assert_eq!(c.timeouts.shutdown, Duration::ZERO);
     assert_eq!(c.timeouts.upstream_connect, Duration::from_secs(2));
 }
