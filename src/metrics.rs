@@ -22,6 +22,7 @@
 //! | `tollgate_store_errors_total` | `kind` |
 //! | `tollgate_store_duration_seconds` (histogram) | |
 //! | `tollgate_deny_cache_hits_total` | |
+//! | `tollgate_store_leased_total` (tollgate's own) | |
 //! | `tollgate_upstream_errors_total` | `upstream`, `kind` |
 //! | `tollgate_config_reloads_total` | `result` (ok, error) |
 //!
@@ -219,6 +220,7 @@ struct Inner {
     store_errors: Family<KindLabel, Counter>,
     store_duration: Histogram,
     deny_cache_hits: Counter,
+    store_leased: Counter,
     upstream_errors: Family<UpstreamKind, Counter>,
     config_reloads: Family<ResultLabel, Counter>,
     no_route: Arc<str>,
@@ -251,6 +253,7 @@ impl Metrics {
         let store_errors = Family::default();
         let store_duration = Histogram::new(&STORE_BUCKETS);
         let deny_cache_hits = Counter::default();
+        let store_leased = Counter::default();
         let upstream_errors = Family::default();
         let config_reloads: Family<ResultLabel, Counter> = Family::default();
         // both results exist from the start, so `increase(...{result="error"})` has a series
@@ -298,6 +301,11 @@ impl Metrics {
             deny_cache_hits.clone(),
         );
         r.register(
+            "tollgate_store_leased",
+            "Limit checks answered from tokens leased ahead from Redis, without a store call",
+            store_leased.clone(),
+        );
+        r.register(
             "tollgate_upstream_errors",
             "Failed forwards, by upstream and kind",
             upstream_errors.clone(),
@@ -318,6 +326,7 @@ impl Metrics {
                 store_errors,
                 store_duration,
                 deny_cache_hits,
+                store_leased,
                 upstream_errors,
                 config_reloads,
                 no_route: Arc::from(NO_ROUTE),
@@ -450,6 +459,12 @@ impl Metrics {
             };
             drop(self.inner.upstream_errors.get_or_create(&labels));
         }
+    }
+
+    /// Records one check answered from a lease of tokens, without a store call:
+    /// `tollgate_store_leased_total` (not timed in `tollgate_store_duration_seconds`).
+    pub fn store_leased(&self) {
+        self.inner.store_leased.inc();
     }
 
     /// Records one denial answered from the deny cache: `tollgate_deny_cache_hits_total`.
@@ -768,6 +783,8 @@ mod tests {
         m.store_error("timeout");
         m.upstream_error(&name, "connect");
         m.deny_cache_hit();
+        m.store_leased();
+        m.store_leased();
         let text = m.encode();
         assert_has(
             &text,
@@ -782,17 +799,20 @@ mod tests {
                 "# TYPE tollgate_store_duration_seconds histogram",
                 "# UNIT tollgate_store_duration_seconds seconds",
                 "# TYPE tollgate_deny_cache_hits counter",
+                "# TYPE tollgate_store_leased counter",
                 "# TYPE tollgate_upstream_errors counter",
                 "# TYPE tollgate_config_reloads counter",
             ],
         );
-        assert_eq!(text.matches("# TYPE ").count(), 9, "{text}");
+        // SPEC's nine and tollgate's own `tollgate_store_leased_total`
+        assert_eq!(text.matches("# TYPE ").count(), 10, "{text}");
         // prometheus-client appends `_total` itself: once, never twice
         for sample in [
             "tollgate_requests_total{",
             "tollgate_limit_decisions_total{",
             "tollgate_store_errors_total{",
             "tollgate_deny_cache_hits_total 1",
+            "tollgate_store_leased_total 2",
             "tollgate_upstream_errors_total{",
             "tollgate_config_reloads_total{",
         ] {

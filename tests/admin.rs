@@ -100,6 +100,72 @@ routes:
     assert_eq!(get(&format!("{admin}/readyz"), &[]).await.status, 200);
 }
 
+/// Checks of a busy bucket answered from leased tokens are counted apart from store calls
+/// (`tollgate_store_leased_total`), not timed as calls of no time: every admitted request is
+/// one or the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_answered_from_leases_are_counted_apart_from_store_calls() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+workers: 1
+admin: {{listen: 127.0.0.1:0}}
+store: {{backend: redis, url: "{}", timeout: 2s}}
+upstreams:
+  api:
+    targets: [{}]
+routes:
+  - name: api
+    upstream: api
+    limits:
+      - {{name: big, algorithm: token_bucket, rate: 1/h, burst: 1000000, key: route}}
+"#,
+        redis.url(),
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let admin = format!("http://{}/metrics", proxy.admin.expect("admin listener"));
+    let (mut sent, mut leased) = (0u64, 0u64);
+    // 64 clients at once, so that checks meet on the worker's connection and lease
+    for _ in 0..10 {
+        let clients: Vec<_> = (0..64)
+            .map(|_| {
+                let url = proxy.url("/x");
+                tokio::spawn(async move {
+                    for _ in 0..20 {
+                        assert_eq!(get(&url, &[]).await.status, 200);
+                    }
+                })
+            })
+            .collect();
+        for c in clients {
+            c.await.unwrap();
+        }
+        sent += 64 * 20;
+        let t = get(&admin, &[]).await.body;
+        leased = metric_value(&t, "tollgate_store_leased_total");
+        let calls: u64 = metric_value(&t, "tollgate_store_duration_seconds_count");
+        let allowed: u64 = metric_value(
+            &t,
+            r#"tollgate_limit_decisions_total{route="api",limit="big",decision="allowed"}"#,
+        );
+        assert_eq!(allowed, sent, "{t}");
+        assert_eq!(
+            calls + leased,
+            sent,
+            "a check is a store call or leased: {t}"
+        );
+        if leased > 0 {
+            break;
+        }
+    }
+    assert!(
+        leased > 0,
+        "no check answered from a lease in {sent} requests"
+    );
+}
+
 /// One route with a Redis token bucket that never denies, `on_error: deny` (no fallback), an
 /// admin listener.
 fn deny_on_error(url: &str, timeout: &str, upstream: &Upstream) -> String {

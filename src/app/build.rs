@@ -33,6 +33,10 @@ impl StoreObserver for StoreMetrics {
         self.0.deny_cache_hit();
     }
 
+    fn leased(&self) {
+        self.0.store_leased();
+    }
+
     fn skipped(&self) {
         self.0.store_error(StoreError::CircuitOpen.kind());
     }

@@ -19,6 +19,9 @@ pub struct Decision {
     /// decided for a share of the limit, 1/N of it (the `local` fallback with `instances: N`):
     /// the figures are that share's, and so are the rate-limit headers that show them
     pub share: Option<NonZeroU32>,
+    /// answered from tokens the worker leased ahead from Redis, without a store call
+    /// (`store::lease`)
+    pub leased: bool,
 }
 
 impl Decision {
@@ -31,6 +34,7 @@ impl Decision {
             reset_ms,
             delay_us: 0,
             share: None,
+            leased: false,
         }
     }
 
@@ -65,6 +69,7 @@ impl Decision {
             reset_ms,
             delay_us: if admitted { delay_us } else { 0 },
             share: None,
+            leased: false,
         }
     }
 

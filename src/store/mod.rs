@@ -104,6 +104,8 @@ pub trait StoreObserver: Send + Sync {
     fn call(&self, elapsed: Duration, error: Option<&StoreError>);
     /// A denial was answered from the deny cache, without a store call.
     fn deny_cache_hit(&self);
+    /// A check was answered from tokens leased ahead ([`lease`]), without a store call.
+    fn leased(&self);
     /// A call was kept from the shared store by the open circuit breaker (a store error of
     /// kind `circuit_open`).
     fn skipped(&self);

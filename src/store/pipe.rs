@@ -355,7 +355,7 @@ impl Pipe {
     ) -> Answer {
         let lane = &self.lanes[LANE.with(Cell::get) % self.lanes.len()];
         if let Some(reply) = join.and_then(|join| lane.leases.hand_out(&command, join)) {
-            return Ok(Reply::Four(reply));
+            return Ok(Reply::Leased(reply));
         }
         let calls = lane.calls.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -702,7 +702,7 @@ fn queue(
         let head = &call.command[..join.same];
         let hash = coalesce::hash(head);
         if let Some(reply) = leases.hand_out(hash, head, join, now) {
-            call.slot.reply(Ok(Reply::Four(reply)));
+            call.slot.reply(Ok(Reply::Leased(reply)));
             continue;
         }
         if alone {

@@ -148,7 +148,10 @@ impl GuardedStore {
         let started = Instant::now();
         let result = self.primary.check(key, alg, now).await;
         if let Some(observer) = &self.observer {
-            observer.call(started.elapsed(), result.as_ref().err());
+            match &result {
+                Ok(d) if d.leased => observer.leased(),
+                _ => observer.call(started.elapsed(), result.as_ref().err()),
+            }
         }
         self.breaker.record(permit, result.as_ref().err());
         if let Ok(d) = &result {

@@ -12,6 +12,8 @@ use crate::limit::{Algorithm, Decision};
 pub(crate) enum Reply {
     /// `{allowed, remaining, retry_after_ms, reset_ms}` as read (not checked yet)
     Four([i64; 4]),
+    /// the same four, answered from a lease of tokens taken ahead: no call was made
+    Leased([i64; 4]),
     Value(Value),
 }
 
@@ -22,6 +24,10 @@ pub(crate) fn decode_reply(alg: &Algorithm, reply: &Reply) -> Result<Decision, S
             decode(alg, &Value::Array(n.map(Value::Int).to_vec()))
         }
         (_, Reply::Four(n)) => counted(alg, *n),
+        (_, Reply::Leased(n)) => Ok(Decision {
+            leased: true,
+            ..decode_reply(alg, &Reply::Four(*n))?
+        }),
         (_, Reply::Value(value)) => decode(alg, value),
     }
 }
