@@ -1307,7 +1307,7 @@ async fn idle_shorter_than_client_header_ends_keep_alive_waits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_stop_reading_are_cut_off_after_send() {
     let upstream = Upstream::start().await;
-    let top = "timeouts:\n  send: 1s\n  idle: 30s";
+    let top = "timeouts:\n  send: 2s\n  idle: 30s";
     let proxy = Proxy::start(&config(&upstream.url(), top)).await;
     let addr = proxy.addr;
     // far more than the sockets between here and the upstream can hold
@@ -1317,8 +1317,8 @@ async fn clients_that_stop_reading_are_cut_off_after_send() {
         let mut s = TcpStream::connect(addr).await.unwrap();
         let head = format!("GET /s/bytes/{HUGE} HTTP/1.1\r\nHost: x\r\n\r\n");
         s.write_all(head.as_bytes()).await.unwrap();
-        // reads nothing for three times `send`
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // reads nothing for more than twice `send`
+        tokio::time::sleep(Duration::from_secs(5)).await;
         // then takes what the sockets held, and must find the end of the connection there
         let mut buf = vec![0u8; 1 << 20];
         let mut first = Vec::new();
@@ -1337,7 +1337,8 @@ async fn clients_that_stop_reading_are_cut_off_after_send() {
         }
         Err(format!("{total} bytes and still open: never cut off"))
     });
-    // reads 12 MiB half a MiB at a time, pausing 150 ms between
+    // reads 12 MiB a quarter of a MiB at a time, pausing 50 ms between (a full socket is
+    // writable again once a third of its buffer has drained: ~1.3 MiB of a 4 MiB one)
     let slow = tokio::spawn(async move {
         const BODY: u64 = 12 << 20;
         let mut s = TcpStream::connect(addr).await.unwrap();
@@ -1355,9 +1356,9 @@ async fn clients_that_stop_reading_are_cut_off_after_send() {
                     since_pause += n;
                 }
             }
-            if since_pause >= 512 << 10 {
+            if since_pause >= 256 << 10 {
                 since_pause = 0;
-                tokio::time::sleep(Duration::from_millis(150)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
     });

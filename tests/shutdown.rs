@@ -64,3 +64,46 @@ routes:
     let uris: Vec<String> = upstream.seen().iter().map(|s| s.uri.clone()).collect();
     assert!(uris.contains(&"/p1".to_string()) && uris.contains(&"/slow/600".to_string()));
 }
+
+/// A client that stops reading a response that began during the drain is cut off at `send`: it
+/// does not hold the shutdown until `timeouts.shutdown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_does_not_hold_the_drain() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+timeouts: {{shutdown: 20s, send: 1s, client_header: 30s}}
+upstreams:
+  paced:
+    targets: [{u}]
+    pace: {{rate: 2/s, max_delay: 5s}}
+routes:
+  - name: paced
+    upstream: paced
+"#,
+        u = upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    assert_eq!(
+        get(&proxy.url("/p0"), &[]).await.status,
+        200,
+        "takes the first pacing slot"
+    );
+    // the next waits half a second for its slot: its response begins during the drain
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let huge: u64 = 8 << 30;
+    let head = format!("GET /bytes/{huge} HTTP/1.1\r\nHost: x\r\n\r\n");
+    client.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    proxy.shutdown().await;
+    let took = started.elapsed();
+    println!("drain with a client that reads nothing: {took:?}");
+    assert!(
+        took < Duration::from_secs(8),
+        "the drain waited {took:?} for a client that reads nothing (send: 1s)"
+    );
+    assert!(upstream.seen().iter().any(|s| s.uri.starts_with("/bytes/")));
+    drop(client);
+}

@@ -346,6 +346,37 @@ async fn shutdown_does_not_wait_for_a_silent_tls_client() {
     );
 }
 
+/// A TLS client that stops reading its response is cut off after `send`, as a cleartext one
+/// is: the connection ends after what the sockets and the TLS buffers held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_that_stops_reading_is_cut_off_after_send() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let certs = Certs::new();
+    let upstream = common::Upstream::start().await;
+    let yaml = tls_listener(&certs, &upstream, "timeouts: {send: 2s}");
+    let proxy = common::Proxy::start(&yaml).await;
+    let mut tls = tls_connect(proxy.addr, &certs, &[b"http/1.1"]).await;
+    let huge: u64 = 8 << 30;
+    let head = format!("GET /bytes/{huge} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    tls.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(10), tls.read(&mut buf)).await {
+            // (a cut connection sends no close_notify: an error is its end too)
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => total += n as u64,
+            Err(_) => break false,
+        }
+        if total > 256 << 20 {
+            break false;
+        }
+    };
+    assert!(ended, "{total} bytes and still open: never cut off");
+    println!("stalled TLS client: {total} bytes, then the end");
+}
+
 /// A plain HTTP request sent to the TLS listener gets a 400 saying so (as nginx answers), not a
 /// TLS alert the client's HTTP parser cannot read; TLS clients are served as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

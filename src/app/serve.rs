@@ -345,6 +345,8 @@ where
     tokio::pin!(timer);
     // set once a graceful close began (shutdown, or idle): hyper finishes what is in flight
     let mut closing = false;
+    // set when that close began at `idle`: the timer then holds its grace deadline
+    let mut grace = false;
     // the deadlines and the stop signal are polled only when one of them woke the task
     let gate = gate::Gate::new();
     loop {
@@ -371,8 +373,8 @@ where
                 closing = true;
                 graceful_shutdown(connection.as_mut());
             }
-            // while closing, the timer holds the grace deadline: nothing moves it
-            Side::Sooner if closing => {}
+            // after idle, the timer holds the grace deadline: nothing moves it
+            Side::Sooner if grace => {}
             Side::Sooner => {
                 let next = activity.arm().unwrap_or_else(|_| Instant::now());
                 timer.as_mut().reset(next);
@@ -383,11 +385,12 @@ where
                 Err(Expired::Send) => return Ended::SendTimeout,
                 Err(Expired::Idle) if !closing => {
                     closing = true;
+                    grace = true;
                     graceful_shutdown(connection.as_mut());
                     // an HTTP/2 client gets this long to acknowledge the GOAWAY
-                    let grace = Instant::now() + deadlines.client_header;
-                    activity.arm_at(grace);
-                    timer.as_mut().reset(grace);
+                    let until = Instant::now() + deadlines.client_header;
+                    activity.arm_at(until);
+                    timer.as_mut().reset(until);
                 }
                 Err(Expired::Idle) => return Ended::Closed(Ok(())),
             },

@@ -9,6 +9,9 @@
 //! * **`send`**: a connection whose client takes none of the bytes written to it for this long
 //!   (its socket stays full) is cut off, in flight or not (as nginx's `send_timeout`): a client
 //!   that stops reading a response cannot hold the connection, and the upstream's, for ever.
+//!   Not seen: an HTTP/2 stream the client holds back by flow control while its socket drains,
+//!   and a WebSocket tunnel (after the upgrade the connection's timer is gone; the tunnel's own
+//!   watch closes one silent for `idle`).
 //!
 //! hyper's own `header_read_timeout` cannot tell the two apart: it runs from the moment hyper
 //! waits for a head, so it would also end every keep-alive pause at `client_header`.
@@ -326,12 +329,21 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
         self.io.is_write_vectored()
     }
 
+    // A TLS stream takes the plaintext into its own buffer and finds the socket full only when
+    // flushing its records (or its close_notify): those are writes too. (hyper flushes a plain
+    // socket only once its writes have gone through.)
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_flush(cx);
+        this.activity.note_write(polled.is_pending());
+        polled
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_shutdown(cx);
+        this.activity.note_write(polled.is_pending());
+        polled
     }
 }
 
