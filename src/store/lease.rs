@@ -104,7 +104,8 @@ impl Lane {
 
 /// The leases of one lane.
 pub(crate) struct Leases {
-    /// whether leases are taken at all (`store.leases`)
+    /// whether leases are taken at all (`store.leases`): when not, no bucket's reply is kept
+    /// ([`Leases::taken`]), so none ever leases, and the lane's alarm never rings for one
     pub(crate) enabled: bool,
     held: Vec<Held>,
     /// the give-back commands to write next, and how many
@@ -182,9 +183,6 @@ impl Leases {
         let Some(Kind::Tokens { burst, .. }) = joins.first().map(|j| j.kind) else {
             return 0;
         };
-        if !self.enabled {
-            return 0;
-        }
         let Some(at) = self.position(hash, head) else {
             return 0;
         };
@@ -215,6 +213,9 @@ impl Leases {
         ahead: u64,
         now: Instant,
     ) -> Option<Instant> {
+        if !self.enabled {
+            return None;
+        }
         let at = match self.position(hash, head) {
             Some(at) => at,
             None if self.held.len() < MAX => {
@@ -353,6 +354,23 @@ mod tests {
         let hash = coalesce::hash(small);
         leases.taken(hash, small, join(1, 999), &[1, 990, 0, 5], 0, now);
         assert_eq!(leases.ahead(hash, small, &[join(1, 999); 3]), 0);
+    }
+
+    /// With leases off (`store.leases: false`) no bucket's reply is kept: none leases, and no
+    /// lease's end is set for the lane's alarm.
+    #[test]
+    fn leases_off_keep_nothing() {
+        let now = Instant::now();
+        let head = b"$1\r\nk\r\n";
+        let hash = coalesce::hash(head);
+        let mut leases = Leases::new();
+        leases.enabled = false;
+        for _ in 0..3 {
+            let end = leases.taken(hash, head, join(1, 100_000), &[1, 90_000, 0, 5], 0, now);
+            assert_eq!(end, None);
+            assert_eq!(leases.ahead(hash, head, &[join(1, 100_000); 3]), 0);
+        }
+        assert_eq!(leases.expire(now + LIFE), None);
     }
 
     /// A lease hands its tokens out in order, each check told what the script would have told

@@ -286,6 +286,17 @@ impl<I> Tracked<I> {
     }
 }
 
+impl<I: Unpin> Tracked<I> {
+    /// `op`, a write (or flush, or close) of the client's socket, noted: pending, it found the
+    /// socket full; ready, it went through.
+    fn write<T>(self: Pin<&mut Self>, op: impl FnOnce(Pin<&mut I>) -> Poll<T>) -> Poll<T> {
+        let this = self.get_mut();
+        let polled = op(Pin::new(&mut this.io));
+        this.activity.note_write(polled.is_pending());
+        polled
+    }
+}
+
 impl<I: AsyncRead + Unpin> AsyncRead for Tracked<I> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -308,10 +319,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
-        this.activity.note_write(polled.is_pending());
-        polled
+        self.write(|io| io.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -319,10 +327,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
-        this.activity.note_write(polled.is_pending());
-        polled
+        self.write(|io| io.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -333,17 +338,11 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
     // flushing its records (or its close_notify): those are writes too. (hyper flushes a plain
     // socket only once its writes have gone through.)
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.io).poll_flush(cx);
-        this.activity.note_write(polled.is_pending());
-        polled
+        self.write(|io| io.poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.io).poll_shutdown(cx);
-        this.activity.note_write(polled.is_pending());
-        polled
+        self.write(|io| io.poll_shutdown(cx))
     }
 }
 
