@@ -335,17 +335,19 @@ fn attempts<'a>(
     start: tokio::time::Instant,
 ) -> impl Future<Output = (usize, Option<Result<Response<Pooled>, UpstreamError>>)> + Send + 'a {
     async move {
-        let first = client.request(&f.targets.targets[target].key, req);
-        // (the first answer is taken apart before the second attempt, so the future holds no
-        // room for it while that attempt is under way)
         let timeout = f.response_timeout;
-        let (again, other) = match head_in_time(first, upload.as_deref(), timeout, start).await {
-            None => return (target, None),
-            Some(Err(e)) if e.is_connect() => match again.zip(f.targets.pick_other(target)) {
-                Some(second) => second,
-                None => return (target, Some(Err(e))),
-            },
-            Some(result) => return (target, Some(result)),
+        // (the first attempt, and its answer, are gone before the second attempt, so the
+        // future holds no room for them while that attempt is under way)
+        let (again, other) = {
+            let first = std::pin::pin!(client.request(&f.targets.targets[target].key, req));
+            match head_in_time(first, upload.as_deref(), timeout, start).await {
+                None => return (target, None),
+                Some(Err(e)) if e.is_connect() => match again.zip(f.targets.pick_other(target)) {
+                    Some(second) => second,
+                    None => return (target, Some(Err(e))),
+                },
+                Some(result) => return (target, Some(result)),
+            }
         };
         // (`check` keeps timeouts within 365d: the sum cannot overflow)
         let deadline = start + timeout;

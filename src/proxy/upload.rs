@@ -76,8 +76,12 @@ impl Upload {
 
 /// Awaits `head` until `timeout` passes with neither a response head nor progress of the
 /// upload (none: from `start`). `None` when it passed.
+///
+/// (`head` is borrowed, pinned where the caller keeps it: taken by value, the request's
+/// ~800-byte exchange would be copied into this future and again into its `Timeout`, and held
+/// twice in it.)
 pub async fn head_in_time<F: Future>(
-    head: F,
+    mut head: Pin<&mut F>,
     upload: Option<&Upload>,
     timeout: Duration,
     start: Instant,
@@ -85,7 +89,6 @@ pub async fn head_in_time<F: Future>(
     let Some(upload) = upload else {
         return tokio::time::timeout_at(start + timeout, head).await.ok();
     };
-    let mut head = std::pin::pin!(head);
     let mut deadline = start + timeout;
     loop {
         if let Ok(answer) = tokio::time::timeout_at(deadline, head.as_mut()).await {
