@@ -1231,6 +1231,49 @@ async fn silent_target_is_left_out_after_a_response_timeout() {
     }
 }
 
+/// A request with a body whose target refuses the connection is sent whole to another target,
+/// as a bodiless one is (nginx's `proxy_next_upstream error`): nothing of it reached the first.
+/// So is a body still streaming from the client when the connection is refused.
+#[tokio::test]
+async fn a_request_with_a_body_goes_to_another_target_when_the_first_refuses() {
+    let upstream = CountingUpstream::start().await;
+    let held = common::DeadPort::new();
+    let refusing = format!("http://127.0.0.1:{}", held.port());
+    let targets = [refusing, upstream.url()];
+    // (a proxy each: round robin starts at the refusing target, which is then left out)
+    let proxy = Proxy::start(&config(&targets, "workers: 1", "", "")).await;
+    let a = send(
+        Request::post(proxy.url("/v1/drain"))
+            .body(full("ten bytes!"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.body, "10", "the whole body reached the other target");
+    drop(proxy);
+
+    let proxy = Proxy::start(&config(&targets, "workers: 1", "", "")).await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxErr>>(1);
+    tokio::spawn(async move {
+        for _ in 0..4 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let piece = Ok(Frame::data(Bytes::from_static(b"piece ")));
+            if tx.send(piece).await.is_err() {
+                return;
+            }
+        }
+    });
+    let body = http_body_util::StreamBody::new(ReceiverStream(rx)).boxed();
+    let a = send(Request::post(proxy.url("/v1/drain")).body(body).unwrap()).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.body, "24", "all four pieces reached the other target");
+    assert_eq!(
+        upstream.accepted.load(Ordering::SeqCst),
+        2,
+        "one connection each"
+    );
+}
+
 /// `timeouts.upstream_response` runs from the end of the request body (SPEC: "until the
 /// response head arrives"): an upload slower than it, but moving, is answered; an upload that
 /// stops coming from the client for that long gets 408, not the upstream's 504.

@@ -208,16 +208,17 @@ pub fn forward<'a>(
     // Taken before the request is rewritten: the client side of a possible tunnel.
     let upgrade = upgrade_protocol(&req);
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
-    // Without a body the request can be sent again, to another target, when no connection
-    // could be made to the first: nothing of it reached that target. (Its head is kept for
-    // that only when there is another target.)
+    // The request can be sent again, to another target, when no connection could be made to
+    // the first: nothing of it reached that target (as nginx's `proxy_next_upstream error`).
+    // Without a body its head is kept for that, only when there is another target; with one,
+    // the pool hands the request back unsent.
     let bodiless = hyper::body::Body::is_end_stream(req.body());
     let sent = f
         .targets
         .pick()
         .ok_or_else(|| ProxyError::NoTarget(f.upstream.to_string()))
         .and_then(|target| {
-            let resendable = f.targets.targets.len() > 1 && bodiless;
+            let several = f.targets.targets.len() > 1;
             let (mut upstream_req, host_is_target) = rewrite(req, f, upgrade, target)?;
             // a body's upload is watched: the wait for the head starts when it has ended
             let upload = (!bodiless).then(|| {
@@ -229,7 +230,13 @@ pub fn forward<'a>(
             // boxed: kept only for a bodiless request to an upstream of several targets (which
             // pays for cloning its head anyway), and every other request's future would
             // otherwise keep room for it
-            let again = resendable.then(|| Box::new(Resend::of(&upstream_req, host_is_target)));
+            let again = several.then(|| {
+                if bodiless {
+                    Again::Head(Box::new(Resend::of(&upstream_req, host_is_target)))
+                } else {
+                    Again::Unsent { host_is_target }
+                }
+            });
             let start = tokio::time::Instant::now();
             Ok((
                 attempts(
@@ -330,7 +337,7 @@ fn attempts<'a>(
     f: &'a Forward<'a>,
     target: usize,
     req: Request<Body>,
-    again: Option<Box<Resend>>,
+    again: Option<Again>,
     upload: Option<Arc<Upload>>,
     start: tokio::time::Instant,
 ) -> impl Future<Output = (usize, Option<Result<Response<Pooled>, UpstreamError>>)> + Send + 'a {
@@ -342,17 +349,36 @@ fn attempts<'a>(
             let first = std::pin::pin!(client.request(&f.targets.targets[target].key, req));
             match head_in_time(first, upload.as_deref(), timeout, start).await {
                 None => return (target, None),
-                Some(Err(e)) if e.is_connect() => match again.zip(f.targets.pick_other(target)) {
-                    Some(second) => second,
-                    None => return (target, Some(Err(e))),
-                },
+                Some(Err(mut e)) if e.is_connect() => {
+                    let unsent = e.take_unsent();
+                    let again = match again {
+                        Some(Again::Head(head)) => Some(Second::Head(head)),
+                        Some(Again::Unsent { host_is_target }) => {
+                            unsent.map(|req| Second::Whole(req, host_is_target))
+                        }
+                        None => None,
+                    };
+                    match again.zip(f.targets.pick_other(target)) {
+                        Some(second) => second,
+                        None => return (target, Some(Err(e))),
+                    }
+                }
                 Some(result) => return (target, Some(result)),
             }
         };
         // (`check` keeps timeouts within 365d: the sum cannot overflow)
         let deadline = start + timeout;
         f.targets.failed(target, f.upstream, UNREACHABLE);
-        let again = again.to(f.targets, other);
+        let again = match again {
+            Second::Head(head) => head.to(f.targets, other),
+            Second::Whole(mut req, host_is_target) => {
+                if host_is_target {
+                    let host = f.targets.targets[other].host.clone();
+                    req.headers_mut().insert(header::HOST, host);
+                }
+                *req
+            }
+        };
         // boxed: the rare second attempt would make every request's future larger
         let second = Box::pin(tokio::time::timeout_at(
             deadline,
@@ -360,6 +386,25 @@ fn attempts<'a>(
         ));
         (other, second.await.ok())
     }
+}
+
+/// How a request is sent again to another target when no connection could be made to the
+/// first.
+enum Again {
+    /// without a body: from its head, kept
+    Head(Box<Resend>),
+    /// with one: as the pool hands it back, unsent ([`UpstreamError::take_unsent`])
+    Unsent {
+        /// `Host` names the target, so it changes with the target
+        host_is_target: bool,
+    },
+}
+
+/// The request for the second attempt: from its head, or handed back whole (and whether its
+/// `Host` names the target).
+enum Second {
+    Head(Box<Resend>),
+    Whole(Box<Request<Body>>, bool),
 }
 
 /// The head of a request without a body, to send it again to another target.

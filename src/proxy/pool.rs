@@ -112,6 +112,10 @@ pub enum UpstreamError {
     /// no connection could be made (refused, timed out, TLS handshake failed)
     #[error("{0}")]
     Connect(#[source] BoxError),
+    /// the same, for a request with a body: none of it was read, and the request is handed
+    /// back ([`UpstreamError::take_unsent`]) to be sent to another target
+    #[error("{0}")]
+    Unsent(#[source] BoxError, Box<Request<Body>>),
     /// the connection failed while sending the request or reading the response head
     #[error("{0}")]
     Http(#[source] hyper::Error),
@@ -129,7 +133,22 @@ pub enum UpstreamError {
 impl UpstreamError {
     /// Nothing reached the target: it could not be connected to.
     pub fn is_connect(&self) -> bool {
-        matches!(self, UpstreamError::Connect(_))
+        matches!(self, UpstreamError::Connect(_) | UpstreamError::Unsent(..))
+    }
+
+    /// The request a failed connection left unsent, when the pool handed it back; the error
+    /// stays the connection's.
+    pub fn take_unsent(&mut self) -> Option<Box<Request<Body>>> {
+        match std::mem::replace(self, UpstreamError::NoAuthority) {
+            UpstreamError::Unsent(e, req) => {
+                *self = UpstreamError::Connect(e);
+                Some(req)
+            }
+            other => {
+                *self = other;
+                None
+            }
+        }
     }
 }
 
@@ -178,7 +197,14 @@ impl Pool {
             }
             // boxed: a new connection is the rare case, and its future (TLS session and all)
             // would otherwise make every request's future, and its allocation, kilobytes larger
-            let mut sender = Box::pin(self.connect(target)).await?;
+            let mut sender = match Box::pin(self.connect(target)).await {
+                Ok(sender) => sender,
+                // nothing of the request was read: it goes back, for another target
+                Err(UpstreamError::Connect(e)) => {
+                    return Err(UpstreamError::Unsent(e, Box::new(req)))
+                }
+                Err(e) => return Err(e),
+            };
             match sender.send_request(req).await {
                 Ok(resp) => self.inner.pooled(resp, target.clone(), sender),
                 Err(e) => Err(UpstreamError::Http(e)),
