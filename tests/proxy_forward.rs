@@ -1272,6 +1272,26 @@ async fn a_request_with_a_body_goes_to_another_target_when_the_first_refuses() {
         2,
         "one connection each"
     );
+    drop(proxy);
+
+    // an upload to the other target that outlasts `upstream_response` while it moves is
+    // answered, as on the first target (the timeout runs from the end of the body)
+    let top = "workers: 1\ntimeouts:\n  upstream_response: 1s";
+    let proxy = Proxy::start(&config(&targets, top, "", "")).await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxErr>>(1);
+    tokio::spawn(async move {
+        for _ in 0..8 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let piece = Ok(Frame::data(Bytes::from_static(b"piece ")));
+            if tx.send(piece).await.is_err() {
+                return;
+            }
+        }
+    });
+    let body = http_body_util::StreamBody::new(ReceiverStream(rx)).boxed();
+    let a = send(Request::post(proxy.url("/v1/drain")).body(body).unwrap()).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.body, "48", "all eight pieces reached the other target");
 }
 
 /// `timeouts.upstream_response` runs from the end of the request body (SPEC: "until the

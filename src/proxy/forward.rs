@@ -366,8 +366,6 @@ fn attempts<'a>(
                 Some(result) => return (target, Some(result)),
             }
         };
-        // (`check` keeps timeouts within 365d: the sum cannot overflow)
-        let deadline = start + timeout;
         f.targets.failed(target, f.upstream, UNREACHABLE);
         let again = match again {
             Second::Head(head) => head.to(f.targets, other),
@@ -379,12 +377,11 @@ fn attempts<'a>(
                 *req
             }
         };
-        // boxed: the rare second attempt would make every request's future larger
-        let second = Box::pin(tokio::time::timeout_at(
-            deadline,
-            client.request(&f.targets.targets[other].key, again),
-        ));
-        (other, second.await.ok())
+        // boxed: the rare second attempt would make every request's future larger. Its head is
+        // awaited as the first's: the same deadline, moved on by a body still uploading.
+        let mut second = Box::pin(client.request(&f.targets.targets[other].key, again));
+        let answer = head_in_time(second.as_mut(), upload.as_deref(), timeout, start).await;
+        (other, answer)
     }
 }
 
