@@ -112,8 +112,9 @@ pub enum UpstreamError {
     /// no connection could be made (refused, timed out, TLS handshake failed)
     #[error("{0}")]
     Connect(#[source] BoxError),
-    /// the same, for a request with a body: none of it was read, and the request is handed
-    /// back ([`UpstreamError::take_unsent`]) to be sent to another target
+    /// the same, for a request sent by hyper's client (one with a body, to a TLS target, or
+    /// asking for an upgrade): none of it was read, and the request is handed back
+    /// ([`UpstreamError::take_unsent`]) to be sent to another target
     #[error("{0}")]
     Unsent(#[source] BoxError, Box<Request<Body>>),
     /// the connection failed while sending the request or reading the response head
