@@ -1253,17 +1253,7 @@ async fn a_request_with_a_body_goes_to_another_target_when_the_first_refuses() {
     drop(proxy);
 
     let proxy = Proxy::start(&config(&targets, "workers: 1", "", "")).await;
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxErr>>(1);
-    tokio::spawn(async move {
-        for _ in 0..4 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let piece = Ok(Frame::data(Bytes::from_static(b"piece ")));
-            if tx.send(piece).await.is_err() {
-                return;
-            }
-        }
-    });
-    let body = http_body_util::StreamBody::new(ReceiverStream(rx)).boxed();
+    let body = pieces(4, Duration::from_millis(100));
     let a = send(Request::post(proxy.url("/v1/drain")).body(body).unwrap()).await;
     assert_eq!(a.status, 200, "{a:?}");
     assert_eq!(a.body, "24", "all four pieces reached the other target");
@@ -1278,17 +1268,7 @@ async fn a_request_with_a_body_goes_to_another_target_when_the_first_refuses() {
     // answered, as on the first target (the timeout runs from the end of the body)
     let top = "workers: 1\ntimeouts:\n  upstream_response: 1s";
     let proxy = Proxy::start(&config(&targets, top, "", "")).await;
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxErr>>(1);
-    tokio::spawn(async move {
-        for _ in 0..8 {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let piece = Ok(Frame::data(Bytes::from_static(b"piece ")));
-            if tx.send(piece).await.is_err() {
-                return;
-            }
-        }
-    });
-    let body = http_body_util::StreamBody::new(ReceiverStream(rx)).boxed();
+    let body = pieces(8, Duration::from_millis(200));
     let a = send(Request::post(proxy.url("/v1/drain")).body(body).unwrap()).await;
     assert_eq!(a.status, 200, "{a:?}");
     assert_eq!(a.body, "48", "all eight pieces reached the other target");
@@ -1304,20 +1284,7 @@ async fn the_response_timeout_starts_when_the_body_has_been_sent() {
     let top = "timeouts:\n  upstream_response: 1s";
     let proxy = Proxy::start(&config(&[upstream.url()], top, "", "")).await;
     // 1.6 s of upload in pieces 200 ms apart, all of it read by the upstream
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxErr>>(1);
-    tokio::spawn(async move {
-        for _ in 0..8 {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            if tx
-                .send(Ok(Frame::data(Bytes::from_static(b"piece "))))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    });
-    let body = http_body_util::StreamBody::new(ReceiverStream(rx)).boxed();
+    let body = pieces(8, Duration::from_millis(200));
     let drained = send(Request::post(proxy.url("/v1/drain")).body(body).unwrap()).await;
     assert_eq!(drained.status, 200, "{drained:?}");
     assert_eq!(drained.body, "48", "all eight pieces reached the upstream");
@@ -1341,6 +1308,22 @@ async fn the_response_timeout_starts_when_the_body_has_been_sent() {
 }
 
 type BoxErr = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request body streaming from the client: `n` pieces of 6 bytes (`piece `), each sent
+/// `every` after the one before.
+fn pieces(n: usize, every: Duration) -> TestBody {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxErr>>(1);
+    tokio::spawn(async move {
+        for _ in 0..n {
+            tokio::time::sleep(every).await;
+            let piece = Ok(Frame::data(Bytes::from_static(b"piece ")));
+            if tx.send(piece).await.is_err() {
+                return;
+            }
+        }
+    });
+    http_body_util::StreamBody::new(ReceiverStream(rx)).boxed()
+}
 
 /// A channel's receiving end as a stream of body frames.
 struct ReceiverStream<T>(tokio::sync::mpsc::Receiver<T>);

@@ -230,12 +230,9 @@ pub fn forward<'a>(
             // boxed: kept only for a bodiless request to an upstream of several targets (which
             // pays for cloning its head anyway), and every other request's future would
             // otherwise keep room for it
-            let again = several.then(|| {
-                if bodiless {
-                    Again::Head(Box::new(Resend::of(&upstream_req, host_is_target)))
-                } else {
-                    Again::Unsent { host_is_target }
-                }
+            let again = several.then(|| Again {
+                head: bodiless.then(|| Box::new(Resend::of(&upstream_req))),
+                host_is_target,
             });
             let start = tokio::time::Instant::now();
             Ok((
@@ -350,14 +347,15 @@ fn attempts<'a>(
             match head_in_time(first, upload.as_deref(), timeout, start).await {
                 None => return (target, None),
                 Some(Err(mut e)) if e.is_connect() => {
+                    // the request again: from its head, or as the pool handed it back
                     let unsent = e.take_unsent();
-                    let again = match again {
-                        Some(Again::Head(head)) => Some(Second::Head(head)),
-                        Some(Again::Unsent { host_is_target }) => {
-                            unsent.map(|req| Second::Whole(req, host_is_target))
-                        }
-                        None => None,
-                    };
+                    let again = again.and_then(|again| {
+                        let req = match (again.head, unsent) {
+                            (Some(head), _) => head.request(),
+                            (None, unsent) => *unsent?,
+                        };
+                        Some((req, again.host_is_target))
+                    });
                     match again.zip(f.targets.pick_other(target)) {
                         Some(second) => second,
                         None => return (target, Some(Err(e))),
@@ -367,16 +365,11 @@ fn attempts<'a>(
             }
         };
         f.targets.failed(target, f.upstream, UNREACHABLE);
-        let again = match again {
-            Second::Head(head) => head.to(f.targets, other),
-            Second::Whole(mut req, host_is_target) => {
-                if host_is_target {
-                    let host = f.targets.targets[other].host.clone();
-                    req.headers_mut().insert(header::HOST, host);
-                }
-                *req
-            }
-        };
+        let (mut again, host_is_target) = again;
+        if host_is_target {
+            let host = f.targets.targets[other].host.clone();
+            again.headers_mut().insert(header::HOST, host);
+        }
         // boxed: the rare second attempt would make every request's future larger. Its head is
         // awaited as the first's: the same deadline, moved on by a body still uploading.
         let mut second = Box::pin(client.request(&f.targets.targets[other].key, again));
@@ -387,21 +380,12 @@ fn attempts<'a>(
 
 /// How a request is sent again to another target when no connection could be made to the
 /// first.
-enum Again {
-    /// without a body: from its head, kept
-    Head(Box<Resend>),
-    /// with one: as the pool hands it back, unsent ([`UpstreamError::take_unsent`])
-    Unsent {
-        /// `Host` names the target, so it changes with the target
-        host_is_target: bool,
-    },
-}
-
-/// The request for the second attempt: from its head, or handed back whole (and whether its
-/// `Host` names the target).
-enum Second {
-    Head(Box<Resend>),
-    Whole(Box<Request<Body>>, bool),
+struct Again {
+    /// without a body, its head, kept; with one, the request is what the pool hands back
+    /// unsent ([`UpstreamError::take_unsent`])
+    head: Option<Box<Resend>>,
+    /// `Host` names the target (not the client's host), so it changes with the target
+    host_is_target: bool,
 }
 
 /// The head of a request without a body, to send it again to another target.
@@ -409,31 +393,24 @@ struct Resend {
     method: http::Method,
     uri: Uri,
     headers: HeaderMap,
-    /// `Host` names the target (not the client's host), so it changes with the target
-    host_is_target: bool,
 }
 
 impl Resend {
-    fn of(req: &Request<Body>, host_is_target: bool) -> Resend {
+    fn of(req: &Request<Body>) -> Resend {
         Resend {
             method: req.method().clone(),
             uri: req.uri().clone(),
             headers: req.headers().clone(),
-            host_is_target,
         }
     }
 
-    /// The same request, for target `i`, with an empty body.
-    fn to(self: Box<Self>, targets: &Targets, i: usize) -> Request<Body> {
+    /// The same request, with an empty body.
+    fn request(self: Box<Self>) -> Request<Body> {
         let mut req = Request::new(http_body_util::Empty::new().map_err(BoxError::from).boxed());
         *req.method_mut() = self.method;
         *req.uri_mut() = self.uri;
         *req.version_mut() = Version::HTTP_11;
         *req.headers_mut() = self.headers;
-        if self.host_is_target {
-            req.headers_mut()
-                .insert(header::HOST, targets.targets[i].host.clone());
-        }
         req
     }
 }
