@@ -1,10 +1,11 @@
 //! Route table: a request's host, normalised path, method and headers select the first route
 //! that matches, in file order.
 //!
-//! Owns path normalisation ([`normalize_path`]), the match conditions ([`RouteMatch`]), the
-//! first-match table ([`RouteTable`]) and the analysis that finds unreachable routes
-//! ([`RouteMatch::shadows`]). It does not own what a route *does* (limits, upstream): the table is
-//! generic over that. Uses nothing else of the crate, and only `http` types, not hyper's.
+//! Owns path normalisation ([`normalize_path`], [`PathPolicy`]), the match conditions
+//! ([`RouteMatch`]), the first-match table ([`RouteTable`]) and the analysis that finds
+//! unreachable routes ([`RouteMatch::shadows`]). It does not own what a route *does*: the table
+//! is generic over its limits and upstream. Uses nothing else of the crate, and only `http`
+//! types, not hyper's.
 //!
 //! Requests are compared in normal form, so the paths of a [`PathMatch`] should be too: build
 //! them through [`normalize_path`] (a prefix such as `/v1/%7euser` would otherwise never match).
@@ -14,7 +15,7 @@
 mod path;
 mod table;
 
-pub use path::{normalize_path, PathError};
+pub use path::{normalize_path, EscapedSlashes, PathError, PathPolicy, RequestPath, SegmentParams};
 pub use table::{strip_prefix, RouteTable};
 
 use http::{HeaderName, HeaderValue, Method};

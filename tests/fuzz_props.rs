@@ -7,6 +7,8 @@
 //!   and infinite values are refused;
 //! * X-Forwarded-For: the documented right-to-left walk, and no identity a client can choose;
 //! * path normalisation: idempotent, no empty or dot segments, `%2F` never decoded;
+//! * route choice: a path takes the route of its lenient reading (every escape decoded,
+//!   `;parameters` dropped), or is refused;
 //! * Redis reply decoding: no panic on any `redis::Value`, the documented shapes decode exactly;
 //!   the store's own RESP parser reads every RESP2 reply back whole and agrees with redis-rs's.
 //!
@@ -26,7 +28,10 @@ use tollgate::config::units::{
 use tollgate::config::{self, ConfigError, Problem};
 use tollgate::identity::{client_ip, is_trusted};
 use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Window};
-use tollgate::routing::{normalize_path, PathError};
+use tollgate::routing::{
+    normalize_path, EscapedSlashes, PathError, PathMatch, PathPolicy, RequestParts, RouteMatch,
+    RouteTable, SegmentParams,
+};
 use tollgate::store::{decode, parse_counts, parse_reply};
 
 // ---------------------------------------------------------------------------------------------
@@ -825,6 +830,95 @@ fn check_normalize(path: &str) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Paths of route names spelled every way an upstream may read as the same path: escaped and
+/// raw slashes and backslashes, dot segments, `;parameters`, escaped letters.
+fn spelled_path() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        Just("/"),
+        Just("."),
+        Just(".."),
+        Just("%2e"),
+        Just("%2E"),
+        Just("%2f"),
+        Just("%2F"),
+        Just("%5c"),
+        Just("%5C"),
+        Just("\\"),
+        Just(";"),
+        Just(";x=1"),
+        Just("%3B"),
+        Just("%3b"),
+        Just("%25"),
+        Just("%00"),
+        Just("%c3%a9"),
+        Just("api"),
+        Just("v1"),
+        Just("a"),
+        Just("%61"),
+        Just("%70"),
+        Just("%69"),
+        Just("%41"),
+    ];
+    proptest::collection::vec(piece, 0..14).prop_map(|p| format!("/{}", p.concat()))
+}
+
+/// How a lenient upstream reads a path: every escape decoded, `\` taken for `/`, each
+/// segment's `;parameters` dropped, dot segments resolved, empty segments folded.
+fn lenient_reading(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut decoded = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                i += 3;
+            }
+            (b, _) => {
+                decoded.push(b);
+                i += 1;
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&decoded).replace('\\', "/");
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in text.split('/') {
+        match segment.split(';').next().unwrap_or("") {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            name => segments.push(name),
+        }
+    }
+    format!("/{}", segments.join("/"))
+}
+
+/// The route a matched path takes in a table of prefixes, with no catch-all.
+fn route_of(path: &str) -> Option<&'static str> {
+    let routes = ["/api/a", "/api", "/v1/a", "/v1", "/a"].map(|prefix| {
+        let m = RouteMatch {
+            host: None,
+            path: PathMatch::Prefix(prefix.into()),
+            methods: vec![],
+            headers: vec![],
+        };
+        (m, prefix)
+    });
+    let table = RouteTable::new(routes.to_vec());
+    let headers = http::HeaderMap::new();
+    let parts = RequestParts {
+        host: None,
+        path,
+        method: &http::Method::GET,
+        headers: &headers,
+    };
+    table.find(&parts).copied()
+}
+
 proptest! {
     /// Paths built from slashes, dots and escapes: every property of the normal form.
     #[test]
@@ -838,6 +932,28 @@ proptest! {
     fn path_any_text(path in any::<String>()) {
         check_normalize(&path)?;
         check_normalize(&format!("/{path}"))?;
+    }
+
+    /// A path takes the route of its lenient reading, or is refused: by default only for an
+    /// escaped slash or backslash, and never when those are decoded.
+    #[test]
+    fn a_path_takes_the_route_of_its_lenient_reading(path in spelled_path()) {
+        let expected = route_of(&lenient_reading(&path));
+        for escaped_slashes in [EscapedSlashes::Reject, EscapedSlashes::Decode] {
+            let policy = PathPolicy { escaped_slashes, segment_params: SegmentParams::Ignore };
+            match policy.read(&path) {
+                Ok(read) => {
+                    prop_assert_eq!(route_of(read.matched()), expected, "{:?} read as {:?}", path, read);
+                    let normal = normalize_path(read.forwarded());
+                    prop_assert_eq!(normal.as_deref(), Ok(read.forwarded()), "{:?}", path);
+                }
+                Err(e) => prop_assert!(
+                    escaped_slashes == EscapedSlashes::Reject
+                        && matches!(e, PathError::EscapedSlash { .. }),
+                    "{:?} refused under {:?}: {}", path, escaped_slashes, e
+                ),
+            }
+        }
     }
 }
 

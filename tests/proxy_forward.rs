@@ -263,12 +263,13 @@ async fn counting_handle(mut req: Request<Incoming>) -> Response<TestBody> {
 // ---------------------------------------------------------------------------------------------
 // 1. method, path and query
 
-/// The method, the normalised path (dot segments resolved, slashes folded, `%2F` kept encoded)
-/// and the query reach the upstream.
+/// The method, the normalised path (dot segments resolved, slashes folded, `%2F` kept encoded
+/// under `escaped_slashes: keep`) and the query reach the upstream.
 #[tokio::test]
 async fn forwards_method_normalised_path_and_query() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::start(&config(&[upstream.url()], "", "", "")).await;
+    let keep = "paths: {escaped_slashes: keep}";
+    let proxy = Proxy::start(&config(&[upstream.url()], keep, "", "")).await;
     let cases = [
         ("PATCH", "/v1/a/../b?x=1&y=%20z", "/v1/b?x=1&y=%20z"),
         ("GET", "//v1//x", "/v1/x"),

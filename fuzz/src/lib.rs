@@ -18,7 +18,9 @@ use tollgate::config::units::{
 use tollgate::config::{self, ConfigError};
 use tollgate::identity::{client_ip, is_trusted};
 use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Window};
-use tollgate::routing::{normalize_path, PathError};
+use tollgate::routing::{
+    normalize_path, EscapedSlashes, PathError, PathPolicy, SegmentParams,
+};
 use tollgate::store::{decode, parse_reply};
 
 // ---------------------------------------------------------------------------------------------
@@ -472,6 +474,32 @@ pub fn check_path(path: &str) {
     if !path.contains('.') && !path.to_ascii_lowercase().contains("%2e") {
         let escaped = |s: &str| s.to_ascii_uppercase().matches("%2F").count();
         assert_eq!(escaped(&normal), escaped(path), "{normal}");
+    }
+}
+
+/// Every `paths` setting reads any path without a panic. What it forwards is a normal path;
+/// what routes match is one too, and holds no `;`.
+pub fn check_path_policy(path: &str) {
+    for escaped_slashes in [
+        EscapedSlashes::Reject,
+        EscapedSlashes::Decode,
+        EscapedSlashes::Keep,
+    ] {
+        for segment_params in [SegmentParams::Ignore, SegmentParams::Keep] {
+            let policy = PathPolicy {
+                escaped_slashes,
+                segment_params,
+            };
+            let Ok(read) = policy.read(path) else {
+                continue;
+            };
+            for form in [read.forwarded(), read.matched()] {
+                assert_eq!(normalize_path(form).as_deref(), Ok(form), "{policy:?}");
+            }
+            if segment_params == SegmentParams::Ignore {
+                assert!(!read.matched().contains(';'), "{policy:?}: {read:?}");
+            }
+        }
     }
 }
 

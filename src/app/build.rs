@@ -155,6 +155,7 @@ pub fn build_proxy(
             upstream_response: config.timeouts.upstream_response,
             tunnel_idle: config.timeouts.idle,
             max_body_size: config.max_body_size,
+            paths: config.paths,
         },
     })
 }

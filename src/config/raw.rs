@@ -65,6 +65,7 @@ pub(crate) struct RawConfig {
     pub rate_limit_headers: Field<RawHeaderStyle>,
     pub timeouts: Field<RawTimeouts>,
     pub max_body_size: Field<String>,
+    pub paths: Field<RawPaths>,
     pub upstreams: Field<Entries<Field<RawUpstream>>>,
     pub routes: Field<Vec<Field<RawRoute>>>,
 }
@@ -124,6 +125,31 @@ pub(crate) enum RawHeaderStyle {
     Legacy,
     Both,
     None,
+}
+
+/// `paths`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawPaths {
+    pub escaped_slashes: Field<RawEscapedSlashes>,
+    pub segment_params: Field<RawSegmentParams>,
+}
+
+/// `paths.escaped_slashes`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawEscapedSlashes {
+    Reject,
+    Decode,
+    Keep,
+}
+
+/// `paths.segment_params`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawSegmentParams {
+    Ignore,
+    Keep,
 }
 
 /// `timeouts`

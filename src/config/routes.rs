@@ -8,7 +8,7 @@ use super::problem::{closest, or_list, Path};
 use super::raw::{Field, RawMatch, RawRoute, StrList};
 use super::types::{LimitConfig, RouteConfig};
 use super::validate::{check_name, Checker};
-use crate::routing::{HostPattern, PathMatch, RouteMatch};
+use crate::routing::{HostPattern, PathError, PathMatch, PathPolicy, RouteMatch};
 
 /// Validates every route; duplicate names are errors, shadowed routes warnings. `upstreams`
 /// are the names routes may refer to; `None` when they are unknown (`upstreams` is invalid).
@@ -16,6 +16,7 @@ pub(crate) fn routes(
     chk: &mut Checker<'_>,
     raw: &Field<Vec<Field<RawRoute>>>,
     upstreams: Option<&[&str]>,
+    paths: &PathPolicy,
 ) -> Vec<RouteConfig> {
     let path = Path::root().key("routes");
     let items = match raw {
@@ -51,7 +52,7 @@ pub(crate) fn routes(
                 names.push((name, i));
             }
         }
-        if let Some(route) = route(chk, raw, &rpath, upstreams) {
+        if let Some(route) = route(chk, raw, &rpath, upstreams, paths) {
             built.push((i, route));
         }
     }
@@ -64,13 +65,14 @@ fn route(
     raw: &RawRoute,
     path: &Path,
     upstreams: Option<&[&str]>,
+    paths: &PathPolicy,
 ) -> Option<RouteConfig> {
     let name = chk.required(&raw.name, path, "name").cloned();
     if let Some(Err(message)) = name.as_deref().map(check_name) {
         chk.error(path.key("name"), message);
     }
     let matcher = match &raw.matcher {
-        Field::Present(m) => matcher(chk, m, &path.key("match")),
+        Field::Present(m) => matcher(chk, m, &path.key("match"), paths),
         Field::Absent => Some(RouteMatch {
             host: None,
             path: PathMatch::Any,
@@ -176,7 +178,12 @@ fn route_limits(
     out
 }
 
-fn matcher(chk: &mut Checker<'_>, raw: &RawMatch, path: &Path) -> Option<RouteMatch> {
+fn matcher(
+    chk: &mut Checker<'_>,
+    raw: &RawMatch,
+    path: &Path,
+    paths: &PathPolicy,
+) -> Option<RouteMatch> {
     let errors_before = chk.errors.len();
     let host = chk.parse(&raw.host, &path.key("host"), parse_host);
     let prefix = chk.parse(&raw.path_prefix, &path.key("path_prefix"), |p| {
@@ -196,14 +203,21 @@ fn matcher(chk: &mut Checker<'_>, raw: &RawMatch, path: &Path) -> Option<RouteMa
             chk.warn(path.key(key), message);
             continue;
         }
-        if let Ok(normal) = crate::routing::normalize_path(text) {
-            if normal != *text {
+        match paths.read(text) {
+            Ok(read) if read.matched() != text => {
+                let normal = read.matched();
                 let message = format!(
                     "never matches as written: requests are matched on their normalised path, \
                      and {text:?} normalises to {normal:?}; write that"
                 );
                 chk.warn(path.key(key), message);
             }
+            Err(PathError::EscapedSlash { .. }) => {
+                let message = "never matches: requests whose path holds an encoded slash or \
+                               backslash are refused (paths.escaped_slashes: reject)";
+                chk.warn(path.key(key), message);
+            }
+            _ => {}
         }
     }
     if raw.path_prefix.is_given() && raw.path.is_given() {

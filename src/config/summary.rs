@@ -10,7 +10,9 @@ use super::types::{
 use super::units::{format_duration, format_rate, format_size};
 use crate::identity::KeyPart;
 use crate::limit::Algorithm;
-use crate::routing::{HostPattern, PathMatch, RouteMatch};
+use crate::routing::{
+    EscapedSlashes, HostPattern, PathMatch, PathPolicy, RouteMatch, SegmentParams,
+};
 
 impl Config {
     /// A short human summary for `tollgate check`: listeners, store, upstreams (targets and
@@ -26,6 +28,12 @@ impl Config {
         out.push(format!("store: {}", store_line(self)));
         if let Some(size) = self.max_body_size {
             out.push(format!("max_body_size: {}", format_size(size)));
+        }
+        if self.paths != PathPolicy::default() {
+            let (slashes, params) = paths_names(&self.paths);
+            out.push(format!(
+                "paths: escaped_slashes {slashes}, segment_params {params}"
+            ));
         }
         out.push(format!("upstreams ({}):", self.upstreams.len()));
         out.extend(
@@ -68,6 +76,10 @@ impl Config {
                 "shutdown": format_duration(t.shutdown),
             },
             "max_body_size": self.max_body_size,
+            "paths": {
+                "escaped_slashes": paths_names(&self.paths).0,
+                "segment_params": paths_names(&self.paths).1,
+            },
             "upstreams": self.upstreams.iter().map(upstream_json).collect::<Vec<_>>(),
             "routes": self.routes.iter().map(route_json).collect::<Vec<_>>(),
         })
@@ -135,6 +147,20 @@ fn on_error(policy: OnError) -> &'static str {
         OnError::Deny => "deny",
         OnError::Local => "local",
     }
+}
+
+/// The names of the `paths` settings, as written in the file.
+fn paths_names(paths: &PathPolicy) -> (&'static str, &'static str) {
+    let slashes = match paths.escaped_slashes {
+        EscapedSlashes::Reject => "reject",
+        EscapedSlashes::Decode => "decode",
+        EscapedSlashes::Keep => "keep",
+    };
+    let params = match paths.segment_params {
+        SegmentParams::Ignore => "ignore",
+        SegmentParams::Keep => "keep",
+    };
+    (slashes, params)
 }
 
 fn header_style(style: HeaderStyle) -> &'static str {

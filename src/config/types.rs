@@ -10,7 +10,7 @@ use ipnet::IpNet;
 
 use crate::identity::KeyPart;
 use crate::limit::{Algorithm, Pace};
-use crate::routing::RouteMatch;
+use crate::routing::{PathPolicy, RouteMatch};
 
 /// A validated `proxy.yaml`.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +35,8 @@ pub struct Config {
     /// `max_body_size` in bytes: larger request bodies get 413; `None`: no bound (absent, or
     /// written 0 as nginx's `client_max_body_size 0`)
     pub max_body_size: Option<u64>,
+    /// `paths`: how request paths are read before routes match them
+    pub paths: PathPolicy,
     /// `upstreams`, in file order
     pub upstreams: Vec<UpstreamConfig>,
     /// `routes`, in file order (the first that matches wins)

@@ -14,12 +14,15 @@ use ipnet::IpNet;
 use super::backend;
 use super::locate::Locator;
 use super::problem::{At, Path, Pending, MAX_PROBLEMS};
-use super::raw::{Field, RawConfig, RawHeaderStyle, RawPace, RawTimeouts, RawUpstream, StrList};
+use super::raw::{
+    Field, RawConfig, RawEscapedSlashes, RawHeaderStyle, RawPace, RawPaths, RawSegmentParams,
+    RawTimeouts, RawUpstream, StrList,
+};
 use super::routes;
 use super::types::{AdminConfig, Config, HeaderStyle, Timeouts, TlsConfig, UpstreamConfig};
 use super::units;
 use crate::limit::Pace;
-use crate::routing::AuthorityFault;
+use crate::routing::{AuthorityFault, EscapedSlashes, PathPolicy, SegmentParams};
 
 /// Collects errors and warnings while the typed config is built.
 pub(crate) struct Checker<'l> {
@@ -217,7 +220,8 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
             e.0.iter().map(|(name, _)| name.as_str()).collect()
         })),
     };
-    let routes = routes::routes(chk, &raw.routes, names.as_deref());
+    let paths = paths(raw.paths.get());
+    let routes = routes::routes(chk, &raw.routes, names.as_deref(), &paths);
     for upstream in &upstreams {
         if !routes.iter().any(|r| r.upstream == upstream.name) {
             let path = root.key("upstreams").key(&upstream.name);
@@ -267,8 +271,27 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
                 units::parse_size,
             )
             .filter(|&size| size > 0),
+        paths,
         upstreams,
         routes,
+    }
+}
+
+/// `paths`, with its defaults: refuse encoded slashes, ignore `;parameters` when matching.
+fn paths(raw: Option<&RawPaths>) -> PathPolicy {
+    let Some(raw) = raw else {
+        return PathPolicy::default();
+    };
+    PathPolicy {
+        escaped_slashes: match raw.escaped_slashes.get() {
+            Some(RawEscapedSlashes::Reject) | None => EscapedSlashes::Reject,
+            Some(RawEscapedSlashes::Decode) => EscapedSlashes::Decode,
+            Some(RawEscapedSlashes::Keep) => EscapedSlashes::Keep,
+        },
+        segment_params: match raw.segment_params.get() {
+            Some(RawSegmentParams::Ignore) | None => SegmentParams::Ignore,
+            Some(RawSegmentParams::Keep) => SegmentParams::Keep,
+        },
     }
 }
 

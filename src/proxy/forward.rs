@@ -606,7 +606,7 @@ fn rewrite(
             Some(q) => PathAndQuery::try_from(format!("{}?{q}", f.path)),
             None => PathAndQuery::try_from(f.path),
         }
-        .map_err(|_| ProxyError::BadPath)?,
+        .map_err(|_| ProxyError::BadRequest("malformed request path"))?,
     };
     parts.uri = Uri::from(path_and_query);
     if parts.version == Version::HTTP_2 {

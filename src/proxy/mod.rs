@@ -36,7 +36,7 @@ use tokio_util::task::TaskTracker;
 use crate::identity;
 use crate::metrics::{Metrics, RouteSeries};
 use crate::routing::{
-    self, normalize_path, strip_prefix, AuthorityFault, PathMatch, RequestParts, RouteTable,
+    self, AuthorityFault, PathError, PathMatch, PathPolicy, RequestParts, RouteTable,
 };
 use crate::store::{Store, StoreError};
 use respond::Shown;
@@ -91,6 +91,8 @@ pub struct Settings {
     pub tunnel_idle: Duration,
     /// larger request bodies: 413
     pub max_body_size: Option<u64>,
+    /// how request paths are read: encoded slashes, `;parameters`
+    pub paths: PathPolicy,
 }
 
 /// Everything the request path needs; shared by all connections.
@@ -114,9 +116,10 @@ pub struct Proxy {
 /// [`limits`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    /// the path could not be normalised (bad percent-encoding, not origin-form)
-    #[error("malformed request path")]
-    BadPath,
+    /// the path could not be read: bad percent-encoding, not origin-form, or an encoded
+    /// slash that `paths.escaped_slashes` refuses
+    #[error("{0}")]
+    BadPath(#[source] PathError),
     /// a request line or target tollgate does not serve: a method not in upper case, a target
     /// with user information, another scheme or a port out of range, a CONNECT tunnel
     #[error("{0}")]
@@ -189,7 +192,7 @@ impl ProxyError {
     /// The status code for this error: the one place errors become statuses.
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::BadPath | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadPath(_) | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BadBody => StatusCode::BAD_REQUEST,
@@ -215,7 +218,7 @@ impl ProxyError {
             ProxyError::Upstream { upstream, .. } => {
                 format!("upstream {upstream}: the connection failed").into()
             }
-            ProxyError::BadPath
+            ProxyError::BadPath(_)
             | ProxyError::BadRequest(_)
             | ProxyError::NoRoute
             | ProxyError::BodyTooLarge
@@ -231,7 +234,7 @@ impl ProxyError {
     /// The `error` field of the JSON body.
     pub fn code(&self) -> &'static str {
         match self {
-            ProxyError::BadPath | ProxyError::BadRequest(_) => "bad_request",
+            ProxyError::BadPath(_) | ProxyError::BadRequest(_) => "bad_request",
             ProxyError::NoRoute => "no_route",
             ProxyError::BodyTooLarge => "payload_too_large",
             ProxyError::BadBody => "bad_request",
@@ -411,16 +414,20 @@ impl Proxy {
             if let Some(why) = refused_request_line(&req) {
                 return Err(ProxyError::BadRequest(why));
             }
-            // 1. route, on the normalised path (which is also the one forwarded)
+            // 1. route, on the path read as the upstream will read it (`paths`)
             // The URI is cloned (reference counts only) so the path can be borrowed from it while
             // the request itself moves on to the forward phase: no copy of the path in the
             // common case of an already-normal path.
             let uri = req.uri().clone();
-            let path = normalize_path(uri.path()).map_err(|_| ProxyError::BadPath)?;
+            let path = self
+                .settings
+                .paths
+                .read(uri.path())
+                .map_err(ProxyError::BadPath)?;
             let host = request_host(&req);
             let parts = RequestParts {
                 host,
-                path: &path,
+                path: path.matched(),
                 method: req.method(),
                 headers: req.headers(),
             };
@@ -438,7 +445,7 @@ impl Proxy {
                 }
             }
             // 3. limit
-            let checked = limits::check(self, route, &req, ip, &path, outcome).await?;
+            let checked = limits::check(self, route, &req, ip, path.matched(), outcome).await?;
             let owed = match checked {
                 limits::Checked::Denied(resp) => return Ok(resp),
                 limits::Checked::Admitted(shown, owed) => {
@@ -458,8 +465,8 @@ impl Proxy {
             }
             // 5. forward
             let forward_path = match &route.strip {
-                Some(m) => strip_prefix(m, &path),
-                None => Cow::Borrowed(&*path),
+                Some(m) => path.strip(m),
+                None => Cow::Borrowed(path.forwarded()),
             };
             let f = forward::Forward {
                 upstream: &route.upstream.name,

@@ -1,10 +1,19 @@
 //! Request-path normalisation: the one form of a path that routes are matched against and that
 //! is forwarded, so that `/v1/../admin` cannot borrow `/v1`'s rules.
 //!
-//! Owns [`normalize_path`] and [`PathError`]; knows nothing of routes. The query is not part of
-//! the input: the caller splits it off first.
+//! Owns [`normalize_path`], [`PathPolicy`] (how encoded slashes and `;parameters` are read) and
+//! [`PathError`]; knows nothing of routes. The query is not part of the input: the caller
+//! splits it off first.
+//!
+//! Many upstreams read a path more loosely than RFC 3986 does. Python's WSGI servers, Go's
+//! `r.URL.Path` and Node's decoders turn `%2F` into `/`; Windows servers take `\` for `/`; Tomcat
+//! and Spring drop `;parameters` from each segment. A route must see the path the way the
+//! upstream will, or `/api%2Fusers` and `/api;x/users` slip past the limits of `/api`.
+//! [`PathPolicy::read`] gives the path to match and the path to forward.
 
 use std::borrow::Cow;
+
+use super::{strip_prefix, PathMatch};
 
 /// Why a request path cannot be routed; the proxy answers 400.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -18,6 +27,184 @@ pub enum PathError {
         /// byte offset of the `%` in the path
         at: usize,
     },
+    /// An encoded slash or backslash (`%2F`, `%5C`) or a raw `\`, refused by
+    /// [`EscapedSlashes::Reject`].
+    #[error("encoded slash or backslash at byte {at} of the request path")]
+    EscapedSlash {
+        /// byte offset of the `%` or `\` in the path
+        at: usize,
+    },
+}
+
+/// `paths.escaped_slashes`: what a path holding `%2F`, `%5C` or a raw `\` gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EscapedSlashes {
+    /// 400: the path means different things to different upstreams.
+    #[default]
+    Reject,
+    /// Read each one as `/`, then normalise; the decoded path is matched and forwarded.
+    Decode,
+    /// Keep it as data inside its segment, as RFC 3986 says. Unsafe in front of an upstream
+    /// that decodes it: `/api%2Fusers` then matches `/` but is served as `/api/users`.
+    Keep,
+}
+
+/// `paths.segment_params`: whether `;parameters` of a segment count when routes are matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SegmentParams {
+    /// Match `/api;x/users` as `/api/users`, and read `..;x` as `..`, as Tomcat and Spring do.
+    /// An escaped `%3B` starts parameters too. The forwarded path keeps the parameters.
+    #[default]
+    Ignore,
+    /// A `;` is an ordinary character of its segment.
+    Keep,
+}
+
+/// How request paths are read: the `paths` settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PathPolicy {
+    /// `paths.escaped_slashes`
+    pub escaped_slashes: EscapedSlashes,
+    /// `paths.segment_params`
+    pub segment_params: SegmentParams,
+}
+
+/// A request path read by a [`PathPolicy`]: what is forwarded, and what routes match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestPath<'a> {
+    forwarded: Cow<'a, str>,
+    /// The matched form when it differs from `forwarded`: the parameters dropped.
+    matched: Option<String>,
+}
+
+impl<'a> RequestPath<'a> {
+    /// The normal path that goes to the upstream.
+    pub fn forwarded(&self) -> &str {
+        &self.forwarded
+    }
+
+    /// The path routes are matched against and limits are keyed by: the forwarded one, without
+    /// `;parameters` when they are ignored.
+    pub fn matched(&self) -> &str {
+        self.matched.as_deref().unwrap_or(&self.forwarded)
+    }
+
+    /// The forwarded path with `m`'s prefix removed, for `strip_prefix`: `/v1;x/y` becomes `/y`
+    /// under `/v1`. `m` must match [`RequestPath::matched`].
+    pub fn strip(&self, m: &PathMatch) -> Cow<'_, str> {
+        let Some(matched) = &self.matched else {
+            return strip_prefix(m, &self.forwarded);
+        };
+        let prefix = match m {
+            PathMatch::Prefix(prefix) if m.matches(matched) => prefix,
+            PathMatch::Exact(_) if m.matches(matched) => return Cow::Borrowed("/"),
+            _ => return Cow::Borrowed(&self.forwarded),
+        };
+        // The forwarded path has the matched one's segments, each perhaps with parameters:
+        // skip as many as the prefix has.
+        let mut left = prefix.split('/').filter(|s| !s.is_empty()).count();
+        let mut rest: &str = &self.forwarded;
+        while left > 0 && !rest.is_empty() {
+            rest = rest[1..].find('/').map_or("", |i| &rest[i + 1..]);
+            left -= 1;
+        }
+        Cow::Borrowed(if rest.is_empty() { "/" } else { rest })
+    }
+}
+
+impl PathPolicy {
+    /// Reads a request path (without its query): normalises it, applies the settings, and
+    /// returns the path to forward and the path to match.
+    ///
+    /// # Errors
+    /// Those of [`normalize_path`], and [`PathError::EscapedSlash`] under
+    /// [`EscapedSlashes::Reject`].
+    pub fn read<'p>(&self, path: &'p str) -> Result<RequestPath<'p>, PathError> {
+        if !path.starts_with('/') {
+            return Err(PathError::NotAbsolute);
+        }
+        let (slash_at, semicolon) = scan(path);
+        let params = semicolon && self.segment_params == SegmentParams::Ignore;
+        let forwarded = match (slash_at, self.escaped_slashes) {
+            (Some(at), EscapedSlashes::Reject) => return Err(PathError::EscapedSlash { at }),
+            (Some(_), EscapedSlashes::Decode) => {
+                Cow::Owned(normalize(&decode_slashes(path), params)?.into_owned())
+            }
+            _ => normalize(path, params)?,
+        };
+        let matched = params.then(|| strip_params(&forwarded));
+        Ok(RequestPath { forwarded, matched })
+    }
+}
+
+/// The first encoded slash or backslash, or raw `\`, and whether the path holds a `;` or a
+/// `%3B`.
+fn scan(path: &str) -> (Option<usize>, bool) {
+    let bytes = path.as_bytes();
+    let mut slash_at = None;
+    let mut semicolon = false;
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b';' => semicolon = true,
+            b'\\' => {
+                slash_at.get_or_insert(i);
+            }
+            b'%' => match bytes.get(i + 1..i + 3) {
+                Some([b'2', b'f' | b'F'] | [b'5', b'c' | b'C']) => {
+                    slash_at.get_or_insert(i);
+                }
+                Some([b'3', b'b' | b'B']) => semicolon = true,
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    (slash_at, semicolon)
+}
+
+/// `path` with every `%2F`, `%5C` and `\` written as `/`.
+fn decode_slashes(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut rest = path;
+    while let Some(i) = rest.find(['%', '\\']) {
+        out.push_str(&rest[..i]);
+        let escape = rest.get(i..i + 3).map(str::to_ascii_uppercase);
+        if rest.as_bytes()[i] == b'\\' {
+            out.push('/');
+            rest = &rest[i + 1..];
+        } else if matches!(escape.as_deref(), Some("%2F" | "%5C")) {
+            out.push('/');
+            rest = &rest[i + 3..];
+        } else {
+            out.push('%');
+            rest = &rest[i + 1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A segment without its `;parameters`. They begin at a `;` or at its escape `%3B`: an
+/// upstream that decodes before it drops them reads `%3B` as `;`.
+fn segment_name(segment: &str) -> &str {
+    let bytes = segment.as_bytes();
+    let end = (0..bytes.len()).find(|&i| match bytes[i] {
+        b';' => true,
+        b'%' => matches!(bytes.get(i + 1..i + 3), Some([b'3', b'b' | b'B'])),
+        _ => false,
+    });
+    &segment[..end.unwrap_or(segment.len())]
+}
+
+/// The matched form of a path that `normalize(_, true)` made: each segment without its
+/// parameters.
+fn strip_params(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for segment in path[1..].split('/') {
+        out.push('/');
+        out.push_str(segment_name(segment));
+    }
+    out
 }
 
 /// Normalises a request path (without its query) for routing and forwarding.
@@ -40,22 +227,40 @@ pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
     if !path.starts_with('/') {
         return Err(PathError::NotAbsolute);
     }
-    if is_normal(path)? {
+    normalize(path, false)
+}
+
+/// [`normalize_path`] of a path that starts with `/`. With `params`, a segment is judged by
+/// its name before any `;`, as Tomcat reads it: `..;x` is `..`, and `;x` alone is empty. The
+/// result is then the normal form of the path without its parameters, with each kept
+/// segment's parameters still on it.
+fn normalize(path: &str, params: bool) -> Result<Cow<'_, str>, PathError> {
+    if is_normal(path, params)? {
         Ok(Cow::Borrowed(path))
     } else {
-        rebuild(path).map(Cow::Owned)
+        rebuild(path, params).map(Cow::Owned)
     }
 }
 
 /// Whether `path` (starting with `/`) is its own normal form. May answer `Ok(false)` before it
 /// has validated every escape: [`rebuild`] validates them all.
-fn is_normal(path: &str) -> Result<bool, PathError> {
+fn is_normal(path: &str, params: bool) -> Result<bool, PathError> {
     let mut segments = path[1..].split('/').peekable();
     let mut offset = 1;
     while let Some(segment) = segments.next() {
         let last = segments.peek().is_none();
-        // An empty segment is a repeated `/`, except the last one: a trailing slash.
-        if (segment.is_empty() && !last) || segment == "." || segment == ".." {
+        let name = if params {
+            segment_name(segment)
+        } else {
+            segment
+        };
+        // An empty segment is a repeated `/`, except the last one: a trailing slash. With
+        // `params`, a segment of parameters alone counts as empty, and goes.
+        if (segment.is_empty() && !last)
+            || (name.is_empty() && !segment.is_empty())
+            || name == "."
+            || name == ".."
+        {
             return Ok(false);
         }
         if !escapes_are_normal(segment, offset)? {
@@ -85,7 +290,7 @@ fn escapes_are_normal(segment: &str, offset: usize) -> Result<bool, PathError> {
 }
 
 /// Builds the normal form of a path that [`is_normal`] rejected.
-fn rebuild(path: &str) -> Result<String, PathError> {
+fn rebuild(path: &str, params: bool) -> Result<String, PathError> {
     let mut out = String::with_capacity(path.len());
     let mut offset = 1;
     let mut trailing_slash = false;
@@ -96,8 +301,14 @@ fn rebuild(path: &str) -> Result<String, PathError> {
         offset += segment.len() + 1;
         // Dot segments are recognised after decoding, so `%2e%2e` is `..` (RFC 3986 §2.3, §5.2.4).
         let written = &out[start + 1..];
-        trailing_slash = matches!(written, "" | "." | "..");
-        if written == ".." {
+        let name = if params {
+            segment_name(written)
+        } else {
+            written
+        };
+        let up = name == "..";
+        trailing_slash = name.is_empty() || up || name == ".";
+        if up {
             out.truncate(start);
             let parent = out.rfind('/').unwrap_or(0);
             out.truncate(parent);
@@ -261,6 +472,97 @@ mod tests {
         assert_eq!(normalize_path("*"), Err(PathError::NotAbsolute));
         assert_eq!(normalize_path(""), Err(PathError::NotAbsolute));
         assert_eq!(normalize_path("v1/x"), Err(PathError::NotAbsolute));
+    }
+
+    fn read(slashes: EscapedSlashes, params: SegmentParams, path: &str) -> (String, String) {
+        let policy = PathPolicy {
+            escaped_slashes: slashes,
+            segment_params: params,
+        };
+        let read = policy.read(path).expect("readable");
+        (read.forwarded().to_owned(), read.matched().to_owned())
+    }
+
+    fn by_default(path: &str) -> (String, String) {
+        read(EscapedSlashes::Reject, SegmentParams::Ignore, path)
+    }
+
+    /// By default an encoded slash or backslash, or a raw backslash, is refused where it stands.
+    #[test]
+    fn escaped_slashes_are_refused_by_default() {
+        for (path, at) in [
+            ("/api%2Fusers", 4),
+            ("/api%2fusers", 4),
+            ("/a/b%5Cc", 4),
+            ("/a/b%5cc", 4),
+            ("/a\\b", 2),
+            ("/x/..%2Fapi", 5),
+        ] {
+            assert_eq!(
+                PathPolicy::default().read(path),
+                Err(PathError::EscapedSlash { at }),
+                "{path}"
+            );
+        }
+        // an escaped `%` before `2F` is no slash
+        assert_eq!(by_default("/a%252F").0, "/a%252F");
+    }
+
+    /// `decode` reads every encoded slash or backslash as `/`, then normalises.
+    #[test]
+    fn decode_reads_escaped_slashes_as_slashes() {
+        let decode = |path| read(EscapedSlashes::Decode, SegmentParams::Ignore, path).0;
+        assert_eq!(decode("/api%2Fusers"), "/api/users");
+        assert_eq!(decode("/x/..%2fapi%5Cusers"), "/api/users");
+        assert_eq!(decode("/api\\users"), "/api/users");
+        assert_eq!(decode("/%2F%2Fapi%2f"), "/api/");
+        let keep = read(EscapedSlashes::Keep, SegmentParams::Ignore, "/a%2fb");
+        assert_eq!(keep, ("/a%2Fb".to_owned(), "/a%2Fb".to_owned()));
+    }
+
+    /// Parameters are left out of the matched path and kept in the forwarded one; a dot
+    /// segment with parameters is a dot segment, and a segment of parameters alone goes.
+    #[test]
+    fn parameters_are_ignored_when_matching() {
+        let cases = [
+            ("/api;x/users", "/api;x/users", "/api/users"),
+            ("/api;a=1;b=2/users;c", "/api;a=1;b=2/users;c", "/api/users"),
+            ("/x/..;/api", "/api", "/api"),
+            ("/x/.;y/../api;z", "/api;z", "/api"),
+            ("/;x/api", "/api", "/api"),
+            ("/api/;x", "/api/", "/api/"),
+            ("/api%3bx/y", "/api%3Bx/y", "/api/y"),
+            ("/x/%2e%2e;/api", "/api", "/api"),
+        ];
+        for (path, forwarded, matched) in cases {
+            assert_eq!(
+                by_default(path),
+                (forwarded.to_owned(), matched.to_owned()),
+                "{path}"
+            );
+        }
+        let kept = read(EscapedSlashes::Reject, SegmentParams::Keep, "/x/..;/api;v");
+        assert_eq!(kept, ("/x/..;/api;v".to_owned(), "/x/..;/api;v".to_owned()));
+    }
+
+    /// `strip_prefix` takes the prefix's segments off the forwarded path, parameters and all.
+    #[test]
+    fn strip_removes_the_prefix_segments_with_their_parameters() {
+        let prefix = |p: &str| PathMatch::Prefix(p.to_owned());
+        let policy = PathPolicy::default();
+        for (path, m, stripped) in [
+            ("/v1;a/x;b/y", prefix("/v1"), "/x;b/y"),
+            ("/v1;a", prefix("/v1"), "/"),
+            ("/v1/x;b", prefix("/v1/"), "/x;b"),
+            ("/v1;a/x;b/y", prefix("/v1/x"), "/y"),
+            ("/v1;a/x", prefix("/"), "/v1;a/x"),
+            ("/v1;a/x", PathMatch::Any, "/v1;a/x"),
+            ("/h;a", PathMatch::Exact("/h".to_owned()), "/"),
+            ("/v1/x", prefix("/v1"), "/x"),
+        ] {
+            let read = policy.read(path).expect("readable");
+            assert_eq!(read.strip(&m), stripped, "{path} under {m:?}");
+        }
     }
 
     /// Valid paths made of what matters to normalisation: slashes, dots, escapes of all kinds.

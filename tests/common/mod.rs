@@ -3,6 +3,8 @@
 //! `redis-server` fails the test with a message saying how to install it.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;

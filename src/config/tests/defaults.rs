@@ -322,6 +322,44 @@ fn enumerated_names_read_as_documented() {
     }
 }
 
+/// `paths` reads every documented name; without it, encoded slashes are refused and
+/// `;parameters` ignored, and `check` says nothing of it.
+#[test]
+fn paths_settings_read_as_documented() {
+    use crate::routing::{EscapedSlashes, PathPolicy, SegmentParams};
+    let default = ok("listen: 0.0.0.0:1\n").config;
+    assert_eq!(
+        default.paths,
+        PathPolicy {
+            escaped_slashes: EscapedSlashes::Reject,
+            segment_params: SegmentParams::Ignore,
+        }
+    );
+    assert!(!default.summary().contains("paths"));
+    assert_eq!(
+        default.to_json()["paths"],
+        serde_json::json!({"escaped_slashes": "reject", "segment_params": "ignore"})
+    );
+    for (name, slashes) in [
+        ("reject", EscapedSlashes::Reject),
+        ("decode", EscapedSlashes::Decode),
+        ("keep", EscapedSlashes::Keep),
+    ] {
+        let text = format!("listen: 0.0.0.0:1\npaths: {{escaped_slashes: {name}}}\n");
+        assert_eq!(ok(&text).config.paths.escaped_slashes, slashes, "{name}");
+    }
+    let text = "listen: 0.0.0.0:1\npaths:\n  segment_params: keep\n";
+    let config = ok(text).config;
+    assert_eq!(config.paths.segment_params, SegmentParams::Keep);
+    assert!(
+        config
+            .summary()
+            .contains("paths: escaped_slashes reject, segment_params keep"),
+        "{}",
+        config.summary()
+    );
+}
+
 /// The summary of a small memory-backed file: one route for every request, no limits.
 #[test]
 fn summary_of_a_minimal_file() {

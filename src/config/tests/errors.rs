@@ -66,7 +66,8 @@ fn unknown_key_without_a_close_match_lists_the_allowed_keys() {
         "listen: 0.0.0.0:8080\ncolour: blue\n",
         &[
             "proxy.yaml:2:1: colour: unknown key \"colour\"; expected listen, workers, tls, admin, \
-             store, trusted_proxies, rate_limit_headers, timeouts, max_body_size, upstreams or routes",
+             store, trusted_proxies, rate_limit_headers, timeouts, max_body_size, paths, upstreams or \
+             routes",
         ],
     );
 }
@@ -504,4 +505,16 @@ fn values_past_what_can_be_honoured_are_errors() {
 fn a_byte_order_mark_is_skipped() {
     let with_bom = format!("\u{feff}{MINIMAL}");
     assert_eq!(ok(&with_bom).config, ok(MINIMAL).config);
+}
+
+/// A `paths` setting that is not one of its names, or a misspelt key under `paths`.
+#[test]
+fn paths_settings_outside_their_names_are_errors() {
+    assert_problems(
+        "listen: 0.0.0.0:8080\npaths:\n  escaped_slashes: allow\n  segment_param: keep\n",
+        &[
+            r#"proxy.yaml:3:20: paths.escaped_slashes: expected reject, decode or keep, found "allow""#,
+            r#"proxy.yaml:4:3: paths.segment_param: unknown key "segment_param" (did you mean "segment_params"?)"#,
+        ],
+    );
 }

@@ -215,3 +215,30 @@ fn trusting_every_peer_is_a_warning() {
         ]
     );
 }
+
+/// A route path with `;parameters` or an encoded slash never matches under the default `paths`
+/// settings, and says so; with the settings that keep them, it matches as written.
+#[test]
+fn match_paths_the_paths_settings_never_match_are_warnings() {
+    let routes = "\
+routes:
+  - name: params
+    upstream: api
+    match: {path_prefix: /a;v=1}
+  - name: slash
+    upstream: api
+    match: {path: /b%2Fc}
+";
+    assert_eq!(
+        warnings(&with_routes(routes)),
+        [
+            r#"proxy.yaml:8:26: routes[0].match.path_prefix: never matches as written: requests are matched on their normalised path, and "/a;v=1" normalises to "/a"; write that"#,
+            r#"proxy.yaml:11:19: routes[1].match.path: never matches: requests whose path holds an encoded slash or backslash are refused (paths.escaped_slashes: reject)"#,
+        ]
+    );
+    let kept = format!(
+        "paths: {{escaped_slashes: keep, segment_params: keep}}\n{}",
+        with_routes(routes)
+    );
+    assert_eq!(warnings(&kept), Vec::<String>::new());
+}
