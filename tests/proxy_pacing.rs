@@ -170,6 +170,80 @@ async fn max_waiting_counts_only_the_requests_that_sleep() {
     assert_eq!(full.header("retry-after"), Some("2"));
 }
 
+/// The next free slot of upstream `api`'s schedule, in ms from Redis's own clock (negative when
+/// the schedule is idle).
+fn schedule_ahead_ms(redis: &Redis) -> f64 {
+    let next: f64 = match redis.cli(&["get", "tollgate:upstream:api:pace"]).trim() {
+        "" => return f64::NEG_INFINITY,
+        text => text.parse().expect("a slot time in ms"),
+    };
+    let time = redis.cli(&["time"]);
+    let mut parts = time
+        .split_whitespace()
+        .map(|p| p.parse::<f64>().expect("TIME"));
+    let (secs, micros) = (parts.next().unwrap(), parts.next().unwrap());
+    next - (secs * 1000.0 + micros / 1000.0)
+}
+
+/// Requests refused for want of a `max_waiting` place leave the shared schedule as if they
+/// had never asked: after a burst of 30 (rate 10/s, max_delay 2s, max_waiting 5), the schedule
+/// ends about one interval past the last request sent, a lone request then waits no longer
+/// than that, and the upstream sees no gap. With one worker, two, and two instances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_for_want_of_a_place_take_no_slot() {
+    let redis = Redis::start();
+    let pace = "      rate: 10/s\n      max_delay: 2s\n      max_waiting: 5";
+    for setup in ["workers: 1", "workers: 2", "two instances"] {
+        redis.cli(&["flushall"]);
+        let upstream = Upstream::start().await;
+        let yaml = config(&redis, &upstream, pace);
+        let first = match setup {
+            "two instances" => Proxy::start(&yaml).await,
+            workers => Proxy::start(&format!("{yaml}{workers}\n")).await,
+        };
+        let second = match setup {
+            "two instances" => Some(Proxy::start(&yaml).await),
+            _ => None,
+        };
+        let mut proxies = vec![&first];
+        proxies.extend(second.as_ref());
+        let began = Instant::now();
+        let got = burst(&proxies, "/", 30).await;
+        let sent = got.iter().filter(|(s, _)| *s == 200).count();
+        let full = got.iter().filter(|(s, _)| *s == 503).count();
+        // one at once and five sleepers per instance; a place freed mid-burst may admit more
+        assert!(
+            sent > 5 * proxies.len() && sent + full == 30,
+            "{setup}: {got:?}"
+        );
+        let ahead = schedule_ahead_ms(&redis);
+        assert!(ahead < 400.0, "{setup}: the schedule ends {ahead} ms ahead");
+        let started = Instant::now();
+        assert_eq!(get(&first.url("/lone"), &[]).await.status, 200);
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_millis(400),
+            "{setup}: lone request took {waited:?}"
+        );
+        assert_paced(
+            &upstream,
+            began,
+            Duration::from_millis(100),
+            sent as u32 + 1,
+        );
+        let mut at: Vec<Instant> = upstream.seen().iter().map(|s| s.at).collect();
+        at.sort();
+        for pair in at.windows(2) {
+            let gap = pair[1] - pair[0];
+            assert!(
+                gap < Duration::from_millis(450),
+                "{setup}: the upstream sat idle {gap:?}, {:?} after the burst began",
+                pair[1] - began
+            );
+        }
+    }
+}
+
 /// A client that hangs up while waiting for its slot frees its place among the sleepers (its
 /// task and permit are dropped) and the upstream never sees its request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,11 @@
-//! Outbound pacing (SPEC §3.4): before a request goes to a paced upstream, ask the store's
-//! leaky bucket for a slot shared by every instance, sleep the returned delay, then forward.
+//! Outbound pacing: before a request goes to a paced upstream, ask the store's leaky bucket
+//! for a slot shared by every instance, sleep the returned delay, then forward.
 //! Past `max_delay` the answer is 503 with `Retry-After`, and nothing was reserved.
-//! `max_waiting` bounds how many requests sleep here at once; a client that hangs up while
-//! waiting drops this future, and with it its permit and its task, and its slot is given back
-//! (`lua/give_back.lua`) while it is the last one handed out.
+//! `max_waiting` bounds how many requests sleep here at once. A request that must wait takes
+//! its waiting place before it asks for a later slot, so a refusal for want of a place
+//! reserves nothing (see [`Pacer::ask`]). A client that hangs up while waiting drops this future, and
+//! with it its place and its task, and its slot is given back (`lua/give_back.lua`) while it
+//! is the last one handed out.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::owed::{Owed, Taken};
 use super::ProxyError;
-use crate::limit::{Algorithm, Pace};
+use crate::limit::{Algorithm, Decision, Pace};
 use crate::store::Store;
 
 /// One upstream's pacing.
@@ -24,6 +26,8 @@ pub struct Pacer {
     pub upstream: String,
     /// `Algorithm::LeakyBucket` with the upstream's rate and max_delay
     pub alg: Algorithm,
+    /// the same with no wait allowed: the check of a request that has no waiting place
+    now_only: Algorithm,
     /// the same parameters, for back-pressure
     pub pace: Pace,
     /// `<key_prefix>:upstream:<name>:pace`
@@ -49,9 +53,14 @@ impl Pacer {
     /// The pacing of upstream `upstream` at `pace`, its schedule kept at `key`, with at most
     /// `max_waiting` requests sleeping here at once.
     pub fn new(upstream: &str, pace: Pace, key: String, max_waiting: Option<usize>) -> Pacer {
+        let now_only = Pace {
+            max_delay_ms: Some(0.0),
+            ..pace
+        };
         Pacer {
             upstream: upstream.to_owned(),
             alg: Algorithm::LeakyBucket(pace),
+            now_only: Algorithm::LeakyBucket(now_only),
             pace,
             key,
             waiting: max_waiting.map(|n| Arc::new(Semaphore::new(n))),
@@ -65,8 +74,8 @@ impl Pacer {
     /// it asks for a slot (past `max_delay` it is refused with the hold's end as its
     /// `Retry-After`); a request that was already sleeping on a slot from before the hold asks
     /// again when it wakes, and gets one after the hold: the shared schedule was pushed past it
-    /// (`back_pressure`). Only a request that sleeps takes one of `max_waiting`'s permits; when
-    /// none is left its slot is given back and it is refused.
+    /// (`back_pressure`). Only a request that sleeps takes one of `max_waiting`'s permits,
+    /// and it takes it before its slot: when none is left it is refused with nothing reserved.
     pub async fn wait(&self, store: &Arc<dyn Store>) -> Result<Paced, ProxyError> {
         let mut slept = Duration::ZERO;
         let mut permit = None;
@@ -88,10 +97,7 @@ impl Pacer {
                 tokio::time::sleep(hold).await;
                 slept += hold;
             }
-            let decision = store
-                .check(&self.key, &self.alg, None)
-                .await
-                .map_err(ProxyError::StoreUnavailable)?;
+            let decision = self.ask(store, &mut permit).await?;
             if !decision.allowed {
                 return Err(ProxyError::PacingRefused {
                     upstream: self.upstream.clone(),
@@ -102,7 +108,7 @@ impl Pacer {
             if delay.is_zero() {
                 break;
             }
-            // (the slot is given back if the client goes away before it, or no permit is left)
+            // (the slot is given back if the client goes away before it)
             let owed = Owed::new(
                 store.clone(),
                 vec![Taken::new(
@@ -112,10 +118,6 @@ impl Pacer {
                     &decision,
                 )],
             );
-            if !self.may_sleep(&mut permit) {
-                owed.give_back().await;
-                return Err(self.queue_full());
-            }
             tokio::time::sleep(delay).await;
             slept += delay;
             owed.paid();
@@ -125,6 +127,33 @@ impl Pacer {
             }
         }
         Ok(Paced { delay: slept })
+    }
+
+    /// Asks the store for a slot. Under `max_waiting`, a request without a place first asks
+    /// for a slot free now; only when there is none does it take a place and ask for a later
+    /// slot. So a request refused for want of a place has reserved nothing, and one that need
+    /// not wait never needs a place.
+    async fn ask(
+        &self,
+        store: &Arc<dyn Store>,
+        permit: &mut Option<OwnedSemaphorePermit>,
+    ) -> Result<Decision, ProxyError> {
+        if self.waiting.is_some() && permit.is_none() {
+            let now = store
+                .check(&self.key, &self.now_only, None)
+                .await
+                .map_err(ProxyError::StoreUnavailable)?;
+            if now.allowed {
+                return Ok(now);
+            }
+            if !self.may_sleep(permit) {
+                return Err(self.queue_full());
+            }
+        }
+        store
+            .check(&self.key, &self.alg, None)
+            .await
+            .map_err(ProxyError::StoreUnavailable)
     }
 
     /// Whether the request holds a `max_waiting` permit to sleep with (taking one if it has
