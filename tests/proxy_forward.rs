@@ -867,6 +867,54 @@ async fn large_response_heads_are_read_across_reads_up_to_a_limit() {
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 2);
 }
 
+/// A chunked response's trailer section is bounded as its head is: with 10 KB of trailer
+/// fields the response ends whole; 80 KB, even when they come in one piece, cut it short, and
+/// that upstream connection is not used again.
+#[tokio::test]
+async fn trailer_sections_are_bounded_as_heads_are() {
+    let chunked = |fields: usize| -> &'static str {
+        let trailers: String = (0..fields)
+            .map(|i| format!("x-t{i}: {}\r\n", "v".repeat(990)))
+            .collect();
+        let text = format!(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n{trailers}\r\n"
+        );
+        Box::leak(text.into_boxed_str())
+    };
+    let upstream = RawUpstream::scripted(vec![
+        (chunked(10), false),
+        (chunked(80), false),
+        (chunked(1), false),
+    ])
+    .await;
+    let proxy = Proxy::start(&config(&[upstream.url()], "workers: 1", "", "")).await;
+    // read raw: the test's own HTTP client would refuse trailers past 16 KiB by itself
+    let fetch = |path: &'static str| async move {
+        let mut conn = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nConnection: close\r\n\r\n");
+        conn.write_all(request.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let read = conn.read_to_end(&mut got);
+        let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    // the proxy sends no trailers on to an HTTP/1.1 client: a whole response ends "0\r\n\r\n"
+    let small = fetch("/v1/small").await;
+    assert!(
+        small.starts_with("HTTP/1.1 200") && small.ends_with("ok\r\n0\r\n\r\n"),
+        "{small}"
+    );
+    let big = fetch("/v1/big").await;
+    assert!(
+        big.starts_with("HTTP/1.1 200") && !big.ends_with("0\r\n\r\n"),
+        "not cut short: {big}"
+    );
+    let next = fetch("/v1/next").await;
+    assert!(next.ends_with("ok\r\n0\r\n\r\n"), "{next}");
+    assert_eq!(upstream.accepted.load(Ordering::SeqCst), 2);
+}
+
 /// An upstream response with both Content-Length and Transfer-Encoding is framed by the
 /// chunking (RFC 9112 §6.3): the client gets the whole body, with the stale Content-Length
 /// gone, whether the request had a body (hyper's client) or not (the proxy's own).

@@ -187,6 +187,10 @@ fn trailers(buf: &mut BytesMut, searched: Option<usize>) -> Result<Step, Error> 
     }
     let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
     let (len, parsed) = match httparse::parse_headers(buf, &mut fields) {
+        // bounded as a head is, also when one read brought the whole section
+        Ok(httparse::Status::Complete((len, _))) if len > MAX_HEAD => {
+            return Err(Error::Malformed("trailer section too large"))
+        }
         Ok(httparse::Status::Complete((len, parsed))) => (len, parsed),
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
             return Err(Error::Malformed("trailer section too large"))
@@ -309,6 +313,26 @@ mod tests {
         let mut buf = BytesMut::from(vec![b'1'; MAX_CHUNK_LINE + 1].as_slice());
         let mut framing = chunked;
         assert!(decode(&mut buf, &mut framing).is_err(), "endless size line");
+    }
+
+    /// A trailer section larger than a head may be is refused, even when it comes whole in
+    /// one read; one just under the bound is taken.
+    #[test]
+    fn trailer_sections_are_bounded_as_heads() {
+        let chunked = Framing::Chunked(Chunk::Size);
+        let section = |size: usize| {
+            let field = format!("X-Big: {}\r\n", "a".repeat(1000));
+            let fields = field.repeat(size / field.len());
+            format!("2\r\nok\r\n0\r\n{fields}\r\n")
+        };
+        let (_, trailers, _) = body(&section(MAX_HEAD - 2048), chunked).expect("under the bound");
+        assert!(trailers.is_some_and(|t| t.len() > 50));
+        let big = section(80 * 1000);
+        assert!(big.len() > MAX_HEAD);
+        assert!(matches!(
+            body(&big, chunked),
+            Err(Error::Malformed("trailer section too large"))
+        ));
     }
 
     /// Content-Length bodies end exactly at their length; what follows stays.

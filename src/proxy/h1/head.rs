@@ -8,7 +8,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode, Version};
 
 use super::body::{Chunk, Framing};
-use super::{Error, MAX_FIELDS};
+use super::{Error, MAX_FIELDS, MAX_HEAD};
 use crate::proxy::forward::hop_by_hop_bit;
 
 /// Whether the bytes of `buf` past `searched` (less the two before, for a line end split
@@ -47,6 +47,9 @@ pub(super) fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Optio
         buf,
         &mut fields,
     ) {
+        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => {
+            return Err(Error::Malformed("response head too large"))
+        }
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => {
