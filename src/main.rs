@@ -76,11 +76,10 @@ fn main() -> ExitCode {
     }
     if checking {
         let summary = loaded.config.summary();
-        print!("{summary}");
-        if !summary.ends_with('\n') {
-            println!();
-        }
-        println!("{}: ok", cli.config.display());
+        let end = if summary.ends_with('\n') { "" } else { "\n" };
+        let text = format!("{summary}{end}{}: ok\n", cli.config.display());
+        // A reader that stops early, such as `| head`, is no failure of the check.
+        let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
         return ExitCode::SUCCESS;
     }
     match serve(loaded.config, cli.config) {

@@ -39,6 +39,26 @@ fn check_accepts_the_shipped_config() {
     assert!(stdout.trim_end().ends_with("proxy.yaml: ok"), "{stdout}");
 }
 
+/// `tollgate check | head -1`: a reader that stops early ends no check in a panic.
+#[test]
+fn check_into_a_closed_pipe_exits_0() {
+    let mut child = tollgate()
+        .args([
+            "check",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/proxy.yaml"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// `tollgate check` on a bad file prints every problem as FILE:LINE:COLUMN: key: message
 /// and exits 2.
 #[test]
