@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints bench/run's results as Markdown tables, with the SPEC §7 targets checked.
+"""Prints bench/run's results as Markdown tables, with the performance targets checked.
 
 usage: report.py RESULTS.tsv   (flood and idle-connection figures come from the environment)
 

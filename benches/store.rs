@@ -1,4 +1,4 @@
-//! Decisions per second of the stores (SPEC §7, issue 2): `cargo bench --bench store`.
+//! Decisions per second of the stores: `cargo bench --bench store`.
 //!
 //! * `RedisStore`: 64 concurrent callers on one connection, token bucket never denying, against
 //!   a `redis-server` this bench starts on a free port (or `TOLLGATE_BENCH_REDIS=redis://...`).

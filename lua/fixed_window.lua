@@ -12,9 +12,9 @@ Returns {allowed 1|0, remaining, retry_after_ms, reset_ms}, all integers:
   retry_after_ms  0 when allowed; else the time until the window ends (rounded up)
   reset_ms        the time until the window ends (rounded up)
 
-Stored: a hash {w = window start (ms), c = count}; it expires when its window ends. Unlike the
-article's script, the expiry is not pushed forward by every request (which kept a busy client
-locked out for ever), and the answer is an integer, not a Lua boolean that Redis turns into nil.
+Stored: a hash {w = window start (ms), c = count}; it expires when its window ends. A request
+does not push the expiry forward: that would keep a busy client locked out for ever. The answer
+is an integer, not a Lua boolean, because Redis turns a Lua false into nil.
 
 Try it: redis-cli --eval lua/fixed_window.lua tollgate:demo:alice , 3 60000
 Debug:  redis-cli --ldb --eval lua/fixed_window.lua tollgate:demo:alice , 3 60000

@@ -15,8 +15,8 @@ Returns {admitted 1|0, delay_ms}:
 The stored value is the next free slot (ms). Each admitted call takes slot = max(next, now) and
 moves next to slot + 1000/rate, so admitted requests start at least 1/rate apart. One number per
 key, written with %.17g so it reads back exactly; it expires once the schedule is idle.
-Unlike the article's script, the clock is the Redis server's, the wait is bounded, and the state
-is one value instead of a growing sorted set.
+The clock is the Redis server's, not the caller's. The wait is bounded. The state is one value,
+not a sorted set that grows with every request.
 
 Try it: redis-cli --eval lua/leaky_bucket.lua tollgate:upstream:api:pace , 4 1000
 Debug:  redis-cli --ldb --eval lua/leaky_bucket.lua tollgate:upstream:api:pace , 4 1000

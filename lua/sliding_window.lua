@@ -13,9 +13,9 @@ Returns {allowed 1|0, remaining, retry_after_ms, reset_ms}, all integers:
 
 A request at time t counts while now < t + window. Stored: a sorted set, score = time of an
 admitted request, member = that time plus a sequence number among requests of the same time, so
-two requests in the same millisecond are two members (the article's `ZADD key now now` made them
-one, and let the limit be passed). Denied requests are not logged. The set expires one window
-after its newest member.
+two requests in the same millisecond are two members. With the time alone as member
+(`ZADD key now now`) they would be one, and the limit could be passed. Denied requests are not
+logged. The set expires one window after its newest member.
 
 Try it: redis-cli --eval lua/sliding_window.lua tollgate:demo:alice , 3 60000
 Debug:  redis-cli --ldb --eval lua/sliding_window.lua tollgate:demo:alice , 3 60000

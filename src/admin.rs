@@ -1,4 +1,4 @@
-//! The admin HTTP server (SPEC §6): `/metrics`, `/healthz`, `/readyz` and `/config`, on a
+//! The admin HTTP server: `/metrics`, `/healthz`, `/readyz` and `/config`, on a
 //! listener of its own, apart from the proxied traffic.
 //!
 //! | route | answer |

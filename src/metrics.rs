@@ -1,5 +1,5 @@
 //! The process's one Prometheus registry and [`Metrics`], the cheap cloneable handle to it that
-//! is passed down to whoever records something (SPEC §6).
+//! is passed down to whoever records something.
 //!
 //! This module owns the metric names, their labels and their buckets, and the text encoding
 //! served at the admin `/metrics` endpoint. It uses nothing else of the crate: callers record
@@ -11,7 +11,7 @@
 //! served as [`CONTENT_TYPE`] to a client that asks for it, or the same turned into the
 //! Prometheus text format 0.0.4 ([`Metrics::encode_text`], [`TEXT_CONTENT_TYPE`]). Counters are registered by their base name because
 //! prometheus-client appends `_total` to the sample name itself, and histograms in seconds carry
-//! the OpenMetrics unit, so the sample names are exactly SPEC §6's:
+//! the OpenMetrics unit, so the sample names are exactly these (docs/operations.md lists them):
 //!
 //! | metric | labels |
 //! | --- | --- |
@@ -241,9 +241,9 @@ impl fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// A fresh registry with every metric of SPEC §6 registered. The unlabelled metrics and
-    /// both `tollgate_config_reloads_total` series start at zero; a labelled series appears
-    /// the first time its labels are recorded (an empty family is not written at all).
+    /// A fresh registry with every metric of the module's table registered. The unlabelled
+    /// metrics and both `tollgate_config_reloads_total` series start at zero; a labelled series
+    /// appears the first time its labels are recorded (an empty family is not written at all).
     pub fn new() -> Metrics {
         let mut registry = Registry::default();
         let requests = Family::default();
@@ -768,8 +768,8 @@ mod tests {
         );
     }
 
-    /// Every metric of SPEC §6 is declared with its type (histograms with their unit), and
-    /// the counters' samples carry exactly the SPEC names.
+    /// Every metric of the module's table is declared with its type, histograms with their
+    /// unit. The counters' samples carry exactly the names in that table.
     #[test]
     fn every_spec_metric_is_declared_with_its_type() {
         let m = Metrics::new();
@@ -804,7 +804,7 @@ mod tests {
                 "# TYPE tollgate_config_reloads counter",
             ],
         );
-        // SPEC's nine and tollgate's own `tollgate_store_leased_total`
+        // the ten metrics of the module's table
         assert_eq!(text.matches("# TYPE ").count(), 10, "{text}");
         // prometheus-client appends `_total` itself: once, never twice
         for sample in [

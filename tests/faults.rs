@@ -1,4 +1,4 @@
-//! Faults under load (issue 5, point 3), the fast and essential ones: Redis flushed, blocked
+//! Faults under load, the fast and essential ones: Redis flushed, blocked
 //! past the store timeout, and killed while concurrent clients keep sending; an upstream target
 //! killed and restarted while requests flow. For each: no request waits past its timeouts, the
 //! `on_error` policy is honoured, and service recovers by itself. The long runs with figures

@@ -1,4 +1,4 @@
-//! Hardening (issue 5, points 1 and 2): malformed requests, request smuggling attempts, HTTP/2
+//! Hardening: malformed requests, request smuggling attempts, HTTP/2
 //! misuse, slow and idle clients, thousands of idle connections, key-cardinality floods,
 //! X-Forwarded-For spoofing and path tricks. Real sockets, a real upstream, tollgate in process,
 //! and a real `redis-server` where Redis matters. Every test also checks that a healthy client

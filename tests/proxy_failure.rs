@@ -1,4 +1,4 @@
-//! The failure policy end to end (SPEC §4): Redis killed, restarted or paused under a running
+//! The store failure policy end to end: Redis killed, restarted or paused under a running
 //! tollgate; `on_error` allow, deny and local (with `instances`); the circuit breaker; and the
 //! deny cache under a flood. Real `redis-server`, real upstream, tollgate in process.
 //!

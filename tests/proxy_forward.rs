@@ -1,4 +1,4 @@
-//! Forwarding end to end (SPEC §3, steps 1 and 5): what reaches the upstream and what comes
+//! Routing and forwarding end to end: what reaches the upstream and what comes
 //! back, `Upgrade` tunnels, the errors tollgate answers itself, round robin and pooling,
 //! streaming without buffering, inbound HTTP/2 cleartext, and malformed requests. A real
 //! upstream and tollgate in process; no Redis (the memory store is the default).
@@ -1323,9 +1323,9 @@ async fn a_request_with_a_body_goes_to_another_target_when_the_first_refuses() {
     assert_eq!(a.body, "48", "all eight pieces reached the other target");
 }
 
-/// `timeouts.upstream_response` runs from the end of the request body (SPEC: "until the
-/// response head arrives"): an upload slower than it, but moving, is answered; an upload that
-/// stops coming from the client for that long gets 408, not the upstream's 504.
+/// `timeouts.upstream_response` is the wait for the response head, and it starts when the
+/// request body has been sent. An upload slower than it, but moving, is answered. An upload
+/// that stops coming from the client for that long gets 408, not the upstream's 504.
 #[tokio::test]
 async fn the_response_timeout_starts_when_the_body_has_been_sent() {
     // it answers /v1/drain once it has read the whole body

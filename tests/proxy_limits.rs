@@ -690,7 +690,7 @@ async fn a_client_gone_while_its_request_waits_gives_back_what_it_took() {
     assert!(gap < Duration::from_secs(3), "{gap:?}");
 }
 
-/// When the first limit refuses, the later ones are asked too: the first answers (SPEC §2), but
+/// When the first limit refuses, the later ones are asked too: the first answers, but
 /// with the longest wait of those refusing, so a client is not told to come back in a second
 /// when an hourly quota refuses it for an hour; the rate-limit headers are that longest
 /// refusal's. Both stores, the deny cache's answer too.

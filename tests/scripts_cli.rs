@@ -1,4 +1,4 @@
-//! Each script in `lua/` run by hand exactly as the README and the article show it:
+//! Each script in `lua/` run by hand exactly as the README and the script's header show it:
 //! `redis-cli --eval lua/X.lua KEY , ARGS`, against a real Redis.
 
 mod common;

@@ -1,7 +1,8 @@
-//! Reload (SPEC §6): SIGHUP, or a change of the config file, swaps in new routes, limits and
-//! upstreams without dropping a connection; requests in flight finish under the config they
-//! started with. An invalid file is rejected with the same messages as `tollgate check`, and the
-//! old config stays in force. The store is rebuilt only when the `store` section changed.
+//! Reload: SIGHUP, or a change of the config file, swaps in new routes, limits and upstreams
+//! without dropping a connection; requests in flight finish under the config they started with.
+//! An invalid file is rejected with the same messages as `tollgate check`, and the old config
+//! stays in force. The store is rebuilt only when the `store` section changed.
+//! docs/operations.md describes reload for operators.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

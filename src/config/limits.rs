@@ -58,8 +58,8 @@ pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Optio
             continue;
         };
         // the override's client as the proxy keys it (escaped, an address in one notation);
-        // one no request can have is kept as written, with a warning (SPEC's own example has
-        // an API key under `key: ip`)
+        // one no request can have is kept as written, with a warning. The documented example
+        // has one: an API key under `key: ip`.
         let client = match identity::override_key(&key, value) {
             Ok(client) => client,
             Err(message) => {

@@ -136,9 +136,9 @@ fn limit_key<'r>(
 /// (a leaky bucket earlier in the list does not first make it wait), and what the limits before
 /// the refusing one took for the request is given back, so a refused request costs no limit
 /// anything (as nginx charges its `limit_req` zones only when all pass). The first enforced
-/// limit that refuses answers (SPEC §2), with the longest wait of the enforced limits that
-/// refuse (the later ones are asked too, and given back what they took), so that `Retry-After`
-/// is not one limit's short wait while another refuses for longer. A route with several limits
+/// limit that refuses answers the request, with the longest wait of the enforced limits that
+/// refuse. The later limits are asked too, and given back what they took. So `Retry-After` is
+/// not one limit's short wait while another refuses for longer. A route with several limits
 /// first looks for refusals the instance remembers (the deny cache) among them: such a request
 /// is refused so without asking any store.
 /// Leaky-bucket limits' delays are slept together (the longest) once all have admitted; a

@@ -1,4 +1,4 @@
-//! The request path (SPEC §3) as named phases over one per-request context:
+//! The request path as named phases over one per-request context:
 //!
 //! 1. **route**: normalise the path, pick the first matching route (404 when none);
 //! 2. **identify**: the client's address (trusted proxies, X-Forwarded-For; found first, so

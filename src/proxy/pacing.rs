@@ -226,7 +226,7 @@ impl Held {
 const MAX_HOLD: Duration = Duration::from_secs(3600);
 
 impl Pacer {
-    /// Upstream back-pressure (SPEC §3.4): a 429 or 503 with `Retry-After` from the upstream
+    /// Upstream back-pressure: a 429 or 503 with `Retry-After` from the upstream
     /// pushes the shared schedule so that no instance sends to it before then.
     pub async fn back_pressure(&self, store: &dyn Store, status: StatusCode, headers: &HeaderMap) {
         if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {

@@ -1,12 +1,12 @@
 //! When the wait for a response head starts, for a request with a body.
 //!
-//! `timeouts.upstream_response` is the time the upstream has to answer (SPEC §2: "until the
-//! response head arrives"); a slow upload is not the upstream's delay. So while a body is being
-//! sent, the clock restarts with every piece of it the upstream connection takes, and once the
-//! body has ended the upstream has the whole timeout to answer (nginx's `proxy_send_timeout`
-//! between writes, then `proxy_read_timeout`). A body that makes no progress for the timeout is
-//! cut: a 408 when it was waiting for the client (nginx's `client_body_timeout`), the upstream's
-//! 504 when the upstream stopped taking it.
+//! `timeouts.upstream_response` is the time the upstream has to answer, until the response head
+//! arrives. A slow upload is not the upstream's delay. So while a body is being sent, the clock
+//! restarts with every piece of it the upstream connection takes. Once the body has ended, the
+//! upstream has the whole timeout to answer (nginx's `proxy_send_timeout` between writes, then
+//! `proxy_read_timeout`). A body that makes no progress for the timeout is cut: a 408 when it
+//! was waiting for the client (nginx's `client_body_timeout`), the upstream's 504 when the
+//! upstream stopped taking it.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -2,8 +2,8 @@
 //! is forwarded, so that `/v1/../admin` cannot borrow `/v1`'s rules.
 //!
 //! Owns [`normalize_path`], [`PathPolicy`] (how encoded slashes and `;parameters` are read) and
-//! [`PathError`]; knows nothing of routes. The query is not part of the input: the caller
-//! splits it off first.
+//! [`PathError`]. It knows a route's path condition only to strip a prefix. The query is not
+//! part of the input: the caller splits it off first.
 //!
 //! Many upstreams read a path more loosely than RFC 3986 does. Python's WSGI servers, Go's
 //! `r.URL.Path` and Node's decoders turn `%2F` into `/`; Windows servers take `\` for `/`; Tomcat

@@ -1,5 +1,6 @@
-//! What happens when the shared store cannot answer (SPEC §4), and the two things that keep
-//! Redis off the hot path: the circuit breaker and the deny cache.
+//! What happens when the shared store cannot answer, and the two things that keep Redis off the
+//! hot path: the circuit breaker and the deny cache. docs/operations.md describes the failure
+//! policy for operators.
 //!
 //! [`GuardedStore`] wraps the Redis store. A call that fails or passes the timeout applies
 //! `on_error`: `allow` (fail open), `deny` (fail closed: the error goes up and the proxy answers

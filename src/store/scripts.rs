@@ -1,4 +1,5 @@
-//! The Lua scripts of `lua/`, compiled in, and the ARGV each algorithm takes (SPEC §5).
+//! The Lua scripts of `lua/`, compiled in, and the ARGV each algorithm takes. Each script's
+//! header comment lists its KEYS and ARGV.
 //!
 //! A check is described once, as a [`Call`] (script, key, arguments), and then either written
 //! straight into a `EVALSHA` command for the store's own connection ([`Call::encode`]) or turned
@@ -62,7 +63,7 @@ enum Arg {
 /// The most ARGV any script takes (the rate, two more, and `now`).
 const MAX_ARGS: usize = 4;
 
-/// One script call: KEYS[1] = `key`, ARGV as SPEC §5 lists them, and `now` last when given.
+/// One script call: KEYS[1] = `key`, ARGV in the script's order, and `now` last when given.
 pub(crate) struct Call<'a> {
     lua: &'a Lua,
     key: &'a str,

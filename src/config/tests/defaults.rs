@@ -1,4 +1,4 @@
-//! Every default the contract names, and the forms a value may take.
+//! Every documented default (docs/configuration.md), and the forms a value may take.
 
 use super::*;
 use crate::config::{StoreConfig, Timeouts};

@@ -11,7 +11,8 @@ fn assert_problems(text: &str, expected: &[&str]) {
     assert_eq!(problems(text), expected, "for:\n{text}");
 }
 
-/// The example of SPEC §2, exactly: a rate that is not N/unit, on line 31, column 15.
+/// The error example of docs/configuration.md, exactly: a rate that is not N/unit, on line 31,
+/// column 15.
 #[test]
 fn bad_rate_names_file_line_column_path_and_value() {
     let body = "\

@@ -16,7 +16,7 @@ mod errors;
 mod formats;
 mod warnings;
 
-/// The `proxy.yaml` of SPEC section 2, verbatim: the contract.
+/// The documented example `proxy.yaml`, which sets every key (see docs/configuration.md).
 const SPEC_EXAMPLE: &str = include_str!("spec_example.yaml");
 
 /// The smallest useful file: one listener, one upstream, one route; tests add to it.
@@ -76,7 +76,7 @@ fn addr(text: &str) -> SocketAddr {
     text.parse().expect("test addresses are valid")
 }
 
-/// Every top-level section of the SPEC example reads as the comments in it say.
+/// Every top-level section of the documented example reads as the comments in it say.
 #[test]
 fn spec_example_parses_with_every_documented_value() {
     let loaded = ok(SPEC_EXAMPLE);

@@ -164,8 +164,9 @@ routes:
     );
 }
 
-/// An override no request can have is a warning (SPEC's own example has an API key under
-/// `key: ip`), as are two written differently for one client (an address in two notations).
+/// An override no request can have is a warning. The documented example has one: an API key
+/// under `key: ip`. Two overrides written differently for one client are a warning too, such
+/// as one address in two notations.
 #[test]
 fn overrides_no_request_can_have_are_warnings() {
     let routes = "\
