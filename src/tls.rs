@@ -238,7 +238,7 @@ struct Trust {
 /// The Web PKI's verification (rustls's [`WebPkiServerVerifier`]), and the one certificate it
 /// refuses that OpenSSL, and so nginx, HAProxy and curl, accept: a self-signed certificate
 /// marked as a CA (`CA:TRUE`, which `openssl req -x509` writes by default) that the server
-/// presents itself and the trust bundle holds itself (`SSL_CERT_FILE=cert.pem`, the README's
+/// presents itself and the trust bundle holds itself (`SSL_CERT_FILE=cert.pem`, the documented
 /// way to trust a self-signed upstream). webpki refuses any CA certificate as a server's
 /// (`CaUsedAsEndEntity`); here such a certificate is accepted when it is byte for byte one of
 /// the certificates read from the bundle and it names the host connected to. It is valid now:

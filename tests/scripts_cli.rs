@@ -1,4 +1,4 @@
-//! Each script in `lua/` run by hand exactly as the README and the script's header show it:
+//! Each script in `lua/` run by hand exactly as docs/algorithms.md and the script's header show it:
 //! `redis-cli --eval lua/X.lua KEY , ARGS`, against a real Redis.
 
 mod common;
@@ -112,7 +112,7 @@ fn token_bucket_by_hand() {
         frank(&["100", "100", "1", "1700000000010"])[..2],
         ["1", "0"]
     );
-    // the shape of the README line: no cost, no now (the server clock)
+    // the shape of the documented line: no cost, no now (the server clock)
     let live = eval(
         &redis,
         "token_bucket.lua",
@@ -196,7 +196,7 @@ fn leaky_bucket_by_hand() {
         ),
         ["1", "333.333"]
     );
-    // the README line: server clock
+    // the documented line: server clock
     assert_eq!(
         eval(
             &redis,

@@ -91,7 +91,8 @@ pub struct StoreConfig {
     /// `store.max_keys`: bound of the memory store and of the local fallback (default 1000000)
     pub max_keys: NonZeroUsize,
     /// `store.leases`: busy token buckets of 1 000 tokens or more may lease a few tokens ahead
-    /// on each worker (README, "Store"; default true); false: every check is a Redis call
+    /// on each worker (docs/algorithms.md, "Leases"; default true); false: every check is a
+    /// Redis call
     pub leases: bool,
 }
 
