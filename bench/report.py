@@ -131,7 +131,7 @@ def main():
                   f"{num(r['sockerr'])} socket errors")
 
     print()
-    print("### Targets (SPEC §7)")
+    print("### Targets")
     print()
 
     def get(name, t):

@@ -8,7 +8,7 @@
 //! | `GET /readyz` | 200 `ready`, or 503 `not ready: <why>` while [`AdminState::ready`] says no |
 //! | `GET /config` | 200, [`AdminState::config_json`] as pretty-printed JSON |
 //! | any other path | 404 |
-//! | another method on one of the paths above | 405 with `Allow: GET` |
+//! | another method on one of the paths above | 405 with `Allow: GET, HEAD` |
 //!
 //! This module owns only the HTTP side. It uses nothing of the crate but [`Metrics`]: what
 //! "ready" means and what the effective configuration is (with its secrets redacted) are the

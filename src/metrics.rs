@@ -2,10 +2,9 @@
 //! is passed down to whoever records something.
 //!
 //! This module owns the metric names, their labels and their buckets, and the text encoding
-//! served at the admin `/metrics` endpoint. It uses nothing else of the crate: callers record
-//! through plain values (`Arc<str>` names, `&'static str` kinds, [`Duration`]s), and the
-//! counters that live elsewhere (such as the deny-cache hits the store's failure policy
-//! counts) are brought in at scrape time through [`Metrics::on_scrape`].
+//! served at the admin `/metrics` endpoint. Callers record through plain values (`Arc<str>`
+//! names, `&'static str` kinds, [`Duration`]s). It uses one thing of the crate: the proxy's list
+//! of upstream error kinds, to declare their series up front.
 //!
 //! The exposition is OpenMetrics text as prometheus-client writes it (it ends with `# EOF`),
 //! served as [`CONTENT_TYPE`] to a client that asks for it, or the same turned into the
@@ -435,7 +434,7 @@ impl Metrics {
     }
 
     /// Records a failed store call: `tollgate_store_errors_total{kind}` (e.g. `timeout`,
-    /// `connection`, `script`).
+    /// `connection`, `redis`).
     pub fn store_error(&self, kind: &'static str) {
         self.inner
             .store_errors

@@ -15,7 +15,8 @@
 //! * `summary`: the config told back, for `tollgate check` ([`Config::summary`]) and the admin
 //!   `/config` endpoint ([`Config::to_json`]).
 //!
-//! This module owns no I/O beyond reading the file in [`load`]; reloading (SIGHUP, a changed
+//! This module owns no I/O beyond reading the file in [`load`] and, when asked, the TLS files
+//! it names; reloading (SIGHUP, a changed
 //! file) is the caller's: it calls [`load`] again and keeps the old config on an error.
 
 mod backend;

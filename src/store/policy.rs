@@ -45,7 +45,7 @@ pub enum OnError {
     Local,
 }
 
-/// Counters the policy exposes (read by the metrics module).
+/// Counters the policy keeps; tests read them.
 #[derive(Debug, Default)]
 pub struct PolicyStats {
     /// denials answered from the deny cache
