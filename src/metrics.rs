@@ -770,7 +770,7 @@ mod tests {
     /// Every metric of the module's table is declared with its type, histograms with their
     /// unit. The counters' samples carry exactly the names in that table.
     #[test]
-    fn every_spec_metric_is_declared_with_its_type() {
+    fn every_documented_metric_is_declared_with_its_type() {
         let m = Metrics::new();
         let name: Arc<str> = "x".into();
         m.request(&name, 200, Duration::ZERO);

@@ -17,7 +17,7 @@ mod formats;
 mod warnings;
 
 /// The documented example `proxy.yaml`, which sets every key (see docs/configuration.md).
-const SPEC_EXAMPLE: &str = include_str!("spec_example.yaml");
+const DOCUMENTED_EXAMPLE: &str = include_str!("documented_example.yaml");
 
 /// The smallest useful file: one listener, one upstream, one route; tests add to it.
 const MINIMAL: &str = "\
@@ -78,8 +78,8 @@ fn addr(text: &str) -> SocketAddr {
 
 /// Every top-level section of the documented example reads as the comments in it say.
 #[test]
-fn spec_example_parses_with_every_documented_value() {
-    let loaded = ok(SPEC_EXAMPLE);
+fn documented_example_parses_with_every_documented_value() {
+    let loaded = ok(DOCUMENTED_EXAMPLE);
     let c = &loaded.config;
     assert_eq!(c.listen, vec![addr("0.0.0.0:8080")]);
     assert_eq!(c.workers.map(|w| w.get()), Some(2));
@@ -117,8 +117,8 @@ fn spec_example_parses_with_every_documented_value() {
 
 /// The example's upstream: targets in order, preserve_host, and the pace.
 #[test]
-fn spec_example_upstream_has_targets_and_pace() {
-    let c = ok(SPEC_EXAMPLE).config;
+fn documented_example_upstream_has_targets_and_pace() {
+    let c = ok(DOCUMENTED_EXAMPLE).config;
     assert_eq!(c.upstreams.len(), 1);
     let api = &c.upstreams[0];
     assert_eq!(api.name, "api");
@@ -135,8 +135,8 @@ fn spec_example_upstream_has_targets_and_pace() {
 
 /// The example's route: match, upstream, and both limits with their parameters.
 #[test]
-fn spec_example_route_has_match_and_limits() {
-    let c = ok(SPEC_EXAMPLE).config;
+fn documented_example_route_has_match_and_limits() {
+    let c = ok(DOCUMENTED_EXAMPLE).config;
     assert_eq!(c.routes.len(), 1);
     let r = &c.routes[0];
     assert_eq!(r.name, "api-v1");
@@ -174,17 +174,17 @@ fn spec_example_route_has_match_and_limits() {
 
 /// `${REDIS_URL:-...}` in the example takes the environment's value when it is set.
 #[test]
-fn spec_example_takes_redis_url_from_the_environment() {
+fn documented_example_takes_redis_url_from_the_environment() {
     let env = |name: &str| (name == "REDIS_URL").then(|| "rediss://cache:6380/2".to_owned());
-    let loaded = parse(SPEC_EXAMPLE, "proxy.yaml", &env).expect("valid");
+    let loaded = parse(DOCUMENTED_EXAMPLE, "proxy.yaml", &env).expect("valid");
     let url = "rediss://cache:6380/2".to_owned();
     assert_eq!(loaded.config.store.backend, Backend::Redis { url });
 }
 
 /// The `tollgate check` summary of the example names listeners, store, upstreams and routes.
 #[test]
-fn spec_example_summary_lists_everything_check_promises() {
-    let summary = ok(SPEC_EXAMPLE).config.summary();
+fn documented_example_summary_lists_everything_check_promises() {
+    let summary = ok(DOCUMENTED_EXAMPLE).config.summary();
     let expected = "\
 listen: 0.0.0.0:8080 (tls)
 admin: 127.0.0.1:9901
@@ -242,7 +242,7 @@ fn summary_and_json_redact_redis_passwords() {
 /// The JSON for `/config` has the effective values, defaults included.
 #[test]
 fn json_shows_effective_values() {
-    let json = ok(SPEC_EXAMPLE).config.to_json();
+    let json = ok(DOCUMENTED_EXAMPLE).config.to_json();
     assert_eq!(json["listen"][0], "0.0.0.0:8080");
     assert_eq!(json["store"]["backend"], "redis");
     assert_eq!(json["timeouts"]["idle"], "1m");
