@@ -10,11 +10,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tollgate::app::Server;
 use tollgate::config::{self, ConfigError};
 
-/// jemalloc, not glibc's malloc: each request allocates blocks of a few KB (its future, about
-/// 5 KB; read buffers) that glibc's per-thread cache (up to 1 KiB) does not hold, so every one
-/// went through an arena. Callgrind, `wrk -t1 -c8`, 1 worker: 28 367 -> 27 531 instructions per
-/// request without limits, 40 114 -> 37 841 with a Redis token bucket; and less memory with
-/// 10 000 idle connections (134.4 -> 121.0 MB). (mimalloc: 27 681, but 266.6 MB.)
+/// jemalloc, not glibc's malloc. Each request allocates blocks of a few KB, larger than
+/// glibc's per-thread cache holds, so every one went through an arena. mimalloc was as fast
+/// but used twice the memory when idle. BENCHMARKS.md has the figures.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -69,8 +69,8 @@ impl Key {
 impl PartialEq for Key {
     fn eq(&self, other: &Key) -> bool {
         // The same bytes first: the pool compares a target with itself twice per request, and
-        // `Authority`'s own comparison, case-insensitive byte by byte, cost ~280 instructions
-        // each time (callgrind); it still decides when the bytes differ.
+        // `Authority`'s own comparison is case-insensitive, byte by byte. It still decides when
+        // the bytes differ.
         self.hash == other.hash
             && self.scheme == other.scheme
             && (self.authority.as_str() == other.authority.as_str()

@@ -7,8 +7,8 @@
 //! next gathers while Redis works; see [`serve`] for when that rule is set aside), reads the
 //! replies as they come and hands each, in order, to its caller (Redis answers the commands of
 //! one connection in order). The replies are parsed here, with no intermediate frames.
-//! redis-rs does the same with more layers (about 15 000 instructions a call more, measured
-//! with callgrind; see BENCHMARKS.md); it still serves TLS and Cluster.
+//! redis-rs does the same with more layers, which cost more than the call itself (see
+//! BENCHMARKS.md); it still serves TLS and Cluster.
 //!
 //! Every call carries its deadline, and the driver keeps them: one timer for the whole lane,
 //! set to the earliest deadline of the calls it holds (late calls are answered

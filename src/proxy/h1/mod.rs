@@ -7,7 +7,7 @@
 //! hyper's client does the same exchange through a connection task: the request and the
 //! response head cross between tasks through channels, each body frame through another, and the
 //! task is woken and polled once per step. That machinery cost more than the exchange itself
-//! (callgrind: ~13 000 instructions per request for hyper's client connection). Requests with a
+//! (BENCHMARKS.md, "Decisions the figures made"). Requests with a
 //! body, protocol switches and TLS targets still go through hyper (`pool`), which has the
 //! streaming and flow control they need.
 //!
@@ -48,7 +48,7 @@ use outbox::Socket;
 const MAX_HEAD: usize = 64 * 1024;
 /// The most header fields in a response head (hyper's default too).
 const MAX_FIELDS: usize = 100;
-/// Read a little at a time, as much as a read may bring: the size of a read.
+/// Size of one socket read.
 const READ_SIZE: usize = 8 * 1024;
 /// The longest chunk-size line (with extensions) accepted in a chunked body.
 const MAX_CHUNK_LINE: usize = 4096;
