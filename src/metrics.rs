@@ -3,8 +3,7 @@
 //!
 //! This module owns the metric names, their labels and their buckets, and the text encoding
 //! served at the admin `/metrics` endpoint. Callers record through plain values (`Arc<str>`
-//! names, `&'static str` kinds, [`Duration`]s). It uses one thing of the crate: the proxy's list
-//! of upstream error kinds, to declare their series up front.
+//! names, `&'static str` kinds, [`Duration`]s). It uses nothing else of the crate.
 //!
 //! The exposition is OpenMetrics text as prometheus-client writes it (it ends with `# EOF`),
 //! served as [`CONTENT_TYPE`] to a client that asks for it, or the same turned into the
@@ -447,17 +446,14 @@ impl Metrics {
         drop(self.inner.store_errors.get_or_create(&KindLabel { kind }));
     }
 
-    /// Makes `tollgate_upstream_errors_total{upstream,kind}` of every kind that
-    /// [`ProxyError::upstream_kind`](crate::proxy::ProxyError::upstream_kind) reports exist for
-    /// `upstream`, at zero until an error of that kind.
-    pub fn upstream_known(&self, upstream: &Arc<str>) {
-        for kind in crate::proxy::ProxyError::UPSTREAM_KINDS {
-            let labels = UpstreamKind {
-                upstream: upstream.clone(),
-                kind,
-            };
-            drop(self.inner.upstream_errors.get_or_create(&labels));
-        }
+    /// Makes `tollgate_upstream_errors_total{upstream,kind}` exist for `upstream`, at zero until
+    /// an error of that kind.
+    pub fn upstream_error_known(&self, upstream: &Arc<str>, kind: &'static str) {
+        let labels = UpstreamKind {
+            upstream: upstream.clone(),
+            kind,
+        };
+        drop(self.inner.upstream_errors.get_or_create(&labels));
     }
 
     /// Records one check answered from a lease of tokens, without a store call:

@@ -98,7 +98,9 @@ pub fn build_proxy(
         };
         // its error series (and a paced one's delay histogram) exist from the start, at zero,
         // so `rate(...)` has one to read
-        metrics.upstream_known(&upstream.name);
+        for kind in crate::proxy::ProxyError::UPSTREAM_KINDS {
+            metrics.upstream_error_known(&upstream.name, kind);
+        }
         if upstream.pacer.is_some() {
             metrics.pacing_known(&upstream.name);
         }

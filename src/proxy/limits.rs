@@ -165,7 +165,7 @@ pub(super) async fn check<'r, B>(
     let paced = route.upstream.pacer.is_some();
     if several {
         if let Some(denied) = remembered_denial(proxy, route, &ctx, &mut key) {
-            outcome.decision = Some(Counted::Denied.as_str());
+            outcome.decision = Some(Counted::Denied);
             return Ok(Checked::Denied(denied));
         }
     }
@@ -197,8 +197,8 @@ pub(super) async fn check<'r, B>(
             (false, false) => Counted::Denied,
         };
         proxy.metrics.limit_decided(&limit.series, counted);
-        if outcome.decision != Some("denied") {
-            outcome.decision = Some(counted.as_str());
+        if outcome.decision != Some(Counted::Denied) {
+            outcome.decision = Some(counted);
         }
         if !decision.allowed {
             if !limit.shadow {

@@ -318,7 +318,7 @@ struct Outcome<'a> {
     upstream: Option<&'a Arc<str>>,
     client: Option<std::net::IpAddr>,
     /// the limit phase's verdict: allowed, denied, shadow_denied, or none (no limits ran)
-    decision: Option<&'static str>,
+    decision: Option<crate::metrics::Decision>,
     pacing_delay: Duration,
     /// the most restrictive admitting limit's figures: the rate-limit headers of the response,
     /// whoever makes it (the upstream, or the proxy when pacing, forwarding or the body fails)
@@ -543,7 +543,7 @@ fn log_request(outcome: &Outcome<'_>, route: &str, status: u16, elapsed: Duratio
         route,
         status,
         client = %client,
-        decision = outcome.decision.unwrap_or("-"),
+        decision = outcome.decision.map_or("-", |d| d.as_str()),
         pacing_delay_ms = millis(outcome.pacing_delay),
         upstream = outcome.upstream.map_or("-", |u| &**u),
         duration_ms = millis(elapsed),

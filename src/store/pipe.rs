@@ -51,8 +51,8 @@ use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
-use ::redis::io::tcp::socket2::{SockRef, TcpKeepalive};
 use ::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use socket2::{SockRef, TcpKeepalive};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};

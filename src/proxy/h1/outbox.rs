@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Poll, Waker};
 
-use ::redis::io::tcp::socket2::SockRef;
+use socket2::SockRef;
 use tokio::net::TcpStream;
 
 /// A connection's socket, and the request head being written on it.
