@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::lenient::lenient_reading;
 use common::raw::{error_code, one, RawResponse};
 use common::{Proxy, Upstream};
 
@@ -36,50 +37,15 @@ routes:
     )
 }
 
-/// How a lenient upstream reads a request target's path: every escape decoded, `\` taken for
-/// `/`, `;parameters` dropped from each segment, dot segments resolved, empty segments folded.
+/// How a lenient upstream reads a request target's path: its query and an absolute form's
+/// scheme and host left out, then [`lenient_reading`].
 fn lenient(target: &str) -> String {
     let path = target.split('?').next().unwrap_or("");
     let path = match path.strip_prefix("http://") {
         Some(rest) => &rest[rest.find('/').unwrap_or(rest.len())..],
         None => path,
     };
-    let mut out: Vec<String> = Vec::new();
-    for raw in path.split('/') {
-        let name = raw.split(';').next().unwrap_or("");
-        for segment in percent_decode(name).replace('\\', "/").split('/') {
-            match segment {
-                "" | "." => {}
-                ".." => {
-                    out.pop();
-                }
-                s => out.push(s.to_owned()),
-            }
-        }
-    }
-    format!("/{}", out.join("/"))
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    lenient_reading(path)
 }
 
 /// Whether a lenient upstream serves `target` from its `/api` handler.

@@ -217,12 +217,12 @@ async fn requests_refused_for_want_of_a_place_take_no_slot() {
             "{setup}: {got:?}"
         );
         let ahead = schedule_ahead_ms(&redis);
-        assert!(ahead < 400.0, "{setup}: the schedule ends {ahead} ms ahead");
+        assert!(ahead < 600.0, "{setup}: the schedule ends {ahead} ms ahead");
         let started = Instant::now();
         assert_eq!(get(&first.url("/lone"), &[]).await.status, 200);
         let waited = started.elapsed();
         assert!(
-            waited < Duration::from_millis(400),
+            waited < Duration::from_millis(600),
             "{setup}: lone request took {waited:?}"
         );
         assert_paced(
@@ -236,7 +236,7 @@ async fn requests_refused_for_want_of_a_place_take_no_slot() {
         for pair in at.windows(2) {
             let gap = pair[1] - pair[0];
             assert!(
-                gap < Duration::from_millis(450),
+                gap < Duration::from_millis(700),
                 "{setup}: the upstream sat idle {gap:?}, {:?} after the burst began",
                 pair[1] - began
             );

@@ -3,6 +3,7 @@
 //! `redis-server` fails the test with a message saying how to install it.
 #![allow(dead_code)]
 
+pub mod lenient;
 pub mod raw;
 
 use std::io::{Read, Write};
