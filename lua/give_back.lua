@@ -15,8 +15,8 @@ ARGV[3]  age_ms: how long ago the check ran (optional, default 0; the windows fi
          round trips, never early: the rules below allow for that, on the safe side.
 ARGV[4]  now in milliseconds (optional, decimals allowed; absent or empty: the Redis server clock)
 
-Returns 1 when something was given back, 0 when nothing of the check's was left (the window it
-counted in is gone, the key expired or holds another type).
+Returns 1 when something was given back, 0 when nothing of the check's was left: the window it
+counted in is over, the bucket is full again, the key expired or holds another type.
 
   token_bucket                the stored TAT moves back by ARGV[2], never before now (tokens
                               are all alike: checks made since keep theirs)
@@ -75,7 +75,8 @@ local at = now - age
 
 if kinds[kind] == 'string' then
   local back = tonumber(redis.call('GET', key))
-  if back == nil then
+  -- (a TAT or next slot now or past: the bucket is full, the schedule idle, nothing is held)
+  if back == nil or back - now <= EPS then
     return 0
   end
   -- (the last slot lies at `at` or up to half an interval before it: `at` is late by the
@@ -94,7 +95,8 @@ end
 
 if kind == 'sliding_window' then
   local newest = redis.call('ZREVRANGEBYSCORE', key, string.format('%.17g', at), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  if newest[1] == nil then
+  -- (an entry a window old no longer counts)
+  if newest[1] == nil or tonumber(newest[2]) <= now - taken then
     return 0
   end
   -- the entries of one time are named time:0, time:1, ... (sliding_window.lua counts them to
@@ -116,7 +118,8 @@ local stored = redis.call('HMGET', key, 'w', 'c', 'p')
 local w = tonumber(stored[1])
 if kind == 'fixed_window' then
   local count = tonumber(stored[2]) or 0
-  if w ~= counted or count <= 0 then
+  -- (a window that is over holds nothing)
+  if w ~= counted or count <= 0 or w + window <= now then
     return 0
   end
   redis.call('HSET', key, 'c', count - 1)
@@ -125,6 +128,10 @@ if kind == 'fixed_window' then
 end
 -- sliding_window_counter: the check's count is the current window's, or the previous one's once
 -- the window has moved on
+-- (a count two windows old weighs nothing)
+if counted + 2 * window <= now then
+  return 0
+end
 local field
 if w == counted then
   field = 'c'

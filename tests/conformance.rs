@@ -360,14 +360,22 @@ enum Step {
     BackEarliest,
 }
 
+/// What a step of a replay answered.
+#[derive(Debug, PartialEq)]
+enum Answer {
+    Checked(Decision),
+    /// whether the give-back gave anything back
+    GaveBack(bool),
+}
+
 /// A replay in which some admitted checks are given back (a later limit refused the request).
-/// The checks' decisions.
+/// What each step answered.
 async fn replay_giving_back(
     store: &dyn Store,
     key: &str,
     alg: &Algorithm,
     steps: &[(f64, Step)],
-) -> Vec<Decision> {
+) -> Vec<Answer> {
     // when each admitted check ran, or for a leaky bucket, when its slot is
     let mut admitted: std::collections::VecDeque<f64> = Default::default();
     let mut out = Vec::new();
@@ -378,10 +386,8 @@ async fn replay_giving_back(
                 _ => admitted.pop_front(),
             };
             if let Some(at) = given {
-                store
-                    .give_back(key, alg, t - at, Some(t))
-                    .await
-                    .expect("store answers");
+                let gave = store.give_back(key, alg, t - at, Some(t)).await;
+                out.push(Answer::GaveBack(gave.expect("store answers")));
             }
             continue;
         }
@@ -389,12 +395,33 @@ async fn replay_giving_back(
         if d.allowed {
             admitted.push_back(t + d.delay_us as f64 / 1000.0);
         }
-        out.push(d);
+        out.push(Answer::Checked(d));
     }
     out
 }
 
-/// Give-backs mixed into random sequences: Rust and Lua agree on every decision after them.
+/// The decisions of a replay's checks.
+fn decisions(got: &[Answer]) -> Vec<&Decision> {
+    got.iter()
+        .filter_map(|a| match a {
+            Answer::Checked(d) => Some(d),
+            Answer::GaveBack(_) => None,
+        })
+        .collect()
+}
+
+/// Whether each give-back of a replay gave anything back.
+fn gave_back(got: &[Answer]) -> Vec<bool> {
+    got.iter()
+        .filter_map(|a| match a {
+            Answer::GaveBack(gave) => Some(*gave),
+            Answer::Checked(_) => None,
+        })
+        .collect()
+}
+
+/// Give-backs mixed into random sequences: Rust and Lua agree on every decision after them,
+/// and on whether each give-back gave anything back.
 #[test]
 fn give_backs_agree() {
     let server = common::Redis::start();
@@ -442,13 +469,14 @@ async fn a_check_given_back_is_as_if_never_made() {
             }
             steps.extend([(t, Step::Check), (t, Step::Check)]);
             let got = replay_giving_back(store, &key, &alg, &steps).await;
-            let admitted: Vec<bool> = got.iter().map(|d| d.allowed).collect();
+            let admitted: Vec<bool> = decisions(&got).iter().map(|d| d.allowed).collect();
             assert_eq!(
                 admitted,
                 [true, true, true, true, true, true, true, false, false],
                 "{}: {got:?}",
                 alg.name()
             );
+            assert_eq!(gave_back(&got), [true; 3], "{}", alg.name());
         }
     }
 }
@@ -474,14 +502,12 @@ async fn a_leaky_slot_in_the_middle_is_not_given_back() {
             (t + 2.0, Step::BackLatest),
             (t + 2.0, Step::Check),
         ];
-        let delays: Vec<u64> = replay_giving_back(store, &key, &alg, &steps)
-            .await
-            .iter()
-            .map(|d| d.delay_us)
-            .collect();
+        let got = replay_giving_back(store, &key, &alg, &steps).await;
+        let delays: Vec<u64> = decisions(&got).iter().map(|d| d.delay_us).collect();
         // the fourth check goes after the third (the first slot stays taken); the fourth, the
         // last, given back, the fifth takes its slot again
         assert_eq!(delays, [0, 100_000, 200_000, 299_000, 298_000]);
+        assert_eq!(gave_back(&got), [false, true]);
     }
 }
 
@@ -505,8 +531,9 @@ async fn a_window_start_keeps_its_count() {
                 (t + 1.0, Step::Check),
             ];
             let got = replay_giving_back(store, &key, &alg, &steps).await;
-            let admitted: Vec<bool> = got.iter().map(|d| d.allowed).collect();
+            let admitted: Vec<bool> = decisions(&got).iter().map(|d| d.allowed).collect();
             assert_eq!(admitted, [true, false], "{}", alg.name());
+            assert_eq!(gave_back(&got), [false], "{}", alg.name());
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Outbound pacing end to end: the upstream sees requests at least 1/rate apart, across several
 //! tollgate instances on one Redis; a burst past max_delay gets fast 503s; max_waiting bounds the
-//! sleepers; a client that hangs up while waiting frees its place in the queue, and its slot
-//! while that is the last one handed out.
+//! sleepers; a client that hangs up while waiting frees its place in the queue and its slot,
+//! in the middle of the schedule too.
 
 mod common;
 
@@ -295,6 +295,104 @@ async fn a_slot_left_by_a_client_that_hung_up_goes_to_the_next_request() {
         gap < Duration::from_secs(3),
         "{gap:?} between the first and the next"
     );
+}
+
+/// Starts a GET of `url` whose client hangs up at `deadline` unless answered first; the task
+/// tells whether it was answered.
+fn leaving_at(proxy: &Proxy, path: &str, deadline: Instant) -> tokio::task::JoinHandle<bool> {
+    let url = proxy.url(path);
+    tokio::spawn(async move {
+        tokio::time::timeout_at(deadline.into(), get(&url, &[]))
+            .await
+            .is_ok()
+    })
+}
+
+/// Five requests queued behind `/first` at rate 5/s, sent 20 ms apart so that the k-th takes
+/// the slot k·200 ms after `/first`; `leave[k]` is when its client hangs up (ms after the
+/// first was answered). Returns when `/first` was answered and the five tasks.
+async fn queue_of_five(
+    proxy: &Proxy,
+    leave: [u64; 5],
+) -> (Instant, Vec<tokio::task::JoinHandle<bool>>) {
+    assert_eq!(get(&proxy.url("/first"), &[]).await.status, 200);
+    let began = Instant::now();
+    let mut queued = Vec::new();
+    for (k, ms) in leave.iter().enumerate() {
+        let deadline = began + Duration::from_millis(*ms);
+        queued.push(leaving_at(proxy, &format!("/r{}", k + 1), deadline));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (began, queued)
+}
+
+/// A slot in the middle of the schedule, left by a client that hung up, goes to the next
+/// request of the instance: it waits for that slot, not for one after the last, and the
+/// upstream still sees requests at least one interval apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_left_in_the_middle_goes_to_the_next_request() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let pace = "      rate: 5/s\n      max_delay: 5s";
+    let proxy = Proxy::start(&config(&redis, &upstream, pace)).await;
+    // the second and third (slots at 400 and 600 ms) hang up at 300 ms; the rest stay
+    let never = 10_000;
+    let (began, queued) = queue_of_five(&proxy, [never, 300, 300, never, never]).await;
+    tokio::time::sleep_until((began + Duration::from_millis(350)).into()).await;
+    let asked = Instant::now();
+    assert_eq!(get(&proxy.url("/next"), &[]).await.status, 200);
+    let waited = asked.elapsed();
+    // the hole at 400 ms, not the slot after the last (1200 ms)
+    assert!(
+        waited < Duration::from_millis(500),
+        "/next waited {waited:?}"
+    );
+    let answered: Vec<bool> = futures_answered(queued).await;
+    assert_eq!(answered, [true, false, false, true, true]);
+    let mut at: Vec<Instant> = upstream.seen().iter().map(|s| s.at).collect();
+    at.sort();
+    assert_eq!(at.len(), 5, "/first, /r1, /next, /r4, /r5");
+    for pair in at.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap >= Duration::from_millis(190),
+            "two requests {gap:?} apart"
+        );
+    }
+}
+
+/// Clients that hang up together, in any order, leave the schedule as they found it: slots
+/// left in the middle go back once the ones after them have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_all_hang_up_leave_the_schedule_as_they_found_it() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let pace = "      rate: 5/s\n      max_delay: 5s";
+    let proxy = Proxy::start(&config(&redis, &upstream, pace)).await;
+    // slots at 200 … 1000 ms: the middle two leave first, then the last two
+    let never = 10_000;
+    let (began, queued) = queue_of_five(&proxy, [never, 300, 300, 350, 350]).await;
+    let answered: Vec<bool> = futures_answered(queued).await;
+    assert_eq!(answered, [true, false, false, false, false]);
+    tokio::time::sleep_until((began + Duration::from_millis(450)).into()).await;
+    // every slot from 400 ms on went back: the schedule's next slot is 400 ms, just past
+    let ahead = schedule_ahead_ms(&redis);
+    assert!(ahead < 150.0, "the schedule ends {ahead} ms ahead");
+    let asked = Instant::now();
+    assert_eq!(get(&proxy.url("/lone"), &[]).await.status, 200);
+    let waited = asked.elapsed();
+    assert!(
+        waited < Duration::from_millis(150),
+        "/lone waited {waited:?}"
+    );
+}
+
+async fn futures_answered(tasks: Vec<tokio::task::JoinHandle<bool>>) -> Vec<bool> {
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
 }
 
 /// Three tollgate instances on one Redis follow one pacing schedule.

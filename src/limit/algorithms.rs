@@ -132,8 +132,8 @@ pub fn defer(p: &Pace, state: &mut Option<State>, now: Millis, hold_ms: f64) -> 
 /// A caller measures the age from when the check's answer arrived, so `now - age_ms` is the
 /// check's time (its slot's) or later by the round trips, never earlier: the rules below err
 /// on the safe side for that.
-/// Returns the state's new time to live when it changes (`Some(0)`: the state is idle, as if
-/// none); `None` when it stays (also when nothing of the check's was left to give back).
+/// Returns whether anything was given back, and the state's new time to live when it changes
+/// (`Some(0)`: the state is idle, as if none; `None`: it stays).
 ///
 /// * token bucket: the TAT moves back by what the check moved it forward, never before `now`
 ///   (tokens are all alike: checks made since keep theirs);
@@ -150,17 +150,19 @@ pub fn give_back(
     state: &mut Option<State>,
     now: Millis,
     age_ms: f64,
-) -> Option<u64> {
+) -> (bool, Option<u64>) {
     let at = now - age_ms;
+    // a TAT or next slot now or past: the bucket is full, the schedule idle, nothing is held
+    if let Some(State::At(t)) = state {
+        if *t - now <= EPS_MS {
+            return (false, None);
+        }
+    }
     match (alg, state.as_mut()) {
         (Algorithm::TokenBucket(b), Some(State::At(t))) => {
             let t = *t;
-            move_back(
-                state,
-                t,
-                f64::from(b.cost.get()) * b.rate.interval_ms(),
-                now,
-            )
+            let taken = f64::from(b.cost.get()) * b.rate.interval_ms();
+            (true, move_back(state, t, taken, now))
         }
         (Algorithm::LeakyBucket(p), Some(State::At(t))) => {
             // the slot given back is the last one when the schedule's next free slot is one
@@ -168,43 +170,52 @@ pub fn give_back(
             let (t, interval) = (*t, p.rate.interval_ms());
             let last = t - interval;
             if last - at > AGE_EPS_MS || at - last > interval / 2.0 {
-                return None;
+                return (false, None);
             }
-            move_back(state, t, interval, now)
+            (true, move_back(state, t, interval, now))
         }
         (Algorithm::FixedWindow(w), Some(State::Fixed { start, count })) => {
             let window = w.window_ms.get() as f64;
-            if *start != window_start(at, window) || *count == 0 || near_start(at, window) {
-                return None;
+            // (a window that is over holds nothing)
+            let over = *start + window <= now;
+            if over || *start != window_start(at, window) || *count == 0 || near_start(at, window) {
+                return (false, None);
             }
             *count -= 1;
-            Some(ceil_ms(*start + window - now))
+            (true, Some(ceil_ms(*start + window - now)))
         }
         (Algorithm::SlidingWindowCounter(w), Some(State::Counter { start, curr, prev })) => {
             let window = w.window_ms.get() as f64;
             let counted = window_start(at, window);
-            if near_start(at, window) {
-                return None;
+            // (a count two windows old weighs nothing)
+            if near_start(at, window) || counted + 2.0 * window <= now {
+                return (false, None);
             }
             let held = if *start == counted {
                 curr
             } else if *start == counted + window {
                 prev
             } else {
-                return None;
+                return (false, None);
             };
             if *held == 0 {
-                return None;
+                return (false, None);
             }
             *held -= 1;
-            Some(ceil_ms(*start + 2.0 * window - now))
+            (true, Some(ceil_ms(*start + 2.0 * window - now)))
         }
-        (Algorithm::SlidingWindow(_), Some(State::Log(log))) => {
-            let newest = log.partition_point(|t| *t <= at).checked_sub(1)?;
+        (Algorithm::SlidingWindow(w), Some(State::Log(log))) => {
+            let Some(newest) = log.partition_point(|t| *t <= at).checked_sub(1) else {
+                return (false, None);
+            };
+            // (an entry a window old no longer counts)
+            if log[newest] <= now - w.window_ms.get() as f64 {
+                return (false, None);
+            }
             log.remove(newest);
-            None
+            (true, None)
         }
-        _ => None,
+        _ => (false, None),
     }
 }
 

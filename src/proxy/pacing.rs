@@ -3,9 +3,14 @@
 //! Past `max_delay` the answer is 503 with `Retry-After`, and nothing was reserved.
 //! `max_waiting` bounds how many requests sleep here at once. A request that must wait takes
 //! its waiting place before it asks for a later slot, so a refusal for want of a place
-//! reserves nothing (see [`Pacer::ask`]). A client that hangs up while waiting drops this future, and
-//! with it its place and its task, and its slot is given back (`lua/give_back.lua`) while it
-//! is the last one handed out.
+//! reserves nothing (see [`Pacer::ask`]).
+//!
+//! A client that hangs up while waiting drops this future, and with it its place and its task.
+//! Its slot is given back to the shared schedule (`lua/give_back.lua`) when it is the last one
+//! handed out. A slot in the middle of the schedule cannot go back there: the schedule is one
+//! number, the next free slot. So it becomes a hole, which this instance's next request takes
+//! before it asks the store ([`Holes`]). When the last slot is given back, the holes just
+//! before it follow, so clients that all hang up leave the schedule as they found it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,7 +20,6 @@ use http::{HeaderMap, StatusCode};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::owed::{Owed, Taken};
 use super::ProxyError;
 use crate::limit::{Algorithm, Decision, Pace};
 use crate::store::Store;
@@ -36,6 +40,8 @@ pub struct Pacer {
     pub waiting: Option<Arc<Semaphore>>,
     /// until when the upstream asked this instance to back off
     held: Held,
+    /// slots left by clients that hung up, for the next requests
+    holes: Arc<Holes>,
 }
 
 /// What pacing did to a request.
@@ -65,6 +71,7 @@ impl Pacer {
             key,
             waiting: max_waiting.map(|n| Arc::new(Semaphore::new(n))),
             held: Held::new(),
+            holes: Arc::new(Holes::default()),
         }
     }
 
@@ -109,18 +116,14 @@ impl Pacer {
                 break;
             }
             // (the slot is given back if the client goes away before it)
-            let owed = Owed::new(
-                store.clone(),
-                vec![Taken::new(
-                    self.key.clone(),
-                    self.alg,
-                    Instant::now(),
-                    &decision,
-                )],
-            );
+            let booked = Booked {
+                pacer: self,
+                store,
+                slot: Some(Instant::now() + delay),
+            };
             tokio::time::sleep(delay).await;
             slept += delay;
-            owed.paid();
+            booked.kept();
             // a back-off that began while it slept: its slot came before it
             if asked == MAX_ASKS || self.held.remaining().is_none() {
                 break;
@@ -138,6 +141,19 @@ impl Pacer {
         store: &Arc<dyn Store>,
         permit: &mut Option<OwnedSemaphorePermit>,
     ) -> Result<Decision, ProxyError> {
+        if self.holes.any() && self.may_sleep(permit) {
+            let not_before = Instant::now() + self.held.remaining().unwrap_or_default();
+            if let Some(slot) = self.holes.take(not_before) {
+                let delay = slot.saturating_duration_since(Instant::now()).as_micros() as u64;
+                let interval = self.pace.rate.interval_ms();
+                return Ok(Decision::paced(
+                    true,
+                    delay,
+                    interval,
+                    self.pace.max_delay_ms,
+                ));
+            }
+        }
         if self.waiting.is_some() && permit.is_none() {
             let now = store
                 .check(&self.key, &self.now_only, None)
@@ -186,6 +202,110 @@ impl Pacer {
             .remaining()
             .map_or(0.0, |h| h.as_secs_f64() * 1000.0);
         interval_ms.max(hold_ms).ceil().max(1.0) as u64
+    }
+}
+
+/// A request's slot while it sleeps on it: left to the schedule, or to the next request, if the
+/// request is dropped first (its client went away).
+struct Booked<'a> {
+    pacer: &'a Pacer,
+    store: &'a Arc<dyn Store>,
+    /// when the slot is; `None` once the request went at it
+    slot: Option<Instant>,
+}
+
+impl Booked<'_> {
+    /// The request went at its slot.
+    fn kept(mut self) {
+        self.slot = None;
+    }
+}
+
+impl Drop for Booked<'_> {
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (holes, store) = (self.pacer.holes.clone(), self.store.clone());
+        let (key, alg) = (self.pacer.key.clone(), self.pacer.alg);
+        runtime.spawn(async move { holes.leave(slot, &store, &key, &alg).await });
+    }
+}
+
+/// Slots of this instance's requests whose clients hung up before them, while the shared
+/// schedule still counts them taken. The next request here takes the earliest one instead of
+/// asking the store for a slot after the last. Each is a slot the schedule handed out, so the
+/// upstream still sees requests at least one interval apart, whichever instance sends them.
+#[derive(Default)]
+struct Holes {
+    /// when each hole's slot is, earliest first
+    free: std::sync::Mutex<Vec<Instant>>,
+    /// how many there are: the request path reads this, not the lock
+    count: std::sync::atomic::AtomicUsize,
+    /// one client's leaving at a time, so that holes given back in any order all reach the
+    /// store (see [`Holes::leave`])
+    leaving: tokio::sync::Mutex<()>,
+}
+
+impl Holes {
+    fn any(&self) -> bool {
+        self.count.load(Ordering::Relaxed) > 0
+    }
+
+    fn free(&self) -> std::sync::MutexGuard<'_, Vec<Instant>> {
+        self.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds the hole at `slot`.
+    fn put(&self, slot: Instant) {
+        let mut free = self.free();
+        let at = free.partition_point(|s| *s < slot);
+        free.insert(at, slot);
+        self.count.store(free.len(), Ordering::Relaxed);
+    }
+
+    /// Takes the earliest hole not before `not_before`. Holes before it are dropped: their time
+    /// has passed, or the upstream asked for a back-off that covers them.
+    fn take(&self, not_before: Instant) -> Option<Instant> {
+        let mut free = self.free();
+        let past = free.partition_point(|s| *s < not_before);
+        free.drain(..past);
+        let slot = (!free.is_empty()).then(|| free.remove(0));
+        self.count.store(free.len(), Ordering::Relaxed);
+        slot
+    }
+
+    /// Takes the latest hole still ahead.
+    fn take_last(&self) -> Option<Instant> {
+        let mut free = self.free();
+        let slot = free.pop().filter(|s| *s > Instant::now());
+        if slot.is_none() {
+            free.clear();
+        }
+        self.count.store(free.len(), Ordering::Relaxed);
+        slot
+    }
+
+    /// The client whose slot is `slot` hung up. The slot becomes a hole; then the latest holes
+    /// go back to the store for as long as each is the schedule's last slot. One leaving at a
+    /// time: clients that hang up together, in any order, so give back every slot of theirs
+    /// that no later request holds.
+    async fn leave(&self, slot: Instant, store: &Arc<dyn Store>, key: &str, alg: &Algorithm) {
+        let _one = self.leaving.lock().await;
+        self.put(slot);
+        while let Some(last) = self.take_last() {
+            let ahead_ms = last.saturating_duration_since(Instant::now()).as_secs_f64() * 1000.0;
+            match store.give_back(key, alg, -ahead_ms, None).await {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => tracing::debug!(key, error = %e, "could not give back a pacing slot"),
+            }
+            self.put(last);
+            break;
+        }
     }
 }
 

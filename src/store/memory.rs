@@ -109,11 +109,9 @@ impl MemoryStore {
     }
 
     /// Undoes an admitted check of `key` under `alg` made `age_ms` before `now`
-    /// ([`crate::limit::give_back`]).
-    pub fn undo(&self, key: &str, alg: &Algorithm, age_ms: f64, now: Option<Millis>) {
-        self.with_state(key, now, |state, now| {
-            ((), give_back(alg, state, now, age_ms))
-        });
+    /// ([`crate::limit::give_back`]); whether anything was given back.
+    pub fn undo(&self, key: &str, alg: &Algorithm, age_ms: f64, now: Option<Millis>) -> bool {
+        self.with_state(key, now, |state, now| give_back(alg, state, now, age_ms))
     }
 
     /// Holds the pacing schedule at `key` until `hold_ms` from now (upstream back-pressure);
@@ -255,8 +253,7 @@ impl Store for MemoryStore {
         age_ms: f64,
         now: Option<Millis>,
     ) -> GiveBackFuture<'a> {
-        self.undo(key, alg, age_ms, now);
-        Box::pin(std::future::ready(Ok(())))
+        Box::pin(std::future::ready(Ok(self.undo(key, alg, age_ms, now))))
     }
 }
 

@@ -41,8 +41,8 @@ pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, StoreErr
 /// The future of a [`Store::defer`]: ms until the schedule's next free slot.
 pub type HoldFuture<'a> = Pin<Box<dyn Future<Output = Result<u64, StoreError>> + Send + 'a>>;
 
-/// The future of a [`Store::give_back`].
-pub type GiveBackFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+/// The future of a [`Store::give_back`]: whether anything was given back.
+pub type GiveBackFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
 
 /// The future of a [`Store::ready`]: why requests cannot be decided as configured, if so.
 pub type ReadyFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
@@ -73,7 +73,8 @@ pub trait Store: Send + Sync + 'static {
     /// Undoes an admitted [`check`](Store::check) of `key` under `alg` made `age_ms` ago, when a
     /// later limit of the request refused it: a refused request costs no limit anything
     /// (`lua/give_back.lua`; [`crate::limit::give_back`]). `now` as for `check`. A store that
-    /// keeps no state has nothing to give back.
+    /// keeps no state has nothing to give back. True when something was given back: false when
+    /// nothing of the check's was left, or a leaky bucket's slot is not the last one.
     fn give_back<'a>(
         &'a self,
         _key: &'a str,
@@ -81,7 +82,7 @@ pub trait Store: Send + Sync + 'static {
         _age_ms: f64,
         _now: Option<Millis>,
     ) -> GiveBackFuture<'a> {
-        Box::pin(std::future::ready(Ok(())))
+        Box::pin(std::future::ready(Ok(false)))
     }
 
     /// The refusal of `key` under `alg` that is remembered locally (the deny cache), if any:

@@ -304,7 +304,7 @@ impl Store for RedisStore {
                 .invoke(self.scripts.give_back(key, alg, age_ms, now))
                 .await?
             {
-                Reply::Value(Value::Int(_)) => Ok(()),
+                Reply::Value(Value::Int(n)) => Ok(n == 1),
                 other => Err(StoreError::Reply {
                     script: "give_back",
                     detail: format!("expected an integer, got {other:?}"),
