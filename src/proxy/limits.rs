@@ -132,17 +132,13 @@ fn limit_key<'r>(
 
 /// Runs the route's limits for a request from `ip`.
 ///
-/// Every limit is asked before the request waits or is refused: a refusal answers at once
-/// (a leaky bucket earlier in the list does not first make it wait), and what the limits before
-/// the refusing one took for the request is given back, so a refused request costs no limit
-/// anything (as nginx charges its `limit_req` zones only when all pass). The first enforced
-/// limit that refuses answers the request, with the longest wait of the enforced limits that
-/// refuse. The later limits are asked too, and given back what they took. So `Retry-After` is
-/// not one limit's short wait while another refuses for longer. A route with several limits
-/// first looks for refusals the instance remembers (the deny cache) among them: such a request
-/// is refused so without asking any store.
-/// Leaky-bucket limits' delays are slept together (the longest) once all have admitted; a
-/// shadow limit's delay is not slept.
+/// Every limit is asked before the request waits or is refused. A refusal answers at once: a
+/// leaky bucket earlier in the list does not first make it wait. What the limits before the
+/// refusing one took is given back, so a refused request costs no limit anything, as nginx
+/// charges its `limit_req` zones only when all pass ([`refuse`]). A route with several limits
+/// first looks for refusals the instance remembers, the deny cache: such a request is refused
+/// without asking any store. Leaky-bucket delays are slept together, the longest, once all
+/// limits have admitted ([`wait`]); a shadow limit's delay is not slept.
 pub(super) async fn check<'r, B>(
     proxy: &Proxy,
     route: &'r Route,
@@ -169,11 +165,7 @@ pub(super) async fn check<'r, B>(
             return Ok(Checked::Denied(denied));
         }
     }
-    // (whether it is a shadow limit's, the figures)
-    let mut tightest: Option<(bool, Shown<'r>)> = None;
-    let mut delay_us = 0;
-    // the limits that admitted the request, when more follow: given back if one refuses it
-    let mut taken: Vec<(usize, Instant, Decision)> = Vec::new();
+    let mut admitted = Admitted::default();
     for (ix, limit) in route.limits.iter().enumerate() {
         if identity::is_trusted(ip, &limit.exempt) {
             continue;
@@ -187,95 +179,149 @@ pub(super) async fn check<'r, B>(
                 continue;
             }
             Err(e) => {
-                give_back(proxy, route, &ctx, &taken).await;
+                give_back(proxy, route, &ctx, &admitted.taken).await;
                 return Err(ProxyError::StoreUnavailable(e));
             }
         };
-        let counted = match (decision.allowed, limit.shadow) {
-            (true, _) => Counted::Allowed,
-            (false, true) => Counted::ShadowDenied,
-            (false, false) => Counted::Denied,
-        };
-        proxy.metrics.limit_decided(&limit.series, counted);
-        if outcome.decision != Some(Counted::Denied) {
-            outcome.decision = Some(counted);
-        }
-        if !decision.allowed {
-            if !limit.shadow {
-                // It answers; the enforced limits after it are asked too, what they take
-                // given back at once: the request's true wait is the longest of the refusals
-                // (its Retry-After), and a client told the first one's short wait would only be
-                // refused again by a later one.
-                // (the rate-limit headers show the refusal that waits longest: its own
-                // quota and reset, which the Retry-After then matches)
-                let mut longest = limit.shown(alg, decision);
-                for (later_ix, later) in route.limits.iter().enumerate().skip(ix + 1) {
-                    if later.shadow || identity::is_trusted(ip, &later.exempt) {
-                        continue;
-                    }
-                    let later_alg = limit_key(proxy, route, later, &ctx, &mut key);
-                    match proxy.store.check(&key, later_alg, None).await {
-                        Ok(d) if d.allowed => taken.push((later_ix, Instant::now(), d)),
-                        Ok(d) if d.retry_after_ms > longest.decision.retry_after_ms => {
-                            longest = later.shown(later_alg, d);
-                        }
-                        // a shorter refusal, or none known: the longest so far stands
-                        _ => {}
-                    }
-                }
-                give_back(proxy, route, &ctx, &taken).await;
-                return Ok(Checked::Denied(respond::rate_limited(
-                    proxy.settings.headers,
-                    &limit.name,
-                    &longest,
-                )));
+        count(proxy, limit, &decision, outcome);
+        match (decision.allowed, limit.shadow) {
+            (false, false) => {
+                let first = limit.shown(alg, decision);
+                let denied = refuse(proxy, route, &ctx, ix, first, &mut key, admitted.taken).await;
+                return Ok(Checked::Denied(denied));
             }
             // a shadow denial admits the request, and its figures are shown like any other
-            // limit's (what the refusal reported): the headers do not vanish when it is reached
-            tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would deny");
-        } else {
-            // (kept to be given back if the request is refused after all, or waits and its
-            // client goes away)
-            if several || decision.delay_us > 0 || paced {
-                taken.push((ix, Instant::now(), decision));
+            // limit's: the headers do not vanish when it is reached
+            (false, true) => {
+                tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would deny")
             }
-            if !limit.shadow {
-                delay_us = delay_us.max(decision.delay_us);
+            (true, shadow) => {
+                // kept to be given back if a later limit refuses the request, or it waits and
+                // its client goes away
+                if several || decision.delay_us > 0 || paced {
+                    admitted.taken.push((ix, Instant::now(), decision));
+                }
+                if !shadow {
+                    admitted.delay_us = admitted.delay_us.max(decision.delay_us);
+                }
             }
         }
-        // the headers show the tightest enforced limit; a shadow limit only when no enforced
-        // one applies (a trial must not make clients that follow the headers slow down)
-        let tighter = match &tightest {
+        admitted.show(limit.shadow, limit.shown(alg, decision));
+    }
+    let owed = wait(proxy, route, &ctx, &admitted, outcome).await;
+    Ok(Checked::Admitted(admitted.shown.map(|(_, shown)| shown), owed))
+}
+
+/// What the limits that admitted a request add up to, limit after limit.
+#[derive(Default)]
+struct Admitted<'r> {
+    /// what the headers show, and whether a shadow limit's
+    shown: Option<(bool, Shown<'r>)>,
+    /// the longest delay of the enforced leaky-bucket limits, in µs
+    delay_us: u64,
+    /// the checks to give back if the request is not sent: the limit's index, when it
+    /// admitted the request, its decision
+    taken: Vec<(usize, Instant, Decision)>,
+}
+
+impl<'r> Admitted<'r> {
+    /// Offers a limit's figures to the headers. They show the tightest enforced limit. A
+    /// shadow limit shows only when no enforced one applies: a trial must not make clients
+    /// that follow the headers slow down.
+    fn show(&mut self, shadow: bool, offered: Shown<'r>) {
+        let tighter = match &self.shown {
             None => true,
-            // (of two with nothing left, the one that takes longer to come back)
-            Some((shadow, t)) if *shadow == limit.shadow => {
-                (decision.remaining, std::cmp::Reverse(decision.reset_ms))
+            // of two with nothing left, the one that takes longer to come back
+            Some((was_shadow, t)) if *was_shadow == shadow => {
+                let d = &offered.decision;
+                (d.remaining, std::cmp::Reverse(d.reset_ms))
                     < (t.decision.remaining, std::cmp::Reverse(t.decision.reset_ms))
             }
-            Some((shadow, _)) => *shadow,
+            Some((was_shadow, _)) => *was_shadow,
         };
         if tighter {
-            tightest = Some((limit.shadow, limit.shown(alg, decision)));
+            self.shown = Some((shadow, offered));
         }
     }
+}
+
+/// Counts a limit's decision in the metrics and in the request's outcome. An enforced denial
+/// stays the outcome's decision.
+fn count(proxy: &Proxy, limit: &Limit, decision: &Decision, outcome: &mut Outcome<'_>) {
+    let counted = match (decision.allowed, limit.shadow) {
+        (true, _) => Counted::Allowed,
+        (false, true) => Counted::ShadowDenied,
+        (false, false) => Counted::Denied,
+    };
+    proxy.metrics.limit_decided(&limit.series, counted);
+    if outcome.decision != Some(Counted::Denied) {
+        outcome.decision = Some(counted);
+    }
+}
+
+/// The 429 of a request that the enforced limit at `ix` refused with `first`.
+///
+/// The enforced limits after it are asked too, and what they take is given back at once, with
+/// what the limits before it took (`taken`). The request's true wait is the longest of the
+/// refusals: a client told the first one's short wait would only be refused again by a later
+/// one. So the headers and `Retry-After` show the refusal that waits longest.
+async fn refuse<'r>(
+    proxy: &Proxy,
+    route: &'r Route,
+    ctx: &KeyContext<'_>,
+    ix: usize,
+    first: Shown<'r>,
+    key: &mut String,
+    mut taken: Vec<(usize, Instant, Decision)>,
+) -> Response<Body> {
+    let mut longest = first;
+    for (later_ix, later) in route.limits.iter().enumerate().skip(ix + 1) {
+        if later.shadow || identity::is_trusted(ctx.ip, &later.exempt) {
+            continue;
+        }
+        let later_alg = limit_key(proxy, route, later, ctx, key);
+        match proxy.store.check(key, later_alg, None).await {
+            Ok(d) if d.allowed => taken.push((later_ix, Instant::now(), d)),
+            Ok(d) if d.retry_after_ms > longest.decision.retry_after_ms => {
+                longest = later.shown(later_alg, d);
+            }
+            // a shorter refusal, or none known: the longest so far stands
+            _ => {}
+        }
+    }
+    give_back(proxy, route, ctx, &taken).await;
+    let name = &route.limits[ix].name;
+    respond::rate_limited(proxy.settings.headers, name, &longest)
+}
+
+/// Sleeps the longest delay of the enforced leaky-bucket limits. Returns what the limits took
+/// when the request has its upstream's pacing still to wait for: given back if it is dropped
+/// or refused there (see [`Owed`]).
+async fn wait(
+    proxy: &Proxy,
+    route: &Route,
+    ctx: &KeyContext<'_>,
+    admitted: &Admitted<'_>,
+    outcome: &mut Outcome<'_>,
+) -> Option<Owed> {
+    let paced = route.upstream.pacer.is_some();
+    let (delay_us, taken) = (admitted.delay_us, &admitted.taken);
     // what the limits took is given back if the client goes away before the waits are over
     let owed = (delay_us > 0 || (paced && !taken.is_empty()))
-        .then(|| Owed::new(proxy.store.clone(), owed(proxy, route, &ctx, &taken)));
+        .then(|| Owed::new(proxy.store.clone(), owed(proxy, route, ctx, taken)));
     if delay_us > 0 {
         let delay = Duration::from_micros(delay_us);
         tokio::time::sleep(delay).await;
         // logged with the upstream's pacing: the time the request was held back
         outcome.pacing_delay += delay;
     }
-    // (a paced upstream's wait is still to come)
-    let owed = match owed {
+    match owed {
         Some(owed) if !paced => {
             owed.paid();
             None
         }
         owed => owed,
-    };
-    Ok(Checked::Admitted(tightest.map(|(_, shown)| shown), owed))
+    }
 }
 
 /// The 429 of a refusal the instance remembers among the route's enforced limits for this
