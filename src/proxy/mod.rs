@@ -1,10 +1,11 @@
-//! The request path as named phases over one per-request context:
+//! The request path, as one function per phase, in the order they run ([`Proxy::phases`]):
 //!
-//! 1. **route**: normalise the path, pick the first matching route (404 when none);
-//! 2. **identify**: the client's address (trusted proxies, X-Forwarded-For; found first, so
-//!    that a request no route takes is logged with its client too);
+//! 1. **identify**: the client's address (trusted proxies, `X-Forwarded-For`). It runs first,
+//!    so that a request no route takes is logged with its client too;
+//! 2. **route**: read the path as the upstream will, pick the first matching route (404 when
+//!    none);
 //! 3. **limit**: each limit in order; the first denial answers 429 (leaky-bucket limits sleep);
-//! 4. **pace**: the upstream's shared leaky bucket, sleeping the delay (503 past max_delay);
+//! 4. **pace**: the upstream's shared leaky bucket, sleeping the delay (503 past `max_delay`);
 //! 5. **forward**: to a target, streaming both ways;
 //! 6. **respond**: the rate-limit headers of the most restrictive limit on whatever came back.
 //!
@@ -37,7 +38,7 @@ use tokio_util::task::TaskTracker;
 use crate::identity;
 use crate::metrics::{Metrics, RouteSeries};
 use crate::routing::{
-    self, AuthorityFault, PathError, PathMatch, PathPolicy, RequestParts, RouteTable,
+    self, AuthorityFault, PathError, PathMatch, PathPolicy, RequestParts, RequestPath, RouteTable,
 };
 use crate::store::{Store, StoreError};
 use respond::Shown;
@@ -328,68 +329,22 @@ struct Outcome<'a> {
 impl Proxy {
     /// Serves one request through the phases, then records its metrics and access log line.
     pub async fn handle(&self, req: Request<Incoming>, conn: Conn) -> Response<Body> {
-        // an HTTP/1 CONNECT is refused, and the bytes after it (the tunnel's) are no requests
-        let http1 = req.version() < http::Version::HTTP_2;
-        let mut close = *req.method() == http::Method::CONNECT && http1;
-        let http10 = req.version() == http::Version::HTTP_10;
+        let ending = Ending::of(&req);
         let mut record = Record {
             proxy: self,
             started: Instant::now(),
             outcome: Outcome::default(),
             answered: false,
         };
-        let mut resp = match self.phases(req, conn, &mut record.outcome).await {
-            Ok(resp) => resp,
-            Err(err) => {
-                if let (Some(kind), Some(upstream)) =
-                    (err.upstream_kind(), &record.outcome.upstream)
-                {
-                    self.metrics.upstream_error(upstream, kind);
-                }
-                // the upstream's failures at warn, with their cause (as nginx's error log):
-                // the client's body says less; the rest (404s, 400s, refusals, a store outage
-                // the breaker logs) at debug
-                match err {
-                    ProxyError::UpstreamConnect { .. }
-                    | ProxyError::Upstream { .. }
-                    | ProxyError::UpstreamTimeout { .. } => {
-                        let cause = crate::error_line(&err);
-                        tracing::warn!(error = %cause, "upstream failed; answered by the proxy")
-                    }
-                    _ => tracing::debug!(error = %err, "answered by the proxy"),
-                }
-                // a request body refused, malformed or stalled is not read to its end: the
-                // connection ends with this answer, and says so (as nginx's 413 and 408 do)
-                close |= http1
-                    && matches!(
-                        err,
-                        ProxyError::BodyTooLarge
-                            | ProxyError::BadBody
-                            | ProxyError::ClientBodyTimeout { .. }
-                    );
-                respond::error(&err)
-            }
-        };
-        // 6. respond: the rate-limit headers, on every response of a route whose limits ran
-        if let Some(shown) = &record.outcome.shown {
-            respond::add_rate_headers(resp.headers_mut(), self.settings.headers, shown);
-        }
-        // An HTTP/1.0 client's response of no known length ends with its connection: say so
-        // (as nginx). hyper adds `keep-alive` to the `Connection` of a response to a keep-alive
-        // request unless the response itself is HTTP/1.0, which it then closes.
-        let unsized_for_http10 =
-            http10 && hyper::body::Body::size_hint(resp.body()).exact().is_none();
-        if unsized_for_http10 {
-            *resp.version_mut() = http::Version::HTTP_10;
-        }
-        if close || unsized_for_http10 {
-            resp.headers_mut()
-                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-        }
+        let result = self.phases(req, conn, &mut record.outcome).await;
+        let resp = self.respond(result, &record.outcome, ending);
         record.done(resp.status().as_u16());
         resp
     }
 
+    /// The phases in the order they run. Each takes what the ones before it found, and notes
+    /// in `outcome` what the metrics and the access log need.
+    ///
     /// (An `async` block rather than an `async fn`, which would hold the request and the
     /// connection twice in its future: as arguments and as the body's bindings.)
     #[allow(clippy::manual_async_fn)] // the point: see above
@@ -400,95 +355,229 @@ impl Proxy {
         outcome: &'o mut Outcome<'s>,
     ) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + use<'s, 'o> {
         async move {
-            // 2. identify (first: the access log names the client of a 404 or 400 too)
-            // (the peer is canonical: `Conn::new`)
-            let trusted = &self.settings.trusted_proxies;
-            let peer_trusted = identity::is_trusted(conn.peer.ip(), trusted);
-            let ip = if peer_trusted {
-                let xff = req.headers().get_all(&forward::X_FORWARDED_FOR);
-                identity::forwarded_client(conn.peer.ip(), xff.iter(), trusted)
-            } else {
-                conn.peer.ip()
-            };
-            outcome.client = Some(ip);
-            // what hyper parses but no route can serve as meant (nginx refuses all of it)
-            if let Some(why) = refused_request_line(&req) {
-                return Err(ProxyError::BadRequest(why));
-            }
-            // 1. route, on the path read as the upstream will read it (`paths`)
-            // The URI is cloned (reference counts only) so the path can be borrowed from it while
-            // the request itself moves on to the forward phase: no copy of the path in the
-            // common case of an already-normal path.
+            let client = self.identify(&req, &conn);
+            outcome.client = Some(client.ip);
+            // The URI is cloned, which copies reference counts only, so that the path can be
+            // borrowed from it while the request itself moves on to the forward phase.
             let uri = req.uri().clone();
-            let path = self
-                .settings
-                .paths
-                .read(uri.path())
-                .map_err(ProxyError::BadPath)?;
-            let host = request_host(&req);
-            let parts = RequestParts {
-                host,
-                path: path.matched(),
-                method: req.method(),
-                headers: req.headers(),
-            };
-            let route = self.routes.find(&parts).ok_or(ProxyError::NoRoute)?;
-            outcome.route = Some(&route.name);
-            outcome.series = Some(&route.series);
-            outcome.upstream = Some(&route.upstream.name);
-            // 2. a body announced larger than max_body_size is refused before a limit counts it
-            if let (Some(max), Some(len)) = (
-                self.settings.max_body_size,
-                forward::content_length(req.headers()),
-            ) {
-                if len > max {
-                    return Err(ProxyError::BodyTooLarge);
-                }
-            }
-            // 3. limit
-            let checked = limits::check(self, route, &req, ip, path.matched(), outcome).await?;
-            let owed = match checked {
+            let (route, path) = self.route(&req, &uri, outcome)?;
+            let owed = match self.limit(route, &req, &client, &path, outcome).await? {
                 limits::Checked::Denied(resp) => return Ok(resp),
                 limits::Checked::Admitted(shown, owed) => {
                     outcome.shown = shown;
                     owed
                 }
             };
-            // 4. pace (a request refused here, or whose client goes away while it waits, has
-            // what its limits took given back as `owed` is dropped)
-            if let Some(pacer) = &route.upstream.pacer {
-                let paced = pacer.wait(&self.store).await?;
-                outcome.pacing_delay += paced.delay;
-                self.metrics.pacing_delay(&route.upstream.name, paced.delay);
-            }
+            // A request refused here, or whose client goes away while it waits, has what its
+            // limits took given back as `owed` is dropped.
+            self.pace(route, outcome).await?;
             if let Some(owed) = owed {
                 owed.paid();
             }
-            // 5. forward
-            let forward_path = match &route.strip {
-                Some(m) => path.strip(m),
-                None => Cow::Borrowed(path.forwarded()),
-            };
-            let f = forward::Forward {
-                upstream: &route.upstream.name,
-                targets: &route.upstream.targets,
-                preserve_host: route.upstream.preserve_host,
-                path: &forward_path,
-                client: &conn.peer_value,
-                proto: if conn.tls { "https" } else { "http" },
-                trusted_peer: peer_trusted,
-                response_timeout: self.settings.upstream_response,
-                tunnel_idle: self.settings.tunnel_idle,
-                max_body_size: self.settings.max_body_size,
-                tunnels: &self.tunnels,
-            };
-            let resp = forward::forward(self.clients.of(conn.worker), req, &f).await?;
-            if let Some(pacer) = &route.upstream.pacer {
-                pacer
-                    .back_pressure(&*self.store, resp.status(), resp.headers())
-                    .await;
+            self.forward(route, req, &path, &conn, &client).await
+        }
+    }
+
+    /// Identify: the client's address. It is the peer's, or the one a trusted proxy in front
+    /// names in `X-Forwarded-For`. This runs first, so the access log names the client of a
+    /// 404 or 400 too.
+    fn identify<B>(&self, req: &Request<B>, conn: &Conn) -> Client {
+        let trusted = &self.settings.trusted_proxies;
+        let peer_trusted = identity::is_trusted(conn.peer.ip(), trusted);
+        let ip = if peer_trusted {
+            let xff = req.headers().get_all(&forward::X_FORWARDED_FOR);
+            identity::forwarded_client(conn.peer.ip(), xff.iter(), trusted)
+        } else {
+            conn.peer.ip()
+        };
+        Client { ip, peer_trusted }
+    }
+
+    /// Route: the first route that matches the request, and its path read the way the upstream
+    /// will read it (`paths`). A request line no route can serve as meant is refused with 400,
+    /// and a request no route matches with 404.
+    fn route<'s, 'u, B>(
+        &'s self,
+        req: &Request<B>,
+        uri: &'u http::Uri,
+        outcome: &mut Outcome<'s>,
+    ) -> Result<(&'s Route, RequestPath<'u>), ProxyError> {
+        if let Some(why) = refused_request_line(req) {
+            return Err(ProxyError::BadRequest(why));
+        }
+        let path = self
+            .settings
+            .paths
+            .read(uri.path())
+            .map_err(ProxyError::BadPath)?;
+        let parts = RequestParts {
+            host: request_host(req),
+            path: path.matched(),
+            method: req.method(),
+            headers: req.headers(),
+        };
+        let route = self.routes.find(&parts).ok_or(ProxyError::NoRoute)?;
+        outcome.route = Some(&route.name);
+        outcome.series = Some(&route.series);
+        outcome.upstream = Some(&route.upstream.name);
+        Ok((route, path))
+    }
+
+    /// Limit: the route's limits, in order ([`limits::check`]). A body announced larger than
+    /// `max_body_size` is refused first, so no limit counts it.
+    async fn limit<'s, B>(
+        &'s self,
+        route: &'s Route,
+        req: &Request<B>,
+        client: &Client,
+        path: &RequestPath<'_>,
+        outcome: &mut Outcome<'s>,
+    ) -> Result<limits::Checked<'s>, ProxyError> {
+        if let (Some(max), Some(len)) = (
+            self.settings.max_body_size,
+            forward::content_length(req.headers()),
+        ) {
+            if len > max {
+                return Err(ProxyError::BodyTooLarge);
             }
-            Ok(resp)
+        }
+        limits::check(self, route, req, client.ip, path.matched(), outcome).await
+    }
+
+    /// Pace: waits for the upstream's slot, if it is paced ([`Pacer::wait`]).
+    async fn pace(&self, route: &Route, outcome: &mut Outcome<'_>) -> Result<(), ProxyError> {
+        if let Some(pacer) = &route.upstream.pacer {
+            let paced = pacer.wait(&self.store).await?;
+            outcome.pacing_delay += paced.delay;
+            self.metrics.pacing_delay(&route.upstream.name, paced.delay);
+        }
+        Ok(())
+    }
+
+    /// Forward: sends the request to one of the upstream's targets and streams the response
+    /// back ([`forward::forward`]). A paced upstream's 429 or 503 with `Retry-After` holds its
+    /// schedule ([`Pacer::back_pressure`]).
+    async fn forward(
+        &self,
+        route: &Route,
+        req: Request<Incoming>,
+        path: &RequestPath<'_>,
+        conn: &Conn,
+        client: &Client,
+    ) -> Result<Response<Body>, ProxyError> {
+        let forward_path = match &route.strip {
+            Some(m) => path.strip(m),
+            None => Cow::Borrowed(path.forwarded()),
+        };
+        let f = forward::Forward {
+            upstream: &route.upstream.name,
+            targets: &route.upstream.targets,
+            preserve_host: route.upstream.preserve_host,
+            path: &forward_path,
+            client: &conn.peer_value,
+            proto: if conn.tls { "https" } else { "http" },
+            trusted_peer: client.peer_trusted,
+            response_timeout: self.settings.upstream_response,
+            tunnel_idle: self.settings.tunnel_idle,
+            max_body_size: self.settings.max_body_size,
+            tunnels: &self.tunnels,
+        };
+        let resp = forward::forward(self.clients.of(conn.worker), req, &f).await?;
+        if let Some(pacer) = &route.upstream.pacer {
+            pacer
+                .back_pressure(&*self.store, resp.status(), resp.headers())
+                .await;
+        }
+        Ok(resp)
+    }
+
+    /// Respond: the upstream's response, or the proxy's answer to a phase's error, with the
+    /// rate-limit headers of the route's limits, and a close where the connection must end.
+    fn respond(
+        &self,
+        result: Result<Response<Body>, ProxyError>,
+        outcome: &Outcome<'_>,
+        mut ending: Ending,
+    ) -> Response<Body> {
+        let mut resp = match result {
+            Ok(resp) => resp,
+            Err(err) => {
+                self.report(&err, outcome);
+                // a request body refused, malformed or stalled is not read to its end: the
+                // connection ends with this answer, and says so, as nginx's 413 and 408 do
+                ending.close |= ending.http1
+                    && matches!(
+                        err,
+                        ProxyError::BodyTooLarge
+                            | ProxyError::BadBody
+                            | ProxyError::ClientBodyTimeout { .. }
+                    );
+                respond::error(&err)
+            }
+        };
+        if let Some(shown) = &outcome.shown {
+            respond::add_rate_headers(resp.headers_mut(), self.settings.headers, shown);
+        }
+        // An HTTP/1.0 client's response of no known length ends with its connection: say so,
+        // as nginx does. hyper adds `keep-alive` to the `Connection` of a response to a
+        // keep-alive request unless the response itself is HTTP/1.0, which it then closes.
+        let unsized_for_http10 =
+            ending.http10 && hyper::body::Body::size_hint(resp.body()).exact().is_none();
+        if unsized_for_http10 {
+            *resp.version_mut() = http::Version::HTTP_10;
+        }
+        if ending.close || unsized_for_http10 {
+            resp.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        resp
+    }
+
+    /// Counts and logs a phase's error. The upstream's failures go out at warn with their
+    /// cause, as nginx's error log does: the client's body says less. The rest (404s, 400s,
+    /// refusals, a store outage the breaker logs) go out at debug.
+    fn report(&self, err: &ProxyError, outcome: &Outcome<'_>) {
+        if let (Some(kind), Some(upstream)) = (err.upstream_kind(), &outcome.upstream) {
+            self.metrics.upstream_error(upstream, kind);
+        }
+        match err {
+            ProxyError::UpstreamConnect { .. }
+            | ProxyError::Upstream { .. }
+            | ProxyError::UpstreamTimeout { .. } => {
+                let cause = crate::error_line(err);
+                tracing::warn!(error = %cause, "upstream failed; answered by the proxy")
+            }
+            _ => tracing::debug!(error = %err, "answered by the proxy"),
+        }
+    }
+}
+
+/// Who sent the request, as the identify phase found.
+struct Client {
+    /// the client's address
+    ip: std::net::IpAddr,
+    /// the TCP peer is a trusted proxy: its `X-Forwarded-*` headers are kept
+    peer_trusted: bool,
+}
+
+/// How the request's connection may end, read before the request moves into the phases.
+#[derive(Clone, Copy)]
+struct Ending {
+    http1: bool,
+    http10: bool,
+    /// the connection closes after the response
+    close: bool,
+}
+
+impl Ending {
+    fn of<B>(req: &Request<B>) -> Ending {
+        let http1 = req.version() < http::Version::HTTP_2;
+        Ending {
+            http1,
+            http10: req.version() == http::Version::HTTP_10,
+            // an HTTP/1 CONNECT is refused, and the bytes after it, the tunnel's, are no
+            // requests
+            close: *req.method() == http::Method::CONNECT && http1,
         }
     }
 }
