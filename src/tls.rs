@@ -1,13 +1,15 @@
 //! TLS, both ways: the listener's [`ServerConfig`] (PEM certificate chain and key, ALPN `h2`
-//! then `http/1.1`) and its [`TlsAcceptor`], and the upstream connector that speaks `http://`
-//! and `https://` with verified certificates and HTTP/1.1 only.
+//! then `http/1.1`) and its [`TlsAcceptor`], the upstream connector that speaks `http://`
+//! and `https://` with verified certificates and HTTP/1.1 only, and the client config of the
+//! store's own `rediss://` connection, which verifies Redis's certificate the same way.
 //!
 //! Every config here names the `ring` provider explicitly instead of relying on rustls's
 //! process-wide default, so nothing depends on which crypto features other crates turn on.
 //!
-//! Does not own the accept loop, the HTTP serving, or the Redis connection (the redis crate
-//! brings its own rustls setup for `rediss://`): `app` wires the acceptor into the listener and
-//! `proxy::pool` connects to upstreams through [`upstream_connector`].
+//! Does not own the accept loop, the HTTP serving, or the Redis connection: `app` wires the
+//! acceptor into the listener, `proxy::pool` connects to upstreams through
+//! [`upstream_connector`], and `store::pipe` connects to Redis with [`redis_client_config`].
+//! A Redis Cluster over TLS goes through the redis crate, which brings its own rustls setup.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -202,6 +204,12 @@ pub fn upstream_connector_with_roots(
     Ok(connector(connect_timeout, trust))
 }
 
+/// The TLS client config of the store's own `rediss://` connection: Redis's certificate is
+/// verified against the same roots as an upstream's, and no ALPN is offered.
+pub fn redis_client_config() -> Arc<ClientConfig> {
+    Arc::new(client_config(default_trust()))
+}
+
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -213,17 +221,21 @@ fn connector(connect_timeout: Duration, trust: Trust) -> HttpsConnector<HttpConn
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
     http.set_keepalive(Some(UPSTREAM_KEEPALIVE));
-    let verifier = UpstreamVerifier::new(trust);
-    let mut tls = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .expect("the ring provider supports TLS 1.2 and 1.3")
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth();
+    let mut tls = client_config(trust);
     // Set here rather than through `HttpsConnectorBuilder`, whose HTTP/1-only mode sends no ALPN.
     tls.alpn_protocols = vec![UPSTREAM_ALPN.to_vec()];
     // The tuple form leaves `force_https` off, so `http://` targets stay plain TCP.
     HttpsConnector::from((http, tls))
+}
+
+/// A client config that verifies servers against `trust` ([`UpstreamVerifier`]).
+fn client_config(trust: Trust) -> ClientConfig {
+    ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("the ring provider supports TLS 1.2 and 1.3")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(UpstreamVerifier::new(trust)))
+        .with_no_client_auth()
 }
 
 /// What upstream certificates are verified against.

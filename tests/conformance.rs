@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Window};
-use tollgate::store::{MemoryStore, RedisStore, RedisTarget, Store};
+use tollgate::store::{Connection, MemoryStore, RedisStore, RedisTarget, Store};
 
 const T0: f64 = 1_700_000_040_000.0; // a multiple of every window used below
 
@@ -68,17 +68,25 @@ async fn both(redis: &RedisStore, alg: &Algorithm, times: &[f64]) -> Vec<Decisio
     from_lua
 }
 
-fn redis_store(redis: &common::Redis) -> RedisStore {
-    RedisStore::connect(&RedisTarget::Single(redis.url()), Duration::from_secs(2), 1).unwrap()
+/// Both connections to one Redis: every test here runs through each, so the store's own and
+/// redis-rs's, which a Cluster uses, are held to the same answers.
+const CONNECTIONS: [Connection; 2] = [Connection::Own, Connection::Library];
+
+fn redis_store(redis: &common::Redis, connection: Connection) -> RedisStore {
+    let target = RedisTarget::Single(redis.url());
+    RedisStore::connect_over(&target, Duration::from_secs(2), 1, connection).unwrap()
 }
 
 /// A runtime to drive proptest's cases on, and a Redis store made on it.
-fn runtime_with_store(server: &common::Redis) -> (tokio::runtime::Runtime, RedisStore) {
+fn runtime_with_store(
+    server: &common::Redis,
+    connection: Connection,
+) -> (tokio::runtime::Runtime, RedisStore) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let redis = rt.block_on(async { redis_store(server) });
+    let redis = rt.block_on(async { redis_store(server, connection) });
     (rt, redis)
 }
 
@@ -91,111 +99,114 @@ fn allowed(d: &[Decision]) -> Vec<bool> {
 #[tokio::test]
 async fn hand_written_edges_agree() {
     let server = common::Redis::start();
-    let redis = redis_store(&server);
-    // token bucket: a full bucket, emptied, refilled one token at a time; cost 3
-    let d = both(
-        &redis,
-        &bucket(10.0, 3, 1),
-        &[T0, T0, T0, T0, T0 + 99.0, T0 + 100.0, T0 + 5000.0],
-    )
-    .await;
-    assert_eq!(allowed(&d), [true, true, true, false, false, true, true]);
-    let d = both(
-        &redis,
-        &bucket(2.0, 5, 3),
-        &[T0, T0 + 1.0, T0 + 1000.0, T0 + 1000.0],
-    )
-    .await;
-    assert_eq!(allowed(&d), [true, false, true, false]);
-    both(
-        &redis,
-        &bucket(0.05, 3, 1),
-        &[
-            T0,
-            T0 + 0.25,
-            T0 + 0.5,
-            T0 + 0.75,
-            T0 + 19_999.9,
-            T0 + 20_000.5,
-        ],
-    )
-    .await;
-    both(
-        &redis,
-        &bucket(1.0 / 3.0, 2, 1),
-        &[T0, T0 + 1.5, T0 + 2.5, T0 + 3000.0, T0 + 3333.334],
-    )
-    .await;
-    // fixed window: the last ms of one window and the first of the next
-    let d = both(
-        &redis,
-        &Algorithm::FixedWindow(win(2, 1000)),
-        &[
-            T0 + 998.0,
-            T0 + 999.0,
-            T0 + 999.9,
-            T0 + 1000.0,
-            T0 + 1000.0,
-            T0 + 1000.0,
-        ],
-    )
-    .await;
-    assert_eq!(allowed(&d), [true, true, false, true, true, false]);
-    // sliding window: same millisecond, and the exact moment an entry leaves
-    let d = both(
-        &redis,
-        &Algorithm::SlidingWindow(win(2, 1000)),
-        &[
-            T0,
-            T0,
-            T0,
-            T0 + 999.999,
-            T0 + 1000.0,
-            T0 + 1000.0,
-            T0 + 1000.0,
-        ],
-    )
-    .await;
-    assert_eq!(allowed(&d), [true, true, false, false, true, true, false]);
-    // sliding-window counter across two and three windows
-    let d = both(
-        &redis,
-        &Algorithm::SlidingWindowCounter(win(4, 1000)),
-        &[
-            T0 + 10.0,
-            T0 + 20.0,
-            T0 + 30.0,
-            T0 + 40.0,
-            T0 + 50.0,
-            T0 + 1250.0,
-            T0 + 1250.0,
-            T0 + 1600.0,
-            T0 + 3100.0,
-        ],
-    )
-    .await;
-    assert!(!d[4].allowed && d[5].allowed && d[8].allowed);
-    // pacing: unbounded, bounded, refused then admitted, fractional intervals
-    let d = both(
-        &redis,
-        &pace(4.0, Some(500)),
-        &[T0, T0, T0, T0, T0 + 250.0, T0 + 10_000.0],
-    )
-    .await;
-    assert_eq!(allowed(&d), [true, true, true, false, true, true]);
-    assert_eq!(d[2].delay_us, 500_000);
-    both(
-        &redis,
-        &pace(3.0, None),
-        &[T0, T0, T0, T0 + 0.123, T0 + 0.124],
-    )
-    .await;
-    both(
-        &redis,
-        &pace(1000.0, Some(0)),
-        &[T0, T0 + 0.5, T0 + 1.0, T0 + 1.0005],
-    )
-    .await;
+    for connection in CONNECTIONS {
+        server.cli(&["flushall"]);
+        let redis = redis_store(&server, connection);
+        // token bucket: a full bucket, emptied, refilled one token at a time; cost 3
+        let d = both(
+            &redis,
+            &bucket(10.0, 3, 1),
+            &[T0, T0, T0, T0, T0 + 99.0, T0 + 100.0, T0 + 5000.0],
+        )
+        .await;
+        assert_eq!(allowed(&d), [true, true, true, false, false, true, true]);
+        let d = both(
+            &redis,
+            &bucket(2.0, 5, 3),
+            &[T0, T0 + 1.0, T0 + 1000.0, T0 + 1000.0],
+        )
+        .await;
+        assert_eq!(allowed(&d), [true, false, true, false]);
+        both(
+            &redis,
+            &bucket(0.05, 3, 1),
+            &[
+                T0,
+                T0 + 0.25,
+                T0 + 0.5,
+                T0 + 0.75,
+                T0 + 19_999.9,
+                T0 + 20_000.5,
+            ],
+        )
+        .await;
+        both(
+            &redis,
+            &bucket(1.0 / 3.0, 2, 1),
+            &[T0, T0 + 1.5, T0 + 2.5, T0 + 3000.0, T0 + 3333.334],
+        )
+        .await;
+        // fixed window: the last ms of one window and the first of the next
+        let d = both(
+            &redis,
+            &Algorithm::FixedWindow(win(2, 1000)),
+            &[
+                T0 + 998.0,
+                T0 + 999.0,
+                T0 + 999.9,
+                T0 + 1000.0,
+                T0 + 1000.0,
+                T0 + 1000.0,
+            ],
+        )
+        .await;
+        assert_eq!(allowed(&d), [true, true, false, true, true, false]);
+        // sliding window: same millisecond, and the exact moment an entry leaves
+        let d = both(
+            &redis,
+            &Algorithm::SlidingWindow(win(2, 1000)),
+            &[
+                T0,
+                T0,
+                T0,
+                T0 + 999.999,
+                T0 + 1000.0,
+                T0 + 1000.0,
+                T0 + 1000.0,
+            ],
+        )
+        .await;
+        assert_eq!(allowed(&d), [true, true, false, false, true, true, false]);
+        // sliding-window counter across two and three windows
+        let d = both(
+            &redis,
+            &Algorithm::SlidingWindowCounter(win(4, 1000)),
+            &[
+                T0 + 10.0,
+                T0 + 20.0,
+                T0 + 30.0,
+                T0 + 40.0,
+                T0 + 50.0,
+                T0 + 1250.0,
+                T0 + 1250.0,
+                T0 + 1600.0,
+                T0 + 3100.0,
+            ],
+        )
+        .await;
+        assert!(!d[4].allowed && d[5].allowed && d[8].allowed);
+        // pacing: unbounded, bounded, refused then admitted, fractional intervals
+        let d = both(
+            &redis,
+            &pace(4.0, Some(500)),
+            &[T0, T0, T0, T0, T0 + 250.0, T0 + 10_000.0],
+        )
+        .await;
+        assert_eq!(allowed(&d), [true, true, true, false, true, true]);
+        assert_eq!(d[2].delay_us, 500_000);
+        both(
+            &redis,
+            &pace(3.0, None),
+            &[T0, T0, T0, T0 + 0.123, T0 + 0.124],
+        )
+        .await;
+        both(
+            &redis,
+            &pace(1000.0, Some(0)),
+            &[T0, T0 + 0.5, T0 + 1.0, T0 + 1.0005],
+        )
+        .await;
+    }
 }
 
 /// State written on the caller's clock outlives real time passing the caller's own time to live:
@@ -206,65 +217,71 @@ async fn hand_written_edges_agree() {
 #[tokio::test]
 async fn caller_clock_state_outlives_real_time_drift() {
     let server = common::Redis::start();
-    let redis = redis_store(&server);
-    let cases = [
-        Algorithm::FixedWindow(win(2, 1000)),
-        bucket(1000.0, 1, 1),
-        pace(1000.0, None),
-        Algorithm::SlidingWindow(win(1, 1)),
-        Algorithm::SlidingWindowCounter(win(1, 1)),
-    ];
-    for (i, alg) in cases.iter().enumerate() {
-        let key = format!("drift:{i}");
+    for connection in CONNECTIONS {
+        server.cli(&["flushall"]);
+        let redis = redis_store(&server, connection);
+        let cases = [
+            Algorithm::FixedWindow(win(2, 1000)),
+            bucket(1000.0, 1, 1),
+            pace(1000.0, None),
+            Algorithm::SlidingWindow(win(1, 1)),
+            Algorithm::SlidingWindowCounter(win(1, 1)),
+        ];
+        for (i, alg) in cases.iter().enumerate() {
+            let key = format!("drift:{i}");
+            let first = T0 + 998.0;
+            let a = redis.check(&key, alg, Some(first)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let b = redis.check(&key, alg, Some(first + 0.5)).await.unwrap();
+            let memory = MemoryStore::new(NonZeroUsize::new(10).unwrap());
+            let expected = replay(&memory, &key, alg, &[first, first + 0.5]).await;
+            assert_eq!([a, b], expected[..], "{}", alg.name());
+        }
+        // a back-pressure hold (`pace_defer.lua`) of 1 ms at 1000/s: its key too
+        let p = Pace::new(Rate::per_second(1000.0).unwrap(), None).unwrap();
+        let alg = Algorithm::LeakyBucket(p);
         let first = T0 + 998.0;
-        let a = redis.check(&key, alg, Some(first)).await.unwrap();
+        let held = redis.defer("drift:hold", &p, 1, Some(first)).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let b = redis.check(&key, alg, Some(first + 0.5)).await.unwrap();
-        let memory = MemoryStore::new(NonZeroUsize::new(10).unwrap());
-        let expected = replay(&memory, &key, alg, &[first, first + 0.5]).await;
-        assert_eq!([a, b], expected[..], "{}", alg.name());
-    }
-    // a back-pressure hold (`pace_defer.lua`) of 1 ms at 1000/s: its key too
-    let p = Pace::new(Rate::per_second(1000.0).unwrap(), None).unwrap();
-    let alg = Algorithm::LeakyBucket(p);
-    let first = T0 + 998.0;
-    let held = redis.defer("drift:hold", &p, 1, Some(first)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let after = redis
-        .check("drift:hold", &alg, Some(first + 0.5))
-        .await
-        .unwrap();
-    let memory = MemoryStore::new(NonZeroUsize::new(10).unwrap());
-    let expected = (
-        memory
-            .defer("drift:hold", &p, 1, Some(first))
-            .await
-            .unwrap(),
-        memory
+        let after = redis
             .check("drift:hold", &alg, Some(first + 0.5))
             .await
-            .unwrap(),
-    );
-    assert_eq!((held, after), expected, "pace_defer");
+            .unwrap();
+        let memory = MemoryStore::new(NonZeroUsize::new(10).unwrap());
+        let expected = (
+            memory
+                .defer("drift:hold", &p, 1, Some(first))
+                .await
+                .unwrap(),
+            memory
+                .check("drift:hold", &alg, Some(first + 0.5))
+                .await
+                .unwrap(),
+        );
+        assert_eq!((held, after), expected, "pace_defer");
+    }
 }
 
 /// Decisions taken with the Redis server clock (no `now` passed) behave like the memory store's.
 #[tokio::test]
 async fn server_clock_decisions_match_expectations() {
     let server = common::Redis::start();
-    let redis = redis_store(&server);
-    let alg = bucket(1.0, 3, 1);
-    let mut seen = Vec::new();
-    for _ in 0..4 {
-        seen.push(redis.check("live", &alg, None).await.unwrap());
+    for connection in CONNECTIONS {
+        server.cli(&["flushall"]);
+        let redis = redis_store(&server, connection);
+        let alg = bucket(1.0, 3, 1);
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            seen.push(redis.check("live", &alg, None).await.unwrap());
+        }
+        assert_eq!(allowed(&seen), [true, true, true, false]);
+        // (the next token a second after the first check, less the time the four took)
+        assert!(
+            (500..=1000).contains(&seen[3].retry_after_ms),
+            "{:?}",
+            seen[3]
+        );
     }
-    assert_eq!(allowed(&seen), [true, true, true, false]);
-    // (the next token a second after the first check, less the time the four took)
-    assert!(
-        (500..=1000).contains(&seen[3].retry_after_ms),
-        "{:?}",
-        seen[3]
-    );
 }
 
 fn times(max_gap: u64, n: usize, fractional: bool) -> impl Strategy<Value = Vec<f64>> {
@@ -298,56 +315,64 @@ fn any_algorithm() -> impl Strategy<Value = Algorithm> {
 #[test]
 fn random_sequences_agree() {
     let server = common::Redis::start();
-    let (rt, redis) = runtime_with_store(&server);
-    let config = ProptestConfig {
-        cases: 96,
-        ..ProptestConfig::default()
-    };
-    proptest!(config, |(alg in any_algorithm(), frac in any::<bool>(), seq in times(120, 60, false), fseq in times(120, 60, true))| {
-        let seq = if frac { fseq } else { seq };
-        rt.block_on(both(&redis, &alg, &seq));
-    });
+    for connection in CONNECTIONS {
+        server.cli(&["flushall"]);
+        let (rt, redis) = runtime_with_store(&server, connection);
+        let config = ProptestConfig {
+            cases: 96,
+            ..ProptestConfig::default()
+        };
+        proptest!(config, |(alg in any_algorithm(), frac in any::<bool>(), seq in times(120, 60, false), fseq in times(120, 60, true))| {
+            let seq = if frac { fseq } else { seq };
+            rt.block_on(both(&redis, &alg, &seq));
+        });
+    }
 }
 
 /// Back-pressure holds mixed with pacing agree between Rust and Lua.
 #[tokio::test]
 async fn back_pressure_holds_agree() {
     let server = common::Redis::start();
-    let redis = redis_store(&server);
-    let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
-    let p = Pace::new(
-        Rate::per_second(4.0).unwrap(),
-        Some(Duration::from_millis(900)),
-    )
-    .unwrap();
-    let alg = Algorithm::LeakyBucket(p);
-    let steps: [(f64, Option<u64>); 8] = [
-        (T0, None),
-        (T0 + 10.0, Some(600)),
-        (T0 + 20.0, None),
-        (T0 + 30.0, Some(100)),
-        (T0 + 40.0, None),
-        (T0 + 50.0, None),
-        (T0 + 3000.0, Some(0)),
-        (T0 + 3000.5, None),
-    ];
-    let mut answers: Vec<Vec<String>> = Vec::new();
-    for store in [&memory as &dyn Store, &redis] {
-        let mut seen = Vec::new();
-        for (t, hold) in steps {
-            seen.push(match hold {
-                Some(ms) => format!("hold {}", store.defer("bp", &p, ms, Some(t)).await.unwrap()),
-                None => format!("{:?}", store.check("bp", &alg, Some(t)).await.unwrap()),
-            });
+    for connection in CONNECTIONS {
+        server.cli(&["flushall"]);
+        let redis = redis_store(&server, connection);
+        let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
+        let p = Pace::new(
+            Rate::per_second(4.0).unwrap(),
+            Some(Duration::from_millis(900)),
+        )
+        .unwrap();
+        let alg = Algorithm::LeakyBucket(p);
+        let steps: [(f64, Option<u64>); 8] = [
+            (T0, None),
+            (T0 + 10.0, Some(600)),
+            (T0 + 20.0, None),
+            (T0 + 30.0, Some(100)),
+            (T0 + 40.0, None),
+            (T0 + 50.0, None),
+            (T0 + 3000.0, Some(0)),
+            (T0 + 3000.5, None),
+        ];
+        let mut answers: Vec<Vec<String>> = Vec::new();
+        for store in [&memory as &dyn Store, &redis] {
+            let mut seen = Vec::new();
+            for (t, hold) in steps {
+                seen.push(match hold {
+                    Some(ms) => {
+                        format!("hold {}", store.defer("bp", &p, ms, Some(t)).await.unwrap())
+                    }
+                    None => format!("{:?}", store.check("bp", &alg, Some(t)).await.unwrap()),
+                });
+            }
+            answers.push(seen);
         }
-        answers.push(seen);
+        assert_eq!(answers[0], answers[1]);
+        assert!(
+            answers[0][2].contains("delay_us: 590000"),
+            "{:?}",
+            answers[0]
+        );
     }
-    assert_eq!(answers[0], answers[1]);
-    assert!(
-        answers[0][2].contains("delay_us: 590000"),
-        "{:?}",
-        answers[0]
-    );
 }
 
 /// What a step of [`replay_giving_back`] does at its time.
@@ -425,24 +450,27 @@ fn gave_back(got: &[Answer]) -> Vec<bool> {
 #[test]
 fn give_backs_agree() {
     let server = common::Redis::start();
-    let (rt, redis) = runtime_with_store(&server);
-    let config = ProptestConfig {
-        cases: 64,
-        ..ProptestConfig::default()
-    };
-    let step = prop_oneof![
-        3 => Just(Step::Check),
-        1 => Just(Step::BackLatest),
-        1 => Just(Step::BackEarliest),
-    ];
-    proptest!(config, |(alg in any_algorithm(), seq in times(120, 60, true), kinds in prop::collection::vec(step, 60))| {
-        let steps: Vec<(f64, Step)> = seq.iter().zip(&kinds).map(|(t, k)| (*t, *k)).collect();
-        let key = format!("conf:{}", KEY.fetch_add(1, Ordering::Relaxed));
-        let memory = MemoryStore::new(NonZeroUsize::new(1000).unwrap());
-        let from_rust = rt.block_on(replay_giving_back(&memory, &key, &alg, &steps));
-        let from_lua = rt.block_on(replay_giving_back(&redis, &key, &alg, &steps));
-        prop_assert_eq!(from_rust, from_lua, "{}", alg.name());
-    });
+    for connection in CONNECTIONS {
+        server.cli(&["flushall"]);
+        let (rt, redis) = runtime_with_store(&server, connection);
+        let config = ProptestConfig {
+            cases: 64,
+            ..ProptestConfig::default()
+        };
+        let step = prop_oneof![
+            3 => Just(Step::Check),
+            1 => Just(Step::BackLatest),
+            1 => Just(Step::BackEarliest),
+        ];
+        proptest!(config, |(alg in any_algorithm(), seq in times(120, 60, true), kinds in prop::collection::vec(step, 60))| {
+            let steps: Vec<(f64, Step)> = seq.iter().zip(&kinds).map(|(t, k)| (*t, *k)).collect();
+            let key = format!("conf:{}", KEY.fetch_add(1, Ordering::Relaxed));
+            let memory = MemoryStore::new(NonZeroUsize::new(1000).unwrap());
+            let from_rust = rt.block_on(replay_giving_back(&memory, &key, &alg, &steps));
+            let from_lua = rt.block_on(replay_giving_back(&redis, &key, &alg, &steps));
+            prop_assert_eq!(from_rust, from_lua, "{}", alg.name());
+        });
+    }
 }
 
 /// What a check took and gave back is as if it was never taken: for each algorithm, four
@@ -450,33 +478,36 @@ fn give_backs_agree() {
 #[tokio::test]
 async fn a_check_given_back_is_as_if_never_made() {
     let server = common::Redis::start();
-    let redis = redis_store(&server);
-    let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
-    for alg in [
-        bucket(1.0, 4, 1),
-        pace(1.0, Some(3000)),
-        Algorithm::FixedWindow(win(4, 60_000)),
-        Algorithm::SlidingWindow(win(4, 60_000)),
-        Algorithm::SlidingWindowCounter(win(4, 60_000)),
-    ] {
-        for store in [&memory as &dyn Store, &redis] {
-            let key = format!("back:{}", KEY.fetch_add(1, Ordering::Relaxed));
-            // (past the first 50 ms of a window: see `a_window_start_keeps_its_count`)
-            let t = T0 + 100.25;
-            let mut steps = vec![(t, Step::Check); 4];
-            for _ in 0..3 {
-                steps.extend([(t, Step::BackLatest), (t, Step::Check)]);
+    for connection in CONNECTIONS {
+        server.cli(&["flushall"]);
+        let redis = redis_store(&server, connection);
+        let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
+        for alg in [
+            bucket(1.0, 4, 1),
+            pace(1.0, Some(3000)),
+            Algorithm::FixedWindow(win(4, 60_000)),
+            Algorithm::SlidingWindow(win(4, 60_000)),
+            Algorithm::SlidingWindowCounter(win(4, 60_000)),
+        ] {
+            for store in [&memory as &dyn Store, &redis] {
+                let key = format!("back:{}", KEY.fetch_add(1, Ordering::Relaxed));
+                // (past the first 50 ms of a window: see `a_window_start_keeps_its_count`)
+                let t = T0 + 100.25;
+                let mut steps = vec![(t, Step::Check); 4];
+                for _ in 0..3 {
+                    steps.extend([(t, Step::BackLatest), (t, Step::Check)]);
+                }
+                steps.extend([(t, Step::Check), (t, Step::Check)]);
+                let got = replay_giving_back(store, &key, &alg, &steps).await;
+                let admitted: Vec<bool> = decisions(&got).iter().map(|d| d.allowed).collect();
+                assert_eq!(
+                    admitted,
+                    [true, true, true, true, true, true, true, false, false],
+                    "{}: {got:?}",
+                    alg.name()
+                );
+                assert_eq!(gave_back(&got), [true; 3], "{}", alg.name());
             }
-            steps.extend([(t, Step::Check), (t, Step::Check)]);
-            let got = replay_giving_back(store, &key, &alg, &steps).await;
-            let admitted: Vec<bool> = decisions(&got).iter().map(|d| d.allowed).collect();
-            assert_eq!(
-                admitted,
-                [true, true, true, true, true, true, true, false, false],
-                "{}: {got:?}",
-                alg.name()
-            );
-            assert_eq!(gave_back(&got), [true; 3], "{}", alg.name());
         }
     }
 }
@@ -486,28 +517,31 @@ async fn a_check_given_back_is_as_if_never_made() {
 #[tokio::test]
 async fn a_leaky_slot_in_the_middle_is_not_given_back() {
     let server = common::Redis::start();
-    let redis = redis_store(&server);
-    let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
-    let alg = pace(10.0, None);
-    for store in [&memory as &dyn Store, &redis] {
-        let key = format!("middle:{}", KEY.fetch_add(1, Ordering::Relaxed));
-        let t = T0 + 0.5;
-        // slots at +0, +100, +200 ms; the first given back, then the last
-        let steps = [
-            (t, Step::Check),
-            (t, Step::Check),
-            (t, Step::Check),
-            (t + 1.0, Step::BackEarliest),
-            (t + 1.0, Step::Check),
-            (t + 2.0, Step::BackLatest),
-            (t + 2.0, Step::Check),
-        ];
-        let got = replay_giving_back(store, &key, &alg, &steps).await;
-        let delays: Vec<u64> = decisions(&got).iter().map(|d| d.delay_us).collect();
-        // the fourth check goes after the third (the first slot stays taken); the fourth, the
-        // last, given back, the fifth takes its slot again
-        assert_eq!(delays, [0, 100_000, 200_000, 299_000, 298_000]);
-        assert_eq!(gave_back(&got), [false, true]);
+    for connection in CONNECTIONS {
+        server.cli(&["flushall"]);
+        let redis = redis_store(&server, connection);
+        let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
+        let alg = pace(10.0, None);
+        for store in [&memory as &dyn Store, &redis] {
+            let key = format!("middle:{}", KEY.fetch_add(1, Ordering::Relaxed));
+            let t = T0 + 0.5;
+            // slots at +0, +100, +200 ms; the first given back, then the last
+            let steps = [
+                (t, Step::Check),
+                (t, Step::Check),
+                (t, Step::Check),
+                (t + 1.0, Step::BackEarliest),
+                (t + 1.0, Step::Check),
+                (t + 2.0, Step::BackLatest),
+                (t + 2.0, Step::Check),
+            ];
+            let got = replay_giving_back(store, &key, &alg, &steps).await;
+            let delays: Vec<u64> = decisions(&got).iter().map(|d| d.delay_us).collect();
+            // the fourth check goes after the third (the first slot stays taken); the fourth, the
+            // last, given back, the fifth takes its slot again
+            assert_eq!(delays, [0, 100_000, 200_000, 299_000, 298_000]);
+            assert_eq!(gave_back(&got), [false, true]);
+        }
     }
 }
 
@@ -516,24 +550,27 @@ async fn a_leaky_slot_in_the_middle_is_not_given_back() {
 #[tokio::test]
 async fn a_window_start_keeps_its_count() {
     let server = common::Redis::start();
-    let redis = redis_store(&server);
-    let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
-    for alg in [
-        Algorithm::FixedWindow(win(1, 60_000)),
-        Algorithm::SlidingWindowCounter(win(1, 60_000)),
-    ] {
-        for store in [&memory as &dyn Store, &redis] {
-            let key = format!("edge:{}", KEY.fetch_add(1, Ordering::Relaxed));
-            let t = T0 + 20.0;
-            let steps = [
-                (t, Step::Check),
-                (t, Step::BackLatest),
-                (t + 1.0, Step::Check),
-            ];
-            let got = replay_giving_back(store, &key, &alg, &steps).await;
-            let admitted: Vec<bool> = decisions(&got).iter().map(|d| d.allowed).collect();
-            assert_eq!(admitted, [true, false], "{}", alg.name());
-            assert_eq!(gave_back(&got), [false], "{}", alg.name());
+    for connection in CONNECTIONS {
+        server.cli(&["flushall"]);
+        let redis = redis_store(&server, connection);
+        let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
+        for alg in [
+            Algorithm::FixedWindow(win(1, 60_000)),
+            Algorithm::SlidingWindowCounter(win(1, 60_000)),
+        ] {
+            for store in [&memory as &dyn Store, &redis] {
+                let key = format!("edge:{}", KEY.fetch_add(1, Ordering::Relaxed));
+                let t = T0 + 20.0;
+                let steps = [
+                    (t, Step::Check),
+                    (t, Step::BackLatest),
+                    (t + 1.0, Step::Check),
+                ];
+                let got = replay_giving_back(store, &key, &alg, &steps).await;
+                let admitted: Vec<bool> = decisions(&got).iter().map(|d| d.allowed).collect();
+                assert_eq!(admitted, [true, false], "{}", alg.name());
+                assert_eq!(gave_back(&got), [false], "{}", alg.name());
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //! `https://` upstream verified against a root the system bundle ($SSL_CERT_FILE) holds, and
 //! `rediss://` to a real TLS redis-server with AUTH from the URL.
 //!
-//! Its own binary: `tls_everywhere` sets SSL_CERT_FILE for the process.
+//! Its own binary: [`trusted_certs`] sets SSL_CERT_FILE for the process.
 
 mod common;
 
@@ -51,6 +51,17 @@ impl Certs {
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Arc::new(config)
     }
+}
+
+/// The certificate that SSL_CERT_FILE names, the system bundle, for the whole process: made
+/// and set once, so that tests running at once never trust each other's.
+fn trusted_certs() -> &'static Certs {
+    static CERTS: std::sync::OnceLock<Certs> = std::sync::OnceLock::new();
+    CERTS.get_or_init(|| {
+        let certs = Certs::new();
+        std::env::set_var("SSL_CERT_FILE", certs.cert());
+        certs
+    })
 }
 
 async fn tls_connect(
@@ -124,10 +135,9 @@ fn tls_redis(certs: &Certs) -> TlsRedis {
 /// HTTPS in, HTTPS to the upstream, TLS to Redis: all verified, all working together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_everywhere() {
-    let certs = Certs::new();
     // the test CA as the system bundle, for the upstream client and for rediss://
-    std::env::set_var("SSL_CERT_FILE", certs.cert());
-    let redis = tls_redis(&certs);
+    let certs = trusted_certs();
+    let redis = tls_redis(certs);
 
     // an HTTPS upstream with the same certificate
     let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -184,7 +194,7 @@ routes:
     let proxy = common::Proxy::start(&yaml).await;
 
     // HTTP/2 by ALPN
-    let tls = tls_connect(proxy.addr, &certs, &[b"h2", b"http/1.1"]).await;
+    let tls = tls_connect(proxy.addr, certs, &[b"h2", b"http/1.1"]).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     let (mut h2, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
@@ -201,7 +211,7 @@ routes:
     assert_eq!(body, "secure upstream saw HTTP/1.1");
 
     // HTTP/1.1 by ALPN
-    let tls = tls_connect(proxy.addr, &certs, &[b"http/1.1"]).await;
+    let tls = tls_connect(proxy.addr, certs, &[b"http/1.1"]).await;
     let (mut h1, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .unwrap();
@@ -250,7 +260,7 @@ routes:
     let mut buf = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(2), plain.read_to_end(&mut buf)).await;
     assert!(!buf.starts_with(b"HTTP/1.1 200"));
-    let tls = tls_connect(proxy.addr, &certs, &[b"http/1.1"]).await;
+    let tls = tls_connect(proxy.addr, certs, &[b"http/1.1"]).await;
     let (mut h1, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .unwrap();
@@ -404,4 +414,59 @@ async fn plain_http_to_the_tls_port_gets_400() {
     let body: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
     assert_eq!(body["error"], "bad_request");
     assert!(upstream.seen().is_empty());
+}
+
+/// `rediss://` goes over the store's own connection, with joining and leases, and answers as
+/// redis-rs's connection does: the same replay, and checks made at once, decided alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_over_the_own_connection_answers_as_redis_rs_does() {
+    use tollgate::limit::{Algorithm, Bucket, Rate};
+    use tollgate::store::{Connection, MemoryStore, RedisStore, RedisTarget, Store};
+
+    let certs = trusted_certs();
+    let redis = tls_redis(certs);
+    let url = format!("rediss://:s3cret@localhost:{}/0", redis.port);
+    let target = RedisTarget::Single(url);
+    let bucket = |burst: u32| {
+        Algorithm::TokenBucket(
+            Bucket::new(
+                Rate::per_second(10.0).unwrap(),
+                std::num::NonZeroU32::new(burst).unwrap(),
+                std::num::NonZeroU32::new(1).unwrap(),
+            )
+            .unwrap(),
+        )
+    };
+    let t0 = 1_700_000_040_000.0;
+    let times = [t0, t0, t0, t0 + 50.0, t0 + 100.0, t0 + 250.0];
+    let memory = MemoryStore::new(std::num::NonZeroUsize::new(100).unwrap());
+    let mut expected = Vec::new();
+    for t in times {
+        expected.push(memory.check("k", &bucket(2), Some(t)).await.unwrap());
+    }
+    for connection in [Connection::Own, Connection::Library] {
+        let store = RedisStore::connect_over(&target, Duration::from_secs(2), 1, connection)
+            .expect("a rediss:// store");
+        let key = format!("replay:{connection:?}");
+        let mut got = Vec::new();
+        for t in times {
+            got.push(store.check(&key, &bucket(2), Some(t)).await.unwrap());
+        }
+        assert_eq!(got, expected, "{connection:?}");
+        // 40 checks at once on the server's clock, joined on the own connection: exactly the
+        // burst is admitted
+        let store = Arc::new(store);
+        let key = Arc::new(format!("burst:{connection:?}"));
+        let checks: Vec<_> = (0..40)
+            .map(|_| {
+                let (store, key) = (store.clone(), key.clone());
+                tokio::spawn(async move { store.check(&key, &bucket(25), None).await.unwrap() })
+            })
+            .collect();
+        let mut admitted = 0;
+        for c in checks {
+            admitted += usize::from(c.await.unwrap().allowed);
+        }
+        assert_eq!(admitted, 25, "{connection:?}");
+    }
 }

@@ -209,7 +209,10 @@ pub(super) async fn check<'r, B>(
         admitted.show(limit.shadow, limit.shown(alg, decision));
     }
     let owed = wait(proxy, route, &ctx, &admitted, outcome).await;
-    Ok(Checked::Admitted(admitted.shown.map(|(_, shown)| shown), owed))
+    Ok(Checked::Admitted(
+        admitted.shown.map(|(_, shown)| shown),
+        owed,
+    ))
 }
 
 /// What the limits that admitted a request add up to, limit after limit.

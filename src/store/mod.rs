@@ -26,7 +26,7 @@ use crate::limit::{Algorithm, Decision, Millis, Pace};
 pub use memory::MemoryStore;
 pub use pipe::{parse as parse_reply, parse_four as parse_counts};
 pub use policy::{GuardedStore, OnError};
-pub use redis::{RedisStore, RedisTarget};
+pub use redis::{Connection, RedisStore, RedisTarget};
 pub use reply::decode;
 
 /// Marks the calling thread as worker `worker` (`app::workers`): its Redis calls go over the

@@ -1,4 +1,4 @@
-//! The store's own connection to one Redis (plain TCP or a unix socket), built for the hot path.
+//! The store's own connection to one Redis (TCP, TLS or a unix socket), built for the hot path.
 //!
 //! Every check is one `EVALSHA`; thousands run at once from the proxy's tasks. A caller writes
 //! its command (already encoded, see [`super::scripts::Call::encode`]) into a channel and waits
@@ -52,6 +52,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use ::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use rustls_pki_types::ServerName;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
@@ -113,6 +114,8 @@ pub(crate) struct Endpoint {
     pub(crate) db: i64,
     /// bounds connecting, with `AUTH` and `SELECT`
     pub(crate) connect_timeout: Duration,
+    /// over TLS (`rediss://`), with this configuration: a TCP address only
+    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// A TCP address or a unix socket path.
@@ -448,6 +451,7 @@ async fn drive(
                 batch.append(&mut later);
                 match stream {
                     Stream::Tcp(s) => serve(s, &mut calls, &mut batch, &mut alarm, &leases).await,
+                    Stream::Tls(s) => serve(*s, &mut calls, &mut batch, &mut alarm, &leases).await,
                     Stream::Unix(s) => serve(s, &mut calls, &mut batch, &mut alarm, &leases).await,
                 }
             }
@@ -460,6 +464,7 @@ async fn drive(
 
 enum Stream {
     Tcp(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
     Unix(UnixStream),
 }
 
@@ -472,8 +477,21 @@ async fn connect(endpoint: &Endpoint) -> Result<Stream, RedisError> {
             let sock = SockRef::from(&stream);
             sock.set_tcp_keepalive(&keepalive())?;
             sock.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
+            let Some(config) = &endpoint.tls else {
+                handshake(&mut stream, endpoint).await?;
+                return Ok(Stream::Tcp(stream));
+            };
+            let name = ServerName::try_from(host.clone()).map_err(|e| {
+                RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "not a TLS server name",
+                    e.to_string(),
+                ))
+            })?;
+            let connector = tokio_rustls::TlsConnector::from(config.clone());
+            let mut stream = connector.connect(name, stream).await?;
             handshake(&mut stream, endpoint).await?;
-            Ok(Stream::Tcp(stream))
+            Ok(Stream::Tls(Box::new(stream)))
         }
         Addr::Unix(path) => {
             let mut stream = UnixStream::connect(path).await?;

@@ -1,14 +1,15 @@
 //! The Redis store: each check is one `EVALSHA` of the algorithm's script on the key's node.
 //!
 //! Multiplexed connections, so concurrent checks pipeline on them, reconnected after Redis
-//! restarts. On one Redis over TCP or a unix socket they are the store's own ([`super::pipe`]),
-//! made for this one command, one per worker thread; over TLS (`rediss://`) and on a Cluster
-//! it is redis-rs's, one per node shared by every worker (`ConnectionManager`, or the cluster
-//! client's per-node connections). A `NOSCRIPT`
-//! answer (Redis restarted, failed over, or `SCRIPT FLUSH`) sends the call again with the
-//! script's body, once. Every call is bounded by `timeout`; past it the caller gets
-//! [`StoreError::Timeout`] (on the store's own connection, from its driver, which keeps every
-//! call's deadline; on redis-rs's, from a timer of the call's own).
+//! restarts. On one Redis, over TCP, TLS (`rediss://`) or a unix socket, they are the store's
+//! own ([`super::pipe`]), made for this one command, one per worker thread. On a Cluster, and
+//! for `rediss://` with `#insecure`, it is redis-rs's: the cluster client's per-node
+//! connections, or one `ConnectionManager` shared by every worker. The conformance tests run
+//! through both connections to one Redis ([`Connection`]). A `NOSCRIPT` answer (Redis
+//! restarted, failed over, or `SCRIPT FLUSH`) sends the call again with the script's body,
+//! once. Every call is bounded by `timeout`; past it the caller gets [`StoreError::Timeout`].
+//! On the store's own connection it comes from its driver, which keeps every call's deadline;
+//! on redis-rs's, from a timer of the call's own.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,17 @@ pub enum RedisTarget {
     Cluster(Vec<String>),
 }
 
+/// Which connection reaches one Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Connection {
+    /// the store's own ([`super::pipe`]), with joining and leases: what tollgate uses
+    #[default]
+    Own,
+    /// redis-rs's `ConnectionManager`: the library's path, which a Cluster takes too. Tests
+    /// hold the two equal.
+    Library,
+}
+
 /// Limiter state in Redis, shared by every tollgate instance that uses the same Redis.
 pub struct RedisStore {
     conn: Conn,
@@ -63,13 +75,23 @@ enum Client {
 
 impl RedisStore {
     /// Connects lazily: the store is usable at once, and calls fail with a [`StoreError`]
-    /// until Redis answers. `timeout` bounds every call. On one Redis over TCP or a unix
-    /// socket, the store keeps `lanes` connections: one per worker thread (see
-    /// [`super::set_worker`]); over TLS and on a Cluster, redis-rs's one per node.
+    /// until Redis answers. `timeout` bounds every call. On one Redis, the store keeps `lanes`
+    /// connections of its own: one per worker thread (see [`super::set_worker`]). On a
+    /// Cluster, and for `rediss://…#insecure`, it uses redis-rs's, one per node.
     pub fn connect(
         target: &RedisTarget,
         timeout: Duration,
         lanes: usize,
+    ) -> Result<RedisStore, StoreError> {
+        RedisStore::connect_over(target, timeout, lanes, Connection::Own)
+    }
+
+    /// [`RedisStore::connect`], reaching one Redis over `connection`.
+    pub fn connect_over(
+        target: &RedisTarget,
+        timeout: Duration,
+        lanes: usize,
+        connection: Connection,
     ) -> Result<RedisStore, StoreError> {
         // `rediss://` goes through rustls's process-wide provider: make it ring, the only one
         // built in (an error only means a provider was installed already).
@@ -85,11 +107,21 @@ impl RedisStore {
             RedisTarget::Single(url) => {
                 let info = url.as_str().into_connection_info()?;
                 let addr = match info.addr() {
-                    ConnectionAddr::Tcp(host, port) => Some(Addr::Tcp(host.clone(), *port)),
-                    ConnectionAddr::Unix(path) => Some(Addr::Unix(path.clone())),
+                    _ if connection == Connection::Library => None,
+                    ConnectionAddr::Tcp(host, port) => Some((Addr::Tcp(host.clone(), *port), None)),
+                    ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure: false,
+                        tls_params: None,
+                    } => {
+                        let tls = crate::tls::redis_client_config();
+                        Some((Addr::Tcp(host.clone(), *port), Some(tls)))
+                    }
+                    ConnectionAddr::Unix(path) => Some((Addr::Unix(path.clone()), None)),
                     _ => None,
                 };
-                if let Some(addr) = addr {
+                if let Some((addr, tls)) = addr {
                     let settings = info.redis_settings();
                     let endpoint = Endpoint {
                         addr,
@@ -97,6 +129,7 @@ impl RedisStore {
                         password: settings.password().map(str::to_owned),
                         db: settings.db(),
                         connect_timeout,
+                        tls,
                     };
                     Conn::Pipe(Pipe::new(endpoint, lanes))
                 } else {
@@ -217,7 +250,7 @@ impl RedisStore {
     }
 }
 
-/// redis-rs's reconnecting connection to one Redis, for `rediss://`.
+/// redis-rs's reconnecting connection to one Redis: `rediss://…#insecure`, or [`Connection::Library`].
 fn managed(
     info: ::redis::ConnectionInfo,
     connect_timeout: Duration,
