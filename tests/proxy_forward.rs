@@ -1895,3 +1895,10 @@ async fn an_http10_response_without_a_length_says_close() {
         "{sized}"
     );
 }
+
+/// Every test above again, with requests without a body carried by hyper's HTTP/1 client
+/// rather than tollgate's own: the two behave alike.
+#[test]
+fn every_test_again_through_hypers_client() {
+    common::again_through_hypers_client("every_test_again_through_hypers_client");
+}

@@ -27,7 +27,7 @@ use workers::Workers;
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
 use crate::metrics::Metrics;
-use crate::proxy::{Proxy, UpstreamClients};
+use crate::proxy::{Http1Client, Proxy, UpstreamClients};
 use crate::store::Store;
 use crate::tls;
 
@@ -74,6 +74,12 @@ impl Server {
     /// Builds everything from `config` and binds its listeners. Fails when an address cannot
     /// be bound (in use, not local) or the Redis URL is malformed.
     pub async fn bind(config: Config) -> anyhow::Result<Server> {
+        Server::bind_over(config, Http1Client::Own).await
+    }
+
+    /// [`Server::bind`], with `http1` carrying the requests without a body to `http://`
+    /// targets.
+    pub async fn bind_over(config: Config, http1: Http1Client) -> anyhow::Result<Server> {
         let metrics = Metrics::new();
         let workers = config.worker_count();
         let store = build_store(&config.store, workers, &metrics).await?;
@@ -81,6 +87,7 @@ impl Server {
             workers,
             config.timeouts.upstream_connect,
             config.timeouts.idle,
+            http1,
         );
         let tunnels = TaskTracker::new();
         let proxy = build_proxy(

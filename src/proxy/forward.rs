@@ -22,7 +22,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio_util::task::TaskTracker;
 
-use super::pool::{Key, Pool, Pooled, UpstreamError};
+use super::pool::{Http1Client, Key, Pool, Pooled, Resend, UpstreamError};
 use super::upload::{head_in_time, Upload};
 use super::{Body, BoxError, ProxyError};
 
@@ -35,9 +35,14 @@ pub struct UpstreamClients(Arc<[Pool]>);
 impl UpstreamClients {
     /// `workers` clients whose connections time out after `connect` and idle out after
     /// `idle`, over one connector (one TLS configuration, its roots read once).
-    pub fn new(workers: usize, connect: Duration, idle: Duration) -> UpstreamClients {
+    pub fn new(
+        workers: usize,
+        connect: Duration,
+        idle: Duration,
+        http1: Http1Client,
+    ) -> UpstreamClients {
         let connector = crate::tls::upstream_connector(connect);
-        let clients = (0..workers.max(1)).map(|_| Pool::new(connector.clone(), idle));
+        let clients = (0..workers.max(1)).map(|_| Pool::new(connector.clone(), idle, http1));
         UpstreamClients(clients.collect())
     }
 
@@ -386,33 +391,6 @@ struct Again {
     head: Option<Box<Resend>>,
     /// `Host` names the target (not the client's host), so it changes with the target
     host_is_target: bool,
-}
-
-/// The head of a request without a body, to send it again to another target.
-struct Resend {
-    method: http::Method,
-    uri: Uri,
-    headers: HeaderMap,
-}
-
-impl Resend {
-    fn of(req: &Request<Body>) -> Resend {
-        Resend {
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-            headers: req.headers().clone(),
-        }
-    }
-
-    /// The same request, with an empty body.
-    fn request(self: Box<Self>) -> Request<Body> {
-        let mut req = Request::new(http_body_util::Empty::new().map_err(BoxError::from).boxed());
-        *req.method_mut() = self.method;
-        *req.uri_mut() = self.uri;
-        *req.version_mut() = Version::HTTP_11;
-        *req.headers_mut() = self.headers;
-        req
-    }
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to, when its `Connection` header names

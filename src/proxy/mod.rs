@@ -44,6 +44,7 @@ use crate::store::{Store, StoreError};
 use respond::Shown;
 
 pub use forward::{Targets, UpstreamClients};
+pub use pool::Http1Client;
 pub use limits::Limit;
 pub use pacing::Pacer;
 pub use respond::HeaderStyle;

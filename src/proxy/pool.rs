@@ -37,6 +37,48 @@ use tower_service::Service;
 use super::h1;
 use super::{Body, BoxError};
 
+/// Which HTTP/1 client carries a request without a body to an `http://` target. Every other
+/// request goes over hyper's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Http1Client {
+    /// tollgate's own ([`h1`]): the request's task drives the exchange
+    #[default]
+    Own,
+    /// hyper's, as for every other request. The forwarding tests run through both.
+    Library,
+}
+
+/// The head of a request without a body, to send it again: to another target, or on a new
+/// connection.
+pub(super) struct Resend {
+    method: http::Method,
+    uri: Uri,
+    headers: http::HeaderMap,
+}
+
+impl Resend {
+    pub(super) fn of(req: &Request<Body>) -> Resend {
+        Resend {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            headers: req.headers().clone(),
+        }
+    }
+
+    /// The same request, with an empty body.
+    pub(super) fn request(self: Box<Self>) -> Request<Body> {
+        let mut req = Request::new(http_body_util::BodyExt::boxed(http_body_util::BodyExt::map_err(
+            http_body_util::Empty::new(),
+            BoxError::from,
+        )));
+        *req.method_mut() = self.method;
+        *req.uri_mut() = self.uri;
+        *req.version_mut() = http::Version::HTTP_11;
+        *req.headers_mut() = self.headers;
+        req
+    }
+}
+
 /// Idle connections kept per target and worker (as hyper-util's `pool_max_idle_per_host` was).
 const MAX_IDLE: usize = 1024;
 
@@ -89,6 +131,8 @@ type Sender = http1::SendRequest<Body>;
 
 /// One worker's upstream connections.
 pub struct Pool {
+    /// requests without a body to `http://` targets go over the own client
+    own: bool,
     inner: Arc<Inner>,
 }
 
@@ -155,8 +199,10 @@ impl UpstreamError {
 
 impl Pool {
     /// A pool connecting through `connector`; connections idle for longer than `idle` close.
-    pub fn new(connector: HttpsConnector<HttpConnector>, idle: Duration) -> Pool {
+    /// `http1` carries the requests without a body to `http://` targets.
+    pub fn new(connector: HttpsConnector<HttpConnector>, idle: Duration, http1: Http1Client) -> Pool {
         Pool {
+            own: http1 == Http1Client::Own,
             inner: Arc::new(Inner {
                 connector,
                 idle_for: idle,
@@ -179,19 +225,28 @@ impl Pool {
         mut req: Request<Body>,
     ) -> impl Future<Output = Result<Response<Pooled>, UpstreamError>> + Send + 'a {
         async move {
-            if target.scheme == Scheme::HTTP
+            if self.own
+                && target.scheme == Scheme::HTTP
                 && req.body().is_end_stream()
                 && req.method() != Method::CONNECT
                 && !req.headers().contains_key(header::UPGRADE)
             {
                 return self.exchange(target, &req).await;
             }
+            // A request without a body and with an idempotent method goes again, once, on a new
+            // connection when a reused one closes before its response, as on the own client.
+            let mut again = (req.body().is_end_stream() && req.method().is_idempotent())
+                .then(|| Box::new(Resend::of(&req)));
             while let Some(mut sender) = self.checkout(target) {
                 match sender.try_send_request(req).await {
                     Ok(resp) => return self.inner.pooled(resp, target.clone(), sender),
                     Err(mut e) => match e.take_message() {
                         // closed before the request was written: it goes out on the next one
                         Some(unsent) => req = unsent,
+                        None if e.error().is_incomplete_message() && again.is_some() => {
+                            req = again.take().expect("checked just above").request();
+                            break;
+                        }
                         None => return Err(UpstreamError::Http(e.into_error())),
                     },
                 }
@@ -303,7 +358,12 @@ impl Pool {
     /// A new connection to `target`, driven by a task of this worker.
     async fn connect(&self, target: &Key) -> Result<Sender, UpstreamError> {
         let io = self.open(target).await?;
-        let (sender, connection) = http1::handshake(io).await.map_err(UpstreamError::Http)?;
+        // (response heads are bounded as the own client bounds them)
+        let (sender, connection) = http1::Builder::new()
+            .max_buf_size(h1::MAX_HEAD)
+            .handshake(io)
+            .await
+            .map_err(UpstreamError::Http)?;
         tokio::spawn(async move {
             if let Err(e) = connection.with_upgrades().await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");

@@ -427,6 +427,38 @@ impl Upstream {
 }
 
 /// A tollgate running in this process with a config given as text.
+/// The environment variable that makes [`Proxy::start`] carry every request over hyper's HTTP/1
+/// client: set to `library` by [`again_through_hypers_client`].
+pub const HTTP1_CLIENT_VAR: &str = "TOLLGATE_TEST_HTTP1_CLIENT";
+
+/// The HTTP/1 client the proxies of this test process use for requests without a body.
+pub fn http1_client() -> tollgate::proxy::Http1Client {
+    match std::env::var(HTTP1_CLIENT_VAR).as_deref() {
+        Ok("library") => tollgate::proxy::Http1Client::Library,
+        _ => tollgate::proxy::Http1Client::Own,
+    }
+}
+
+/// Runs every other test of this test binary again, in a child process whose proxies carry
+/// every request over hyper's HTTP/1 client, and fails when one of them fails there. `me` is
+/// the name of the test that calls this, which the child skips.
+pub fn again_through_hypers_client(me: &str) {
+    if std::env::var_os(HTTP1_CLIENT_VAR).is_some() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .env(HTTP1_CLIENT_VAR, "library")
+        .args(["--skip", me, "--test-threads", "4"])
+        .output()
+        .expect("the test binary runs again");
+    assert!(
+        out.status.success(),
+        "through hyper's HTTP/1 client:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub struct Proxy {
     pub addr: SocketAddr,
     /// the admin listener, when the config has one
@@ -443,7 +475,7 @@ impl Proxy {
         let mut loaded = tollgate::config::parse(yaml, "test.yaml", &|_| None)
             .unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
         loaded.config.workers = loaded.config.workers.or(std::num::NonZeroUsize::new(2));
-        let server = tollgate::app::Server::bind(loaded.config)
+        let server = tollgate::app::Server::bind_over(loaded.config, http1_client())
             .await
             .expect("bind");
         let addr = server.local_addrs()[0];

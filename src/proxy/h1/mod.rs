@@ -45,7 +45,7 @@ use outbox::Socket;
 
 /// The most bytes a response head may take (nginx's `proxy_buffer_size` is 4 or 8 KiB; hyper's
 /// client allows ~400 KiB). A larger head is an error (502).
-const MAX_HEAD: usize = 64 * 1024;
+pub(crate) const MAX_HEAD: usize = 64 * 1024;
 /// The most header fields in a response head (hyper's default too).
 const MAX_FIELDS: usize = 100;
 /// Size of one socket read.
