@@ -7,10 +7,13 @@
 //! * [`config`]: `proxy.yaml`: raw serde mirror, validation into typed config with positions.
 //! * [`routing`]: the route table: normalised path, host, method, headers to a route.
 //! * [`identity`]: client identity (peer, trusted proxies, X-Forwarded-For) and limiter keys.
-//! * [`proxy`]: the request path as phases: route, identify, limit, pace, forward, respond.
+//! * [`proxy`]: the request path as phases: identify, route, limit, pace, forward, respond.
 //! * [`tls`]: rustls configs: inbound termination (ALPN h2, http/1.1), the upstream connector.
+//! * [`turns`]: the scheduling tricks that exist for throughput, and their one off switch.
 //! * [`metrics`]: one Prometheus registry, a cloneable handle passed down.
 //! * [`admin`]: the admin listener: `/metrics`, `/healthz`, `/readyz`, `/config`.
+//! * `server`: serving connections: accept, TLS, HTTP/1 and HTTP/2, framing checks, deadlines,
+//!   the worker threads.
 //! * [`app`]: the only wiring module: builds stores, routes and listeners from the config; runs.
 
 pub mod admin;
@@ -22,8 +25,10 @@ pub mod limit;
 pub mod metrics;
 pub mod proxy;
 pub mod routing;
+mod server;
 pub mod store;
 pub mod tls;
+pub mod turns;
 
 /// An error and its sources on one line, each once: a source that its error's message already
 /// quotes (thiserror's `{source}`) is not repeated. "upstream api: connect failed: tcp connect

@@ -921,7 +921,9 @@ async fn trailer_sections_are_bounded_as_heads_are() {
 #[tokio::test]
 async fn a_response_with_content_length_and_chunking_is_framed_by_the_chunking() {
     let both = "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
-    let upstream = RawUpstream::scripted(vec![(both, true), (both, true)]).await;
+    // (the POST's connection stays open: closed at once, with the body's byte perhaps still
+    // unread, the upstream's kernel could reset it before the proxy read the answer)
+    let upstream = RawUpstream::scripted(vec![(both, false), (both, true)]).await;
     let proxy = Proxy::start(&config(&[upstream.url()], "workers: 1", "", "")).await;
     for request in [
         &b"POST /v1/both HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx"[..],
@@ -1897,7 +1899,8 @@ async fn an_http10_response_without_a_length_says_close() {
 }
 
 /// Every test above again, with requests without a body carried by hyper's HTTP/1 client
-/// rather than tollgate's own: the two behave alike.
+/// rather than tollgate's own, and the scheduling tricks off: the two clients behave alike,
+/// and the tricks change no answer.
 #[test]
 fn every_test_again_through_hypers_client() {
     common::again_through_hypers_client("every_test_again_through_hypers_client");

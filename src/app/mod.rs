@@ -1,13 +1,11 @@
 //! The only wiring module: builds the store, the routes and the upstream client from a
-//! [`Config`], binds the listeners, serves connections, and drains them on shutdown.
+//! [`Config`], binds the listeners, hands them to the server, and drains on shutdown.
 //!
 //! Entry points follow mini-redis: [`Server::bind`] binds (so tests can bind `127.0.0.1:0` and
 //! read the port), then [`Server::run`] serves until the `shutdown` future completes.
 
 mod build;
 mod reload;
-mod serve;
-mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -21,13 +19,11 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
-use serve::{accept_loop, http_builder, AcceptCtx};
-use workers::Workers;
-
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
 use crate::metrics::Metrics;
-use crate::proxy::{Http1Client, Proxy, UpstreamClients};
+use crate::proxy::{Http1Client, UpstreamClients};
+use crate::server::{accept_loop, http_builder, AcceptCtx, Live, Workers};
 use crate::store::Store;
 use crate::tls;
 
@@ -46,9 +42,8 @@ pub struct Server {
 
 /// What the listeners, the reloader and the admin endpoints share.
 struct Shared {
-    /// The routes, limits and upstreams in force. Swapped whole on reload; each request loads
-    /// it once, so a request in flight finishes under the config it started with.
-    proxy: ArcSwap<Proxy>,
+    /// What connections read: the proxy, the timeouts and the TLS config in force.
+    live: Arc<Live>,
     /// The config in force and the store built from its `store` section: a reload whose
     /// `store` is unchanged keeps the store (and its connections and in-process state).
     /// A std mutex: held only to read or replace, never across an `.await`.
@@ -60,14 +55,8 @@ struct Shared {
     metrics: Metrics,
     /// Set when shutdown starts: `/readyz` then answers 503 so balancers stop sending.
     draining: AtomicBool,
-    /// The `timeouts` in force, read by each new connection (so a reload applies them from
-    /// the next connection on)
-    timeouts: ArcSwap<crate::config::Timeouts>,
     /// Upgraded (WebSocket) tunnels: hyper's graceful shutdown does not see them.
     tunnels: TaskTracker,
-    /// TLS termination for every listener, when `tls` is set: its certificate and key read
-    /// again on each reload (a renewed certificate is served without a restart)
-    tls: Option<ArcSwap<rustls::ServerConfig>>,
 }
 
 impl Server {
@@ -115,14 +104,16 @@ impl Server {
         };
         let workers = Workers::start(workers).context("cannot start the worker threads")?;
         let shared = Arc::new(Shared {
-            proxy: ArcSwap::from_pointee(proxy),
-            timeouts: ArcSwap::from_pointee(config.timeouts),
+            live: Arc::new(Live {
+                proxy: ArcSwap::from_pointee(proxy),
+                timeouts: ArcSwap::from_pointee(config.timeouts),
+                tls,
+            }),
             current: Mutex::new((config, store)),
             clients,
             metrics,
             draining: AtomicBool::new(false),
             tunnels,
-            tls,
         });
         Ok(Server {
             shared,
@@ -168,7 +159,7 @@ impl Server {
         for listener in self.listeners {
             tracing::info!(addr = %listener.local_addr()?, "listening");
             let ctx = AcceptCtx {
-                shared: self.shared.clone(),
+                live: self.shared.live.clone(),
                 http: http.clone(),
             };
             let loop_ = accept_loop(

@@ -64,7 +64,7 @@ impl Reloader {
         let was = &current.0;
         // the same certificate and key files: read again (a renewed certificate, as certbot
         // or cert-manager write it, is served from the next connection on)
-        if let (Some(t), Some(swap)) = (config.tls.as_ref(), self.shared.tls.as_ref()) {
+        if let (Some(t), Some(swap)) = (config.tls.as_ref(), self.shared.live.tls.as_ref()) {
             if was.tls.as_ref() == Some(t) {
                 match crate::tls::server_config(&t.cert, &t.key) {
                     Ok(server) => swap.store(server),
@@ -98,8 +98,8 @@ impl Reloader {
             },
             ..config
         };
-        self.shared.proxy.store(Arc::new(proxy));
-        self.shared.timeouts.store(Arc::new(config.timeouts));
+        self.shared.live.proxy.store(Arc::new(proxy));
+        self.shared.live.timeouts.store(Arc::new(config.timeouts));
         *current = (config, store);
         Ok(())
     }

@@ -44,9 +44,9 @@ use crate::store::{Store, StoreError};
 use respond::Shown;
 
 pub use forward::{Targets, UpstreamClients};
-pub use pool::Http1Client;
 pub use limits::Limit;
 pub use pacing::Pacer;
+pub use pool::Http1Client;
 pub use respond::HeaderStyle;
 
 /// Boxed error of a streamed body.

@@ -67,10 +67,9 @@ impl Resend {
 
     /// The same request, with an empty body.
     pub(super) fn request(self: Box<Self>) -> Request<Body> {
-        let mut req = Request::new(http_body_util::BodyExt::boxed(http_body_util::BodyExt::map_err(
-            http_body_util::Empty::new(),
-            BoxError::from,
-        )));
+        let mut req = Request::new(http_body_util::BodyExt::boxed(
+            http_body_util::BodyExt::map_err(http_body_util::Empty::new(), BoxError::from),
+        ));
         *req.method_mut() = self.method;
         *req.uri_mut() = self.uri;
         *req.version_mut() = http::Version::HTTP_11;
@@ -200,7 +199,11 @@ impl UpstreamError {
 impl Pool {
     /// A pool connecting through `connector`; connections idle for longer than `idle` close.
     /// `http1` carries the requests without a body to `http://` targets.
-    pub fn new(connector: HttpsConnector<HttpConnector>, idle: Duration, http1: Http1Client) -> Pool {
+    pub fn new(
+        connector: HttpsConnector<HttpConnector>,
+        idle: Duration,
+        http1: Http1Client,
+    ) -> Pool {
         Pool {
             own: http1 == Http1Client::Own,
             inner: Arc::new(Inner {

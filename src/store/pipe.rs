@@ -583,7 +583,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             && (!batch.is_empty() || leases.with(|l| l.returning()))
             && (waiting.is_empty() || overdue)
         {
-            if busy {
+            if busy && crate::turns::on() {
                 for _ in 0..GATHER_TURNS {
                     tokio::task::yield_now().await;
                 }

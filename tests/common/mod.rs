@@ -440,14 +440,16 @@ pub fn http1_client() -> tollgate::proxy::Http1Client {
 }
 
 /// Runs every other test of this test binary again, in a child process whose proxies carry
-/// every request over hyper's HTTP/1 client, and fails when one of them fails there. `me` is
-/// the name of the test that calls this, which the child skips.
+/// every request over hyper's HTTP/1 client, with the scheduling tricks off
+/// ([`tollgate::turns`]), and fails when one of them fails there. `me` is the name of the test
+/// that calls this, which the child skips.
 pub fn again_through_hypers_client(me: &str) {
     if std::env::var_os(HTTP1_CLIENT_VAR).is_some() {
         return;
     }
     let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
         .env(HTTP1_CLIENT_VAR, "library")
+        .env(tollgate::turns::SWITCH, "off")
         .args(["--skip", me, "--test-threads", "4"])
         .output()
         .expect("the test binary runs again");

@@ -183,7 +183,7 @@ impl Conn {
         // Under load (other exchanges of this thread waiting for their upstreams), the head is
         // written behind, with those of the other requests the runtime has ready (`outbox`);
         // alone, at once.
-        let behind = Waiting::others() && outbox::post(&self.sock);
+        let behind = Waiting::others() && crate::turns::on() && outbox::post(&self.sock);
         if !behind {
             if let Err(e) = self.sock.write_head().await {
                 let cause = Some(e);

@@ -3,7 +3,7 @@
 //!
 //! Woken by the first head of a scheduler pass, that task yields once before it writes: it runs
 //! after the runtime has polled its I/O again and run what that woke, and after the responses
-//! of the pass, which wait for the same turn (`src/app/serve/pass.rs`). So the heads of
+//! of the pass, which wait for the same turn (`src/server/pass.rs`). So the heads of
 //! that pass and of the next go out together, after the responses. An upstream worker asleep
 //! in `epoll_wait` is then woken once for them, where one write after another, each while it
 //! had just gone back to sleep, could wake it for each; on a virtual machine a wake-up is the
@@ -284,7 +284,7 @@ mod tests {
     }
 
     /// The writing task yields once before it writes, so the responses of the pass (which
-    /// wait for one turn of their own, `app/serve/pass.rs`) go out first: after one turn of
+    /// wait for one turn of their own, `server/pass.rs`) go out first: after one turn of
     /// the task that left the heads nothing is written, after the writing task's turn all is.
     #[tokio::test]
     async fn heads_go_out_after_the_turn_the_responses_wait_for() {

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 const STOP_BLOCKING: Duration = Duration::from_millis(500);
 
 /// The worker threads of one server.
-pub(super) struct Workers {
+pub(crate) struct Workers {
     /// workers 1.. (worker 0 is the server's own runtime)
     others: Vec<Handle>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -37,7 +37,7 @@ pub(super) struct Workers {
 
 impl Workers {
     /// `count` workers in all: the calling runtime and `count - 1` new threads.
-    pub(super) fn start(count: usize) -> std::io::Result<Workers> {
+    pub(crate) fn start(count: usize) -> std::io::Result<Workers> {
         let (stop, stopped) = watch::channel(false);
         let mut others = Vec::new();
         let mut threads = Vec::new();
@@ -85,13 +85,13 @@ impl Workers {
     }
 
     /// How many workers there are (worker 0 included).
-    pub(super) fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.others.len() + 1
     }
 
     /// Runs `serve` for an accepted connection on the next worker in turn, with that worker's
     /// number. Called on worker 0, where the stream was accepted.
-    pub(super) fn spawn<F, Fut>(&self, stream: TcpStream, serve: F)
+    pub(crate) fn spawn<F, Fut>(&self, stream: TcpStream, serve: F)
     where
         F: FnOnce(TcpStream, usize) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -118,7 +118,7 @@ impl Workers {
     }
 
     /// Stops the worker threads, cancelling what is still running on them, and waits for them.
-    pub(super) async fn stop(&self) {
+    pub(crate) async fn stop(&self) {
         let _ = self.stop.send(true);
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         let _ = tokio::task::spawn_blocking(move || {

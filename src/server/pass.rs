@@ -51,7 +51,7 @@ impl Drop for Handling {
 pub(super) async fn end_of_pass(handling: Handling) {
     let others = handling.others();
     drop(handling);
-    if others > 0 {
+    if others > 0 && crate::turns::on() {
         tokio::task::yield_now().await;
     }
 }

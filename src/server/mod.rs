@@ -18,6 +18,9 @@ mod framing;
 mod gate;
 mod idle;
 mod pass;
+mod workers;
+
+pub(crate) use workers::Workers;
 
 use std::cell::RefCell;
 use std::convert::Infallible;
@@ -27,7 +30,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::Guard;
+use arc_swap::{ArcSwap, Guard};
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -40,9 +43,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use self::idle::{Activity, Deadlines, Expired, Guarded, InFlight, Tracked};
-use super::workers::Workers;
-use super::Shared;
-use crate::config::Config;
+use crate::config::{Config, Timeouts};
 use crate::proxy::{Conn, Proxy};
 
 /// The largest request head (request line and headers) an HTTP/1 connection buffers; larger
@@ -54,16 +55,29 @@ use crate::proxy::{Conn, Proxy};
 /// hyper-util's auto builder has only the first.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 
+/// What connections read of the server in force. A reload swaps each part; a new connection
+/// reads the timeouts and the TLS config, and each request reads the proxy.
+pub(crate) struct Live {
+    /// The routes, limits and upstreams in force. Swapped whole on reload; each request loads
+    /// it once, so a request in flight finishes under the config it started with.
+    pub(crate) proxy: ArcSwap<Proxy>,
+    /// The `timeouts` in force: a reload applies them from the next connection on.
+    pub(crate) timeouts: ArcSwap<Timeouts>,
+    /// TLS termination for every listener, when `tls` is set: its certificate and key read
+    /// again on each reload, so a renewed certificate is served without a restart.
+    pub(crate) tls: Option<ArcSwap<rustls::ServerConfig>>,
+}
+
 /// What every connection of one listener needs.
-pub(super) struct AcceptCtx {
-    pub(super) shared: Arc<Shared>,
-    pub(super) http: Arc<Http>,
+pub(crate) struct AcceptCtx {
+    pub(crate) live: Arc<Live>,
+    pub(crate) http: Arc<Http>,
 }
 
 /// Accepts until `stop` changes. The graceful-shutdown handle stays in this loop (connection
 /// tasks hold only a `Watcher` each, which is what its `shutdown` waits for), so the caller can
 /// take it back once every loop ended.
-pub(super) async fn accept_loop(
+pub(crate) async fn accept_loop(
     listener: TcpListener,
     ctx: AcceptCtx,
     graceful: Arc<GracefulShutdown>,
@@ -86,7 +100,7 @@ pub(super) async fn accept_loop(
         };
         let _ = stream.set_nodelay(true);
         // the deadlines in force when the connection came (a reload applies from the next)
-        let timeouts = **ctx.shared.timeouts.load();
+        let timeouts = **ctx.live.timeouts.load();
         let deadlines = Deadlines {
             client_header: timeouts.client_header,
             idle: timeouts.idle,
@@ -98,9 +112,9 @@ pub(super) async fn accept_loop(
         // the handshake runs in the connection's task, so a slow client never holds up accept
         workers.spawn(stream, move |stream, worker| async move {
             let _counted_until_closed = watcher;
-            let conn = Conn::new(peer, ctx.shared.tls.is_some(), worker);
+            let conn = Conn::new(peer, ctx.live.tls.is_some(), worker);
             let accepted = Instant::now();
-            match &ctx.shared.tls {
+            match &ctx.live.tls {
                 None => {
                     // the first bytes are owed within client_header, as the rest of the head
                     let mut waiting = stop.clone();
@@ -226,7 +240,7 @@ async fn serve<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Activity::new(deadlines, began);
-    let shared = ctx.shared.clone();
+    let live = ctx.live.clone();
     let requests = activity.clone();
     // The proxy in force is looked up per request, so a reload applies to the next request of
     // a kept-alive connection. The connection holds it in a handle of its own, and a request
@@ -236,13 +250,13 @@ async fn serve<I>(
     // connection keeps the proxy of its last request until its next one or its close (within
     // `timeouts.idle`): an older config's routes, not its pools, store or tunnels, which every
     // config shares.
-    let held = RefCell::new(Arc::new(shared.proxy.load_full()));
+    let held = RefCell::new(Arc::new(live.proxy.load_full()));
     let service_conn = conn.clone();
     let service = service_fn(move |req| {
         let in_flight = InFlight::start(&requests, req.version());
         let proxy: Arc<Arc<Proxy>> = {
             let mut held = held.borrow_mut();
-            let current = shared.proxy.load();
+            let current = live.proxy.load();
             if !Arc::ptr_eq(&**held, &*current) {
                 *held = Arc::new(Guard::into_inner(current));
             }
@@ -419,13 +433,13 @@ enum Side {
 /// concurrent streams and 20 streams reset before being accepted (the rapid-reset defence,
 /// answered with GOAWAY). A head may be 64 KiB in either protocol (HTTP/2's default header list
 /// is 16 KiB: a request served over HTTP/1.1 would have got 431 over h2, which browsers pick).
-pub(super) struct Http {
+pub(crate) struct Http {
     h1: http1::Builder,
     h2: http2::Builder<TokioExecutor>,
     auto: auto::Builder<TokioExecutor>,
 }
 
-pub(super) fn http_builder(_config: &Config) -> Http {
+pub(crate) fn http_builder(_config: &Config) -> Http {
     let mut h1 = http1::Builder::new();
     h1.timer(TokioTimer::new())
         .header_read_timeout(None)
