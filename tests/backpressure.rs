@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{get, Proxy, Redis, Upstream};
+use common::{get, Proxy, Redis, Upstream, Yaml};
 
 /// Instance A gets a 503 with Retry-After: 1; a request through instance B then reaches the
 /// upstream no earlier than a second later (or is refused at once when that is past max_delay).
@@ -14,20 +14,11 @@ async fn retry_after_from_the_upstream_holds_every_instance() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
     let yaml = |max_delay: &str| {
-        format!(
-            r#"listen: 127.0.0.1:0
-store: {{backend: redis, url: "{}", timeout: 500ms}}
-upstreams:
-  api:
-    targets: [{}]
-    pace: {{rate: 50/s, max_delay: {max_delay}}}
-routes:
-  - name: api
-    upstream: api
-"#,
-            redis.url(),
-            upstream.url()
-        )
+        Yaml::to(&[upstream.url()])
+            .redis(&redis, "timeout: 500ms")
+            .upstream(&format!("pace: {{rate: 50/s, max_delay: {max_delay}}}"))
+            .route("api", "/", "")
+            .build()
     };
     let a = Proxy::start(&yaml("3s")).await;
     let b = Proxy::start(&yaml("3s")).await;
@@ -116,19 +107,11 @@ async fn busy_upstream() -> (
 async fn requests_sleeping_when_the_upstream_backs_off_are_held_too() {
     let redis = Redis::start();
     let (upstream, seen) = busy_upstream().await;
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-store: {{backend: redis, url: "{}", timeout: 500ms}}
-upstreams:
-  api:
-    targets: [{upstream}]
-    pace: {{rate: 2/s, max_delay: 10s}}
-routes:
-  - name: api
-    upstream: api
-"#,
-        redis.url()
-    );
+    let yaml = Yaml::to(&[upstream])
+        .redis(&redis, "timeout: 500ms")
+        .upstream("pace: {rate: 2/s, max_delay: 10s}")
+        .route("api", "/", "")
+        .build();
     let proxy = Proxy::start(&yaml).await;
     let busy_url = proxy.url("/busy");
     let busy = tokio::spawn(async move { get(&busy_url, &[]).await.status });

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{get, Proxy, Redis};
+use common::{get, Proxy, Redis, Yaml};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -42,37 +42,22 @@ const RECOVERY: Duration = Duration::from_secs(5);
 /// (so that every request is admitted while Redis decides); the store on `redis` with
 /// `on_error`, or the memory store when `redis` is `None`.
 fn config(redis: Option<&Redis>, targets: &[String], on_error: &str) -> String {
-    let store = match redis {
-        Some(r) => format!(
-            "store: {{backend: redis, url: \"{}\", key_prefix: tf, timeout: {}ms, on_error: {on_error}}}",
-            r.url(),
-            STORE_TIMEOUT.as_millis()
-        ),
-        None => String::new(),
-    };
-    format!(
-        r#"
-listen: 127.0.0.1:0
-admin: {{listen: 127.0.0.1:0}}
-{store}
-timeouts: {{upstream_connect: 1s, upstream_response: 5s}}
-upstreams:
-  api:
-    targets: [{targets}]
-    pace: {{rate: 5000/s, max_delay: 1s}}
-routes:
-  - name: api
-    match: {{path_prefix: /}}
-    upstream: api
-    limits:
-      - name: per-key
-        algorithm: token_bucket
-        key: header:x-api-key
-        rate: 1000/s
-        burst: 1000
-"#,
-        targets = targets.join(", ")
-    )
+    let mut yaml = Yaml::to(targets)
+        .top("admin: {listen: 127.0.0.1:0}")
+        .top("timeouts: {upstream_connect: 1s, upstream_response: 5s}")
+        .upstream("pace: {rate: 5000/s, max_delay: 1s}")
+        .route(
+            "api",
+            "/",
+            "limits: [{name: per-key, algorithm: token_bucket, key: header:x-api-key, \
+             rate: 1000/s, burst: 1000}]",
+        );
+    if let Some(redis) = redis {
+        let timeout = STORE_TIMEOUT.as_millis();
+        let store = format!("key_prefix: tf\ntimeout: {timeout}ms\non_error: {on_error}");
+        yaml = yaml.redis(redis, &store);
+    }
+    yaml.build()
 }
 
 /// One answered (or failed: status 0) request of the load.

@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use common::raw::{error_code, exchange, one, parse_response, RawConn};
-use common::{clear_of_hour_end, get, Proxy, Redis, Upstream};
+use common::{clear_of_hour_end, get, Proxy, Redis, Upstream, Yaml};
 
 // ---------------------------------------------------------------------------------------------
 // helpers
@@ -28,23 +28,11 @@ use common::{clear_of_hour_end, get, Proxy, Redis, Upstream};
 /// A proxy with one upstream `api` and two routes: `api` on `/v1` (forwarded as is) and `strip`
 /// on `/s` (forwarded without `/s`, to reach the harness upstream's `/slow/MS` and `/echo`).
 fn config(upstream: &str, top: &str) -> String {
-    format!(
-        r#"
-listen: 127.0.0.1:0
-{top}
-upstreams:
-  api:
-    targets: [{upstream}]
-routes:
-  - name: api
-    match: {{path_prefix: /v1}}
-    upstream: api
-  - name: strip
-    match: {{path_prefix: /s}}
-    upstream: api
-    strip_prefix: true
-"#
-    )
+    Yaml::to(&[upstream])
+        .top(top)
+        .route("api", "/v1", "")
+        .route("strip", "/s", "strip_prefix: true")
+        .build()
 }
 
 /// A healthy client on a fresh connection is served: 200 and the upstream's body.

@@ -10,31 +10,20 @@ mod common;
 
 use common::lenient::lenient_reading;
 use common::raw::{error_code, one, RawResponse};
-use common::{Proxy, Upstream};
+use common::{Proxy, Upstream, Yaml};
 
 /// Route `api` on `/api` (1 request a minute, forwarded without `/api` when `strip` is true)
 /// above route `rest` on `/` without limits, both to `upstream`, with `paths` at the top.
 fn config(upstream: &Upstream, paths: &str, strip: bool) -> String {
-    format!(
-        r#"
-listen: 127.0.0.1:0
-{paths}
-upstreams:
-  app:
-    targets: [{}]
-routes:
-  - name: api
-    match: {{path_prefix: /api}}
-    strip_prefix: {strip}
-    upstream: app
-    limits:
-      - {{name: per-client, algorithm: token_bucket, rate: 1/m, burst: 1}}
-  - name: rest
-    match: {{path_prefix: /}}
-    upstream: app
-"#,
-        upstream.url()
-    )
+    let api = format!(
+        "strip_prefix: {strip}\n\
+         limits: [{{name: per-client, algorithm: token_bucket, rate: 1/m, burst: 1}}]"
+    );
+    Yaml::to(&[upstream.url()])
+        .top(paths)
+        .route("api", "/api", &api)
+        .route("rest", "/", "")
+        .build()
 }
 
 /// How a lenient upstream reads a request target's path: its query and an absolute form's

@@ -4,27 +4,18 @@ mod common;
 
 use std::time::Duration;
 
-use common::{clear_of_hour_end, get, Proxy, Redis, Upstream};
+use common::{clear_of_hour_end, get, Proxy, Redis, Upstream, Yaml};
 
+/// Route `api` with limit `tight` (2 an hour), and `limit_extra`: more of its keys, or more
+/// limits after it, as YAML under the route's `limits` list item.
 fn config(redis: &Redis, upstream: &Upstream, limit_extra: &str) -> String {
-    format!(
-        r#"listen: 127.0.0.1:0
-store: {{backend: redis, url: "{}", timeout: 500ms}}
-upstreams:
-  api:
-    targets: [{}]
-routes:
-  - name: api
-    upstream: api
-    limits:
-      - name: tight
-        algorithm: fixed_window
-        limit: 2
-        window: 1h
-{limit_extra}"#,
-        redis.url(),
-        upstream.url()
-    )
+    let limits = format!(
+        "limits:\n  - name: tight\n    algorithm: fixed_window\n    limit: 2\n    window: 1h\n{limit_extra}"
+    );
+    Yaml::to(&[upstream.url()])
+        .redis(redis, "timeout: 500ms")
+        .route("api", "/", &limits)
+        .build()
 }
 
 /// A shadow limit counts (its key fills up in Redis) but never denies.
@@ -32,7 +23,7 @@ routes:
 async fn shadow_limit_counts_but_never_denies() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
-    let proxy = Proxy::start(&config(&redis, &upstream, "        mode: shadow\n")).await;
+    let proxy = Proxy::start(&config(&redis, &upstream, "    mode: shadow\n")).await;
     // (the hourly window must not end under the count)
     clear_of_hour_end(Duration::from_secs(5)).await;
     // the limit's figures on every response, also once the shadow limit would deny
@@ -64,11 +55,11 @@ async fn shadow_limit_counts_but_never_denies() {
 async fn the_headers_show_the_enforced_limit_beside_a_shadow_one() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
-    let enforced = "        mode: shadow
-      - name: roomy
-        algorithm: token_bucket
-        rate: 1/h
-        burst: 50
+    let enforced = "    mode: shadow
+  - name: roomy
+    algorithm: token_bucket
+    rate: 1/h
+    burst: 50
 ";
     let proxy = Proxy::start(&config(&redis, &upstream, enforced)).await;
     for left in 0..4 {
@@ -91,7 +82,7 @@ async fn the_headers_show_the_enforced_limit_beside_a_shadow_one() {
 async fn exempt_networks_skip_the_limit() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
-    let exempt = config(&redis, &upstream, "        exempt: [127.0.0.0/8]\n");
+    let exempt = config(&redis, &upstream, "    exempt: [127.0.0.0/8]\n");
     let proxy = Proxy::start(&exempt).await;
     for _ in 0..4 {
         let a = get(&proxy.url("/"), &[]).await;
@@ -106,7 +97,7 @@ async fn exempt_networks_skip_the_limit() {
         "0",
         "no key written for an exempt client"
     );
-    let other = config(&redis, &upstream, "        exempt: [10.0.0.0/8]\n");
+    let other = config(&redis, &upstream, "    exempt: [10.0.0.0/8]\n");
     let proxy = Proxy::start(&other).await;
     clear_of_hour_end(Duration::from_secs(5)).await;
     let mut got = Vec::new();

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{get, Answer, Proxy, Redis, Upstream};
+use common::{get, Answer, Proxy, Redis, Upstream, Yaml};
 use tollgate::store::policy::{COOL_DOWN, TRIP_AFTER};
 
 /// The tests measure latencies and flood the proxy: run them one at a time, so that a noisy
@@ -25,32 +25,14 @@ const RECOVERY: Duration = Duration::from_secs(10);
 
 /// A proxy config: one route `/v1` with a token bucket `per-client` keyed by client ip.
 fn config(redis: &Redis, upstream: &Upstream, store: &str, rate: &str, burst: u32) -> String {
-    format!(
-        r#"
-listen: 127.0.0.1:0
-trusted_proxies: [127.0.0.1/32]
-store:
-  backend: redis
-  url: {redis}
-  key_prefix: tg
-{store}
-upstreams:
-  api:
-    targets: [{upstream}]
-routes:
-  - name: api
-    match: {{path_prefix: /v1}}
-    upstream: api
-    limits:
-      - name: per-client
-        algorithm: token_bucket
-        key: ip
-        rate: {rate}
-        burst: {burst}
-"#,
-        redis = redis.url(),
-        upstream = upstream.url(),
-    )
+    let limit = format!(
+        "limits: [{{name: per-client, algorithm: token_bucket, key: ip, rate: {rate}, burst: {burst}}}]"
+    );
+    Yaml::to(&[upstream.url()])
+        .top("trusted_proxies: [127.0.0.1/32]")
+        .redis(redis, &format!("key_prefix: tg\n{store}"))
+        .route("api", "/v1", &limit)
+        .build()
 }
 
 /// The Redis key of `client`'s bucket.

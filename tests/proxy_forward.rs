@@ -20,36 +20,25 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use common::{clear_of_hour_end, get, http_client, send, Answer, Proxy, Upstream};
+use common::{clear_of_hour_end, get, http_client, send, Answer, Proxy, Upstream, Yaml};
 
 /// The body type of the harness's client (`common::send`).
 type TestBody =
     http_body_util::combinators::BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// A proxy config with one upstream `api` over `targets` and one route `api` on `/v1`.
-/// `top` is added at the top level, `upstream` and `route` inside those entries (indented 4).
+/// `top` is added at the top level, `upstream` and `route` as keys of those entries.
 fn config(targets: &[String], top: &str, upstream: &str, route: &str) -> String {
-    format!(
-        r#"
-listen: 127.0.0.1:0
-{top}
-upstreams:
-  api:
-    targets: [{targets}]
-{upstream}
-routes:
-  - name: api
-    match: {{path_prefix: /v1}}
-    upstream: api
-{route}
-"#,
-        targets = targets.join(", "),
-    )
+    Yaml::to(targets)
+        .top(top)
+        .upstream(upstream)
+        .route("api", "/v1", route)
+        .build()
 }
 
 /// Route option for tests that use the harness upstream's `/slow`, `/echo` and `/bytes`, which
 /// it serves at its root: `/v1/echo` is forwarded as `/echo`.
-const STRIP: &str = "    strip_prefix: true";
+const STRIP: &str = "strip_prefix: true";
 
 fn empty() -> TestBody {
     full("")
@@ -313,7 +302,7 @@ async fn dot_segments_cannot_borrow_another_route() {
 #[tokio::test]
 async fn strip_prefix_forwards_the_rest_of_the_path() {
     let upstream = Upstream::start().await;
-    let yaml = config(&[upstream.url()], "", "", "    strip_prefix: true");
+    let yaml = config(&[upstream.url()], "", "", "strip_prefix: true");
     let proxy = Proxy::start(&yaml).await;
     let cases = [
         ("/v1/x?q=1", "/x?q=1"),
@@ -451,7 +440,7 @@ async fn adds_x_forwarded_headers_and_preserves_host() {
 #[tokio::test]
 async fn preserve_host_false_sends_the_target_authority() {
     let upstream = Upstream::start().await;
-    let yaml = config(&[upstream.url()], "", "    preserve_host: false", "");
+    let yaml = config(&[upstream.url()], "", "preserve_host: false", "");
     let proxy = Proxy::start(&yaml).await;
     let a = get(&proxy.url("/v1/x"), &[("host", "api.example.com")]).await;
     assert_eq!(a.status, 200, "{a:?}");

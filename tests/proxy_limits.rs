@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{clear_of_hour_end, get, hour_left_ms, Proxy, Redis, Upstream};
+use common::{clear_of_hour_end, get, hour_left_ms, Proxy, Redis, Upstream, Yaml};
 
 /// The statuses of `n` sequential GETs of `path` with `headers`.
 async fn statuses(proxy: &Proxy, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
@@ -15,36 +15,26 @@ async fn statuses(proxy: &Proxy, path: &str, headers: &[(&str, &str)], n: usize)
     out
 }
 
+/// One route, `/v1` to `upstream` under `limits`, with the store in `redis`.
 fn config(redis: &Redis, upstream: &Upstream, limits: &str) -> String {
-    let store = format!(
-        "store:\n  backend: redis\n  url: {}\n  timeout: 500ms\n",
-        redis.url()
-    );
-    route_config(&store, upstream, limits)
+    route(upstream, limits)
+        .redis(redis, "timeout: 500ms")
+        .build()
 }
 
 /// The route of `config` with the memory store instead of Redis.
 fn memory_config(upstream: &Upstream, limits: &str) -> String {
-    route_config("", upstream, limits)
+    route(upstream, limits).build()
 }
 
-/// One route, /v1 to `upstream` under `limits`, with `store` (a YAML section, or none).
-fn route_config(store: &str, upstream: &Upstream, limits: &str) -> String {
-    format!(
-        r#"
-listen: 127.0.0.1:0
-{store}upstreams:
-  api:
-    targets: [{upstream}]
-routes:
-  - name: api
-    match: {{path_prefix: /v1}}
-    upstream: api
-    limits:
-{limits}
-"#,
-        upstream = upstream.url(),
-    )
+/// One route, `/v1` to `upstream` under `limits`: list items written as they stand in the
+/// file, six spaces in.
+fn route(upstream: &Upstream, limits: &str) -> Yaml {
+    let items: String = limits
+        .lines()
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    Yaml::to(&[upstream.url()]).route("api", "/v1", &format!("limits:\n{items}"))
 }
 
 const BUCKET: &str = "      - name: per-client
@@ -640,7 +630,7 @@ async fn a_body_too_large_is_refused_before_the_limits_count_it() {
         algorithm: token_bucket
         rate: 1/h
         burst: 1";
-    let proxy = Proxy::start(&route_config("max_body_size: 10\n", &upstream, limits)).await;
+    let proxy = Proxy::start(&route(&upstream, limits).top("max_body_size: 10").build()).await;
     for _ in 0..3 {
         let req = http::Request::post(proxy.url("/v1"))
             .body(

@@ -7,28 +7,20 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{get, Proxy, Redis, Upstream};
+use common::{get, Proxy, Redis, Upstream, Yaml};
 
+/// Upstream `api` at `upstream`, paced by `pace` in Redis, behind one route for every path.
 fn config(redis: &Redis, upstream: &Upstream, pace: &str) -> String {
-    format!(
-        r#"
-listen: 127.0.0.1:0
-store:
-  backend: redis
-  url: {redis}
-  timeout: 500ms
-upstreams:
-  api:
-    targets: [{upstream}]
-    pace:
-{pace}
-routes:
-  - name: api
-    upstream: api
-"#,
-        redis = redis.url(),
-        upstream = upstream.url(),
-    )
+    Yaml::to(&[upstream.url()])
+        .redis(redis, "timeout: 500ms")
+        .upstream(&format!("pace:\n{}", indent(pace)))
+        .route("api", "/", "")
+        .build()
+}
+
+/// `pace`'s keys, given one per line, under `pace:`.
+fn indent(pace: &str) -> String {
+    pace.lines().map(|l| format!("  {}\n", l.trim())).collect()
 }
 
 /// `n` concurrent GETs of `path` spread over `proxies`; their statuses and how long each took.
@@ -420,9 +412,15 @@ async fn a_request_not_sent_for_its_pacing_gives_back_its_limits() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
     for max_delay in ["10s", "0s"] {
-        let pace = format!("      rate: 1/s\n      max_delay: {max_delay}");
-        let yaml = config(&redis, &upstream, &pace)
-            + "    limits:\n      - name: two\n        algorithm: token_bucket\n        rate: 1/h\n        burst: 2\n";
+        let yaml = Yaml::to(&[upstream.url()])
+            .redis(&redis, "timeout: 500ms")
+            .upstream(&format!("pace: {{rate: 1/s, max_delay: {max_delay}}}"))
+            .route(
+                "api",
+                "/",
+                "limits: [{name: two, algorithm: token_bucket, rate: 1/h, burst: 2}]",
+            )
+            .build();
         let proxy = Proxy::start(&yaml).await;
         assert_eq!(get(&proxy.url("/first"), &[]).await.status, 200);
         let url = proxy.url("/gone");
@@ -446,4 +444,25 @@ async fn a_request_not_sent_for_its_pacing_gives_back_its_limits() {
         drop(proxy);
         redis.cli(&["flushall"]);
     }
+}
+
+/// The YAML builder every test file uses puts each part where it belongs.
+#[test]
+fn the_yaml_builder_indents_parts_to_their_place() {
+    let yaml = Yaml::to(&["http://127.0.0.1:1"])
+        .top("workers: 1")
+        .upstream("pace: {rate: 10/s}")
+        .route(
+            "api",
+            "/v1",
+            "limits:\n  - {name: l, algorithm: token_bucket, rate: 1/s, burst: 1}",
+        )
+        .build();
+    assert_eq!(
+        yaml,
+        "listen: 127.0.0.1:0\nworkers: 1\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\n    \
+         pace: {rate: 10/s}\nroutes:\n  - name: api\n    match: {path_prefix: /v1}\n    \
+         upstream: api\n    limits:\n      - {name: l, algorithm: token_bucket, rate: 1/s, burst: 1}\n"
+    );
+    tollgate::config::parse(&yaml, "test.yaml", &|_| None).expect("a valid file");
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{eventually, get, Proxy, Upstream};
+use common::{eventually, get, Proxy, Upstream, Yaml};
 
 /// Threads of this process named as tollgate's worker threads (`tollgate-w<k>`).
 fn worker_threads() -> usize {
@@ -29,19 +29,10 @@ async fn threads_within(expected: usize, limit: Duration) -> usize {
 #[tokio::test]
 async fn every_worker_serves_and_drains_and_stops_with_the_server() {
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-workers: 3
-timeouts: {{shutdown: 5s}}
-upstreams:
-  api:
-    targets: [{u}]
-routes:
-  - name: all
-    upstream: api
-"#,
-        u = upstream.url()
-    );
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("workers: 3\ntimeouts: {shutdown: 5s}")
+        .route("all", "/", "")
+        .build();
     assert_eq!(worker_threads(), 0);
     let proxy = Proxy::start(&yaml).await;
     // (a thread takes its name once it runs)

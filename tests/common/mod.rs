@@ -5,6 +5,10 @@
 
 pub mod lenient;
 pub mod raw;
+pub mod yaml;
+
+#[allow(unused_imports)] // (not every test binary writes a config)
+pub use yaml::Yaml;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
