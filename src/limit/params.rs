@@ -132,6 +132,40 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// One instance's share of a limit: rates divided by `n`, sizes divided by `n` rounded up (at
+    /// least 1), so that `n` instances deciding alone together stay near the limit.
+    pub fn share(&self, n: NonZeroU32) -> Algorithm {
+        if n.get() == 1 {
+            return *self;
+        }
+        let nf = f64::from(n.get());
+        let rate = |r: Rate| Rate::per_second(r.per_sec() / nf).unwrap_or(r);
+        let part32 =
+            |v: NonZeroU32| NonZeroU32::new(v.get().div_ceil(n.get())).unwrap_or(NonZeroU32::MIN);
+        let window = |w: &Window| Window {
+            limit: NonZeroU64::new(w.limit.get().div_ceil(u64::from(n.get())))
+                .unwrap_or(NonZeroU64::MIN),
+            window_ms: w.window_ms,
+        };
+        match self {
+            Algorithm::TokenBucket(b) => {
+                let burst = part32(b.burst).max(b.cost);
+                Algorithm::TokenBucket(Bucket {
+                    rate: rate(b.rate),
+                    burst,
+                    cost: b.cost,
+                })
+            }
+            Algorithm::LeakyBucket(p) => Algorithm::LeakyBucket(Pace {
+                rate: rate(p.rate),
+                max_delay_ms: p.max_delay_ms,
+            }),
+            Algorithm::FixedWindow(w) => Algorithm::FixedWindow(window(w)),
+            Algorithm::SlidingWindow(w) => Algorithm::SlidingWindow(window(w)),
+            Algorithm::SlidingWindowCounter(w) => Algorithm::SlidingWindowCounter(window(w)),
+        }
+    }
+
     /// The name used in `proxy.yaml` and for the script file (`lua/<name>.lua`).
     pub fn name(&self) -> &'static str {
         match self {

@@ -72,7 +72,7 @@ impl Limit {
         // stated is that share, the one enforced)
         let (quota, window_secs) = match decision.share {
             None => figures(alg),
-            Some(n) => figures(&crate::store::policy::share(alg, n)),
+            Some(n) => figures(&alg.share(n)),
         };
         // the limit's own parameters (not an override's): its policy value is made already
         let policy =

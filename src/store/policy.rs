@@ -13,7 +13,7 @@
 //! their own `now` (replays) bypass the deny cache, which runs on the real clock.
 
 use std::future::Future;
-use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,7 +24,7 @@ use super::{
     GiveBackFuture, HoldFuture, MemoryStore, ReadyFuture, Store, StoreError, StoreFuture,
     StoreObserver,
 };
-use crate::limit::{Algorithm, Bucket, Decision, Millis, Pace, Rate, Window};
+use crate::limit::{Algorithm, Decision, Millis, Pace};
 
 /// Consecutive failures that open the breaker.
 pub const TRIP_AFTER: u32 = 5;
@@ -127,7 +127,7 @@ impl GuardedStore {
             OnError::Allow => Ok(Decision::counted(true, alg.policy().0, 0, 0)),
             OnError::Deny => Err(error),
             OnError::Local => {
-                let mut d = self.local.decide(key, &share(alg, self.instances), now);
+                let mut d = self.local.decide(key, &alg.share(self.instances), now);
                 d.share = (self.instances.get() > 1).then_some(self.instances);
                 Ok(d)
             }
@@ -260,7 +260,7 @@ impl Store for GuardedStore {
                 .await;
             if shared.is_err() && self.on_error == OnError::Local {
                 self.local
-                    .undo(key, &share(alg, self.instances), age_ms, now);
+                    .undo(key, &alg.share(self.instances), age_ms, now);
             }
             shared
         })
@@ -279,40 +279,6 @@ impl Store for GuardedStore {
             let shared = self.through_breaker(self.primary.defer(key, pace, hold_ms, now), true);
             Ok(shared.await.unwrap_or(local))
         })
-    }
-}
-
-/// One instance's share of a limit: rates divided by `n`, sizes divided by `n` rounded up (at
-/// least 1), so that `n` instances deciding alone together stay near the limit.
-pub fn share(alg: &Algorithm, n: NonZeroU32) -> Algorithm {
-    if n.get() == 1 {
-        return *alg;
-    }
-    let nf = f64::from(n.get());
-    let rate = |r: Rate| Rate::per_second(r.per_sec() / nf).unwrap_or(r);
-    let part32 =
-        |v: NonZeroU32| NonZeroU32::new(v.get().div_ceil(n.get())).unwrap_or(NonZeroU32::MIN);
-    let window = |w: &Window| Window {
-        limit: NonZeroU64::new(w.limit.get().div_ceil(u64::from(n.get())))
-            .unwrap_or(NonZeroU64::MIN),
-        window_ms: w.window_ms,
-    };
-    match alg {
-        Algorithm::TokenBucket(b) => {
-            let burst = part32(b.burst).max(b.cost);
-            Algorithm::TokenBucket(Bucket {
-                rate: rate(b.rate),
-                burst,
-                cost: b.cost,
-            })
-        }
-        Algorithm::LeakyBucket(p) => Algorithm::LeakyBucket(Pace {
-            rate: rate(p.rate),
-            max_delay_ms: p.max_delay_ms,
-        }),
-        Algorithm::FixedWindow(w) => Algorithm::FixedWindow(window(w)),
-        Algorithm::SlidingWindow(w) => Algorithm::SlidingWindow(window(w)),
-        Algorithm::SlidingWindowCounter(w) => Algorithm::SlidingWindowCounter(window(w)),
     }
 }
 
