@@ -33,8 +33,8 @@
 
 use ::redis::Value;
 
-use super::pipe::bulk;
 use super::reply::Reply;
+use super::resp::bulk;
 
 /// How a call may be joined with others of the same bucket: given by the call's encoding.
 #[derive(Debug, Clone, Copy, PartialEq)]

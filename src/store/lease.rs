@@ -50,7 +50,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::coalesce::{self, Join, Kind};
-use super::pipe::{bulk, push_count};
+use super::resp::{bulk, push_count};
 
 /// How long a lease's tokens are handed out; what is left then is given back.
 pub(crate) const LIFE: Duration = Duration::from_millis(20);

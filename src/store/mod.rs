@@ -15,6 +15,7 @@ mod pipe;
 pub mod policy;
 pub mod redis;
 mod reply;
+mod resp;
 mod scripts;
 
 use std::future::Future;
@@ -24,10 +25,10 @@ use std::time::Duration;
 use crate::limit::{Algorithm, Decision, Millis, Pace};
 
 pub use memory::MemoryStore;
-pub use pipe::{parse as parse_reply, parse_four as parse_counts};
 pub use policy::{GuardedStore, OnError};
 pub use redis::{Connection, RedisStore, RedisTarget};
 pub use reply::decode;
+pub use resp::{parse as parse_reply, parse_four as parse_counts};
 
 /// Marks the calling thread as worker `worker` (`app::workers`): its Redis calls go over the
 /// store's connection for that worker, driven by the worker's own runtime.

@@ -6,9 +6,10 @@
 //! with one `write` once the batch before is answered (one batch in flight: under load the
 //! next gathers while Redis works; see [`serve`] for when that rule is set aside), reads the
 //! replies as they come and hands each, in order, to its caller (Redis answers the commands of
-//! one connection in order). The replies are parsed here, with no intermediate frames.
-//! redis-rs does the same with more layers, which cost more than the call itself (see
-//! BENCHMARKS.md); it still serves TLS and Cluster.
+//! one connection in order). The replies are parsed as they come, with no intermediate frames
+//! ([`super::resp`]). redis-rs does the same with more layers, which cost more than the call
+//! itself (see BENCHMARKS.md); it still serves a Cluster. How a batch is written and its
+//! joined replies shared out is in [`batch`].
 //!
 //! Every call carries its deadline, and the driver keeps them: one timer for the whole lane,
 //! set to the earliest deadline of the calls it holds (late calls are answered
@@ -62,6 +63,10 @@ use tokio::time::{Instant, Sleep};
 use super::coalesce::{self, Join};
 use super::lease::{self, Leases};
 use super::reply::Reply;
+use super::resp::{encode_command, parse, parse_four, protocol};
+use batch::{answer_joined, answer_keys, queue};
+
+mod batch;
 
 /// Calls taken from the channel at a time.
 const BATCH: usize = 256;
@@ -71,11 +76,6 @@ const BATCH: usize = 256;
 /// batches written back to back while others were in flight; one batch in flight without the
 /// turns ran more scripts than either (0.14 per request at two workers; BENCHMARKS.md).
 const GATHER_TURNS: usize = 4;
-/// Nested arrays deeper than this are not a reply of ours.
-const MAX_DEPTH: usize = 4;
-/// Replies to our commands are a few dozen bytes: a longer line or bulk string (or a length
-/// claiming one) is a broken connection, not a reason to buffer without end.
-const MAX_REPLY_BYTES: usize = 1 << 20;
 
 /// Why a call got no value.
 #[derive(Debug)]
@@ -695,157 +695,6 @@ fn broken(waiting: &mut VecDeque<Waiting>, error: &RedisError) -> bool {
     true
 }
 
-/// Writes the calls of `batch` into `out`, the checks of one bucket joined into one command, and
-/// queues what each command is answered to. Calls given up, or past their deadline (answered
-/// [`Failure::Late`] here), are not sent.
-fn queue(
-    batch: &mut Vec<Call>,
-    entries: &mut Vec<(u64, Entry)>,
-    joins: &mut Vec<Join>,
-    leases: &mut Leases,
-    out: &mut Vec<u8>,
-    waiting: &mut VecDeque<Waiting>,
-) {
-    let alone = batch.len() == 1;
-    let now = Instant::now();
-    leases.expire(now);
-    for mut call in batch.drain(..) {
-        if call.slot.expire(now).is_none() {
-            continue; // late or given up: not sent, so no reply to wait for
-        }
-        let Some(join) = call.join else {
-            entries.push((0, Entry::Alone(call)));
-            continue;
-        };
-        let head = &call.command[..join.same];
-        let hash = coalesce::hash(head);
-        if let Some(reply) = leases.hand_out(hash, head, join, now) {
-            call.slot.reply(Ok(Reply::Leased(reply)));
-            continue;
-        }
-        if alone {
-            entries.push((0, Entry::Alone(call)));
-            continue;
-        }
-        let same = entries.iter_mut().find(|(h, entry)| {
-            let first = entry.first();
-            *h == hash && first.join.is_some_and(|j| first.command[..j.same] == *head)
-        });
-        match same {
-            Some((_, entry)) => entry.push(call),
-            None => entries.push((hash, Entry::Alone(call))),
-        }
-    }
-    // token-bucket checks of different keys with the same script and arguments: one call (a
-    // batch of one call has nothing to put with it, and goes as it is)
-    let mut keyed: Vec<Vec<Call>> = Vec::new();
-    for (hash, entry) in entries.drain(..) {
-        match entry {
-            Entry::Alone(call) if !alone && keyable(&call) => {
-                match keyed
-                    .iter_mut()
-                    .find(|calls| same_but_key(&calls[0], &call))
-                {
-                    Some(calls) => calls.push(call),
-                    None => keyed.push(vec![call]),
-                }
-            }
-            Entry::Alone(call) => {
-                out.extend_from_slice(&call.command);
-                waiting.push_back(Waiting::One(call.slot));
-            }
-            Entry::Joined(calls) => {
-                joins.clear();
-                joins.extend(calls.iter().filter_map(|c| c.join));
-                let head = &calls[0].command[..joins[0].same];
-                let ahead = leases.ahead(hash, head, joins);
-                if coalesce::encode(&calls[0].command, joins, ahead, out) {
-                    waiting.push_back(Waiting::Joined(calls, ahead));
-                } else {
-                    for call in calls {
-                        out.extend_from_slice(&call.command);
-                        waiting.push_back(Waiting::One(call.slot));
-                    }
-                }
-            }
-        }
-    }
-    for mut calls in keyed {
-        if calls.len() > 1 {
-            encode_keys(&calls, out);
-            waiting.push_back(Waiting::Keys(calls));
-        } else if let Some(call) = calls.pop() {
-            out.extend_from_slice(&call.command);
-            waiting.push_back(Waiting::One(call.slot));
-        }
-    }
-}
-
-/// `numkeys` of a call with one key, just before the key
-const ONE_KEY: &[u8] = b"$1\r\n1\r\n";
-
-/// A token-bucket check that may go in one call with the checks of other keys.
-fn keyable(call: &Call) -> bool {
-    call.join.is_some_and(|j| {
-        matches!(j.kind, coalesce::Kind::Tokens { .. })
-            && call.command[..j.key.0].ends_with(ONE_KEY)
-    })
-}
-
-/// Two keyable checks whose commands differ in their key only.
-fn same_but_key(a: &Call, b: &Call) -> bool {
-    let (Some(ja), Some(jb)) = (a.join, b.join) else {
-        return false;
-    };
-    a.command[..ja.key.0] == b.command[..jb.key.0] && a.command[ja.key.1..] == b.command[jb.key.1..]
-}
-
-/// Writes the one command of `calls` (keyable, [`same_but_key`] as the first): the script with
-/// every call's key and the first call's arguments.
-fn encode_keys(calls: &[Call], out: &mut Vec<u8>) {
-    let first = &calls[0];
-    let Some(join) = first.join else {
-        unreachable!("keyable calls are joinable")
-    };
-    let command = &first.command;
-    // `*words\r\n`: the words of one call, one key more for each other call
-    let line = command
-        .iter()
-        .position(|&b| b == b'\n')
-        .map_or(0, |i| i + 1);
-    let words: u64 = std::str::from_utf8(&command[1..line.saturating_sub(2)])
-        .ok()
-        .and_then(|w| w.parse().ok())
-        .unwrap_or(0);
-    out.push(b'*');
-    push_count(out, words + calls.len() as u64 - 1);
-    out.extend_from_slice(&command[line..join.key.0 - ONE_KEY.len()]);
-    bulk(
-        out,
-        crate::decimal::digits(calls.len() as u64, &mut [0; 20]),
-    );
-    for call in calls {
-        if let Some(j) = call.join {
-            out.extend_from_slice(&call.command[j.key.0..j.key.1]);
-        }
-    }
-    out.extend_from_slice(&command[join.key.1..]);
-}
-
-/// Shares the reply of a call for several keys out, one element each (a key's own error is its
-/// element). Anything else is an error of the whole call (`NOSCRIPT`, a usage error), which the
-/// script answers before it writes anything: each check goes again alone, to get its own.
-fn answer_keys(reply: Reply, calls: Vec<Call>, again: &mut Vec<Call>) {
-    match reply {
-        Reply::Value(Value::Array(replies)) if replies.len() == calls.len() => {
-            for (mut call, reply) in calls.into_iter().zip(replies) {
-                call.slot.reply(checked(Reply::Value(reply)));
-            }
-        }
-        _ => again.extend(calls.into_iter().map(|call| Call { join: None, ..call })),
-    }
-}
-
 /// Hands every complete reply in `input` to the call waiting longest, and drops those bytes.
 /// The checks of a joined call that was refused go into `again`, to be sent alone. Returns
 /// when the first lease taken ends, if one was.
@@ -884,54 +733,6 @@ fn deliver(
     };
     input.drain(..at);
     result
-}
-
-/// Shares the reply of a joined call out among its checks; when it was refused, refuses each
-/// check if the reply proves it would be refused alone, or else puts the checks into `again` to
-/// be decided one by one (see [`super::coalesce`]). An admitted token-bucket call's reply, and
-/// the `ahead` tokens it took, are kept in `leases`; returns when that lease ends.
-fn answer_joined(
-    reply: Reply,
-    calls: Vec<Call>,
-    ahead: u64,
-    joins: &mut Vec<Join>,
-    leases: &mut Leases,
-    again: &mut Vec<Call>,
-) -> Option<Instant> {
-    match checked(reply) {
-        Ok(reply) => {
-            joins.clear();
-            joins.extend(calls.iter().filter_map(|c| c.join));
-            let replies = coalesce::answer(&reply, joins, ahead);
-            let mut end = None;
-            if let (Reply::Four(four), Some(&join)) = (&reply, joins.first()) {
-                if matches!(join.kind, coalesce::Kind::Tokens { .. }) {
-                    let head = &calls[0].command[..join.same];
-                    let hash = coalesce::hash(head);
-                    if four[0] == 1 {
-                        end = leases.taken(hash, head, join, four, ahead, Instant::now());
-                    } else {
-                        leases.refused(hash, head);
-                    }
-                }
-            }
-            match replies {
-                Some(replies) => {
-                    for (mut call, reply) in calls.into_iter().zip(replies) {
-                        call.slot.reply(Ok(reply));
-                    }
-                }
-                None => again.extend(calls.into_iter().map(|call| Call { join: None, ..call })),
-            }
-            end
-        }
-        Err(e) => {
-            for mut call in calls {
-                call.slot.reply(Err(copy(&e)));
-            }
-            None
-        }
-    }
 }
 
 /// Fails every waiting call with (a copy of) `error`.
@@ -977,41 +778,10 @@ fn gone(what: &'static str) -> RedisError {
     RedisError::from(io::Error::new(io::ErrorKind::BrokenPipe, what))
 }
 
-fn protocol(what: &'static str) -> RedisError {
-    RedisError::from((
-        ErrorKind::Parse,
-        "invalid reply from Redis",
-        what.to_owned(),
-    ))
-}
-
 /// Whether `error` is Redis saying it does not have the script (restarted, failed over, or
 /// `SCRIPT FLUSH`): the call is then sent again as `EVAL` with the script's body.
 pub(crate) fn is_noscript(failure: &Failure) -> bool {
     matches!(failure, Failure::Redis(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
-}
-
-/// A command of plain words: `*n`, then each word as a bulk string.
-pub(crate) fn encode_command(out: &mut Vec<u8>, words: &[&[u8]]) {
-    out.push(b'*');
-    push_count(out, words.len() as u64);
-    for word in words {
-        bulk(out, word);
-    }
-}
-
-/// One bulk string: `$len\r\nbytes\r\n`.
-pub(crate) fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.push(b'$');
-    push_count(out, bytes.len() as u64);
-    out.extend_from_slice(bytes);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// A count in decimal followed by `\r\n`, for the RESP headers.
-pub(crate) fn push_count(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(crate::decimal::digits(n, &mut [0; 20]));
-    out.extend_from_slice(b"\r\n");
 }
 
 /// A reply with the errors inside it (redis-rs's `Value::ServerError`) made an `Err`.
@@ -1020,140 +790,6 @@ fn checked(reply: Reply) -> Result<Reply, RedisError> {
         Reply::Value(value) => value.extract_error().map(Reply::Value),
         four => Ok(four),
     }
-}
-
-/// The counting scripts' reply, an array of four integers (`*4` then four `:` lines), read
-/// without building a [`Value`]: the four and the bytes they took. `None` for anything else,
-/// and for an incomplete reply ([`parse`] then says which it is).
-pub fn parse_four(buf: &[u8]) -> Option<([i64; 4], usize)> {
-    if !buf.starts_with(b"*4\r\n") {
-        return None;
-    }
-    let mut at = 4;
-    let mut four = [0; 4];
-    for n in &mut four {
-        let rest = buf.get(at..)?.strip_prefix(b":")?;
-        let end = rest.iter().position(|&b| b == b'\r')?;
-        if rest.get(end + 1) != Some(&b'\n') {
-            return None;
-        }
-        *n = number(&rest[..end]).ok()?;
-        at += 1 + end + 2;
-    }
-    Some((four, at))
-}
-
-/// One complete RESP2 reply at the start of `buf`, and its length in bytes; `None` when more
-/// bytes are needed. Error replies become `Value::ServerError` (see `Value::extract_error`).
-/// Public for the fuzz targets and property tests only.
-pub fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, RedisError> {
-    parse_at(buf, 0, 0)
-}
-
-fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, RedisError> {
-    let Some(&kind) = buf.get(at) else {
-        return Ok(None);
-    };
-    let Some(end) = buf[at..].iter().position(|&b| b == b'\n').map(|i| at + i) else {
-        if buf.len() - at > MAX_REPLY_BYTES {
-            return Err(protocol("a line too long"));
-        }
-        return Ok(None);
-    };
-    if end < at + 2 || buf[end - 1] != b'\r' {
-        return Err(protocol("a line not ended by CRLF"));
-    }
-    let line = &buf[at + 1..end - 1];
-    let next = end + 1;
-    let value = match kind {
-        b':' => Value::Int(number(line)?),
-        b'+' if line == b"OK" => Value::Okay,
-        b'+' => Value::SimpleString(text(line)?),
-        b'-' => ::redis::parse_redis_value(&buf[at..next])?,
-        b'$' => {
-            let len = length(line)?;
-            let Some(len) = len else {
-                return Ok(Some((Value::Nil, next - at)));
-            };
-            let stop = next + len;
-            let Some(tail) = buf.get(stop..stop + 2) else {
-                return Ok(None);
-            };
-            if tail != b"\r\n" {
-                return Err(protocol("a bulk string not ended by CRLF"));
-            }
-            return Ok(Some((
-                Value::BulkString(buf[next..stop].to_vec()),
-                stop + 2 - at,
-            )));
-        }
-        b'*' => {
-            let Some(count) = length(line)? else {
-                return Ok(Some((Value::Nil, next - at)));
-            };
-            if depth >= MAX_DEPTH {
-                return Err(protocol("arrays nested too deep"));
-            }
-            let mut items = Vec::with_capacity(count.min(64));
-            let mut pos = next;
-            for _ in 0..count {
-                let Some((item, used)) = parse_at(buf, pos, depth + 1)? else {
-                    return Ok(None);
-                };
-                items.push(item);
-                pos += used;
-            }
-            return Ok(Some((Value::Array(items), pos - at)));
-        }
-        _ => return Err(protocol("an unknown reply type")),
-    };
-    Ok(Some((value, next - at)))
-}
-
-/// The length of a bulk string or array: `None` for `-1` (nil), an error past
-/// [`MAX_REPLY_BYTES`] or for another negative number.
-fn length(line: &[u8]) -> Result<Option<usize>, RedisError> {
-    match number(line)? {
-        -1 => Ok(None),
-        n => usize::try_from(n)
-            .ok()
-            .filter(|&n| n <= MAX_REPLY_BYTES)
-            .map(Some)
-            .ok_or_else(|| protocol("a length out of range")),
-    }
-}
-
-/// A RESP integer: an optional `-`, then decimal digits that fit an `i64`.
-fn number(line: &[u8]) -> Result<i64, RedisError> {
-    let (negative, digits) = match line.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, line),
-    };
-    let not_one = || protocol("a number that is not one");
-    if digits.is_empty() {
-        return Err(not_one());
-    }
-    // accumulated as a negative number, so that i64::MIN reads too
-    let mut n: i64 = 0;
-    for &b in digits {
-        let digit = b.wrapping_sub(b'0');
-        if digit > 9 {
-            return Err(not_one());
-        }
-        n = n
-            .checked_mul(10)
-            .and_then(|n| n.checked_sub(i64::from(digit)))
-            .ok_or_else(not_one)?;
-    }
-    if negative {
-        Ok(n)
-    } else {
-        n.checked_neg().ok_or_else(not_one)
-    }
-}
-
-fn text(line: &[u8]) -> Result<String, RedisError> {
-    String::from_utf8(line.to_vec()).map_err(|_| protocol("a status line that is not UTF-8"))
 }
 
 #[cfg(test)]
@@ -1202,7 +838,7 @@ mod tests {
             }
         }
         // a line that never ends is not buffered without bound
-        let endless = vec![b'+'; MAX_REPLY_BYTES + 2];
+        let endless = vec![b'+'; super::super::resp::MAX_REPLY_BYTES + 2];
         assert!(parse(&endless).is_err());
         assert_eq!(parse(&endless[..1000]).unwrap(), None);
         let (err, used) = parse(b"-NOSCRIPT No matching script.\r\n")

@@ -175,7 +175,7 @@ impl RedisStore {
         match &self.conn {
             Conn::Pipe(pipe) => {
                 let mut command = Vec::new();
-                pipe::encode_command(&mut command, &[b"PING"]);
+                super::resp::encode_command(&mut command, &[b"PING"]);
                 let deadline = tokio::time::Instant::now() + self.timeout;
                 let answer = pipe.call(command, None, deadline).await;
                 self.answered(answer).map(drop)

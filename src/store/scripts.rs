@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use ::redis::{Script, ScriptInvocation};
 
 use super::coalesce::{Join, Kind};
-use super::pipe::{bulk, push_count};
+use super::resp::{bulk, push_count};
 use crate::limit::{Algorithm, Millis, Pace, Window};
 
 /// One script: its body (for `EVAL` after a `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
