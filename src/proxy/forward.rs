@@ -22,6 +22,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio_util::task::TaskTracker;
 
+pub use super::hop::strip_hop_by_hop;
 use super::pool::{Http1Client, Key, Pool, Pooled, Resend, UpstreamError};
 use super::upload::{head_in_time, Upload};
 use super::{Body, BoxError, ProxyError};
@@ -198,7 +199,6 @@ pub struct Forward<'a> {
 pub(super) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// Sends `req` to a target of the upstream and returns its response, body streaming.
 ///
@@ -694,105 +694,6 @@ fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
     value.push_str(client.to_str().unwrap_or_default());
     if let Ok(v) = HeaderValue::try_from(value) {
         entry.insert(v);
-    }
-}
-
-/// The headers that never cross a hop by their name alone (headers named by `Connection` are
-/// the others), as bits: which of them a message carries is one pass over its names.
-pub(super) fn hop_by_hop_bit(name: &HeaderName) -> u8 {
-    if name == header::CONNECTION {
-        1
-    } else if name == header::TE {
-        2
-    } else if name == header::TRAILER {
-        4
-    } else if name == header::TRANSFER_ENCODING {
-        8
-    } else if name == header::UPGRADE {
-        16
-    } else if name == KEEP_ALIVE {
-        32
-    } else if name.as_str().starts_with("proxy-") {
-        64
-    } else {
-        0
-    }
-}
-
-/// Removes hop-by-hop headers (RFC 9110 §7.6.1): `Connection` and every header it names,
-/// `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Hot path: one pass of cheap name comparisons; most messages carry no hop-by-hop header
-    // but `Connection`, and none at all over HTTP/2. Removing by name hashes, so only the
-    // names present are removed, and nothing is allocated unless `Connection` has several
-    // lines or names a header present, or `Proxy-*` headers came.
-    let present = headers
-        .keys()
-        .fold(0, |bits, name| bits | hop_by_hop_bit(name));
-    if present == 0 {
-        return;
-    }
-    if present & 1 != 0 {
-        strip_connection(headers);
-    }
-    if present & 8 != 0 {
-        // A message with both was framed by Transfer-Encoding (RFC 9112 §6.3), which goes
-        // here: its Content-Length would frame the message sent on wrongly, so it goes too.
-        headers.remove(header::CONTENT_LENGTH);
-    }
-    let named = [
-        (2, &header::TE),
-        (4, &header::TRAILER),
-        (8, &header::TRANSFER_ENCODING),
-        (16, &header::UPGRADE),
-        (32, &KEEP_ALIVE),
-    ];
-    for (bit, name) in named {
-        if present & bit != 0 {
-            headers.remove(name);
-        }
-    }
-    if present & 64 != 0 {
-        let proxy: Vec<HeaderName> = headers
-            .keys()
-            .filter(|k| k.as_str().starts_with("proxy-"))
-            .cloned()
-            .collect();
-        for name in proxy {
-            headers.remove(name);
-        }
-    }
-}
-
-/// Removes `Connection` and every header it names (RFC 9110 §7.6.1).
-fn strip_connection(headers: &mut HeaderMap) {
-    let header::Entry::Occupied(e) = headers.entry(header::CONNECTION) else {
-        return;
-    };
-    let mut lines = e.remove_entry_mult().1;
-    let first = lines.next();
-    let rest: Vec<HeaderValue> = lines.collect();
-    let listed = first
-        .iter()
-        .chain(&rest)
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|t| !t.is_empty());
-    // The tokens are compared with the names present (a few), not looked up: a lookup by
-    // text parses and hashes a name, and the usual tokens (`keep-alive`, `close`) name
-    // nothing here or a header `strip_hop_by_hop` removes by name anyway.
-    let mut doomed: Vec<HeaderName> = Vec::new();
-    for token in listed {
-        let found = headers
-            .keys()
-            .find(|k| k.as_str().eq_ignore_ascii_case(token));
-        if let Some(name) = found {
-            doomed.push(name.clone());
-        }
-    }
-    for name in doomed {
-        headers.remove(name);
     }
 }
 

@@ -10,11 +10,11 @@
 //! 6. **respond**: the rate-limit headers of the most restrictive limit on whatever came back.
 //!
 //! Errors map to status codes in one place ([`ProxyError::status`]). This module knows the
-//! store through the [`Store`] trait, and uses the failure policy's `share` to split a limit
-//! between instances.
+//! store only through the [`Store`] trait.
 
 pub mod forward;
 pub mod h1;
+mod hop;
 mod limits;
 mod owed;
 pub mod pacing;

@@ -395,10 +395,6 @@ impl Pool {
     }
 }
 
-/// Why a response with a transfer coding other than `chunked` gets 502 (as nginx answers it):
-/// its body cannot go on as it is, its coding being hop-by-hop and undone by nobody.
-pub(super) const OTHER_CODING: &str = "a transfer coding other than chunked in the response";
-
 /// Whether `Transfer-Encoding` names a coding other than `chunked`.
 fn other_coding(headers: &http::HeaderMap) -> bool {
     headers
@@ -421,7 +417,7 @@ impl Inner {
         sender: Sender,
     ) -> Result<Response<Pooled>, UpstreamError> {
         if !resp.body().is_end_stream() && other_coding(resp.headers()) {
-            return Err(UpstreamError::Unsupported(OTHER_CODING));
+            return Err(UpstreamError::Unsupported(super::hop::OTHER_CODING));
         }
         let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
         let mut back = (!switched).then(|| Back {

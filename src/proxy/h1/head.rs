@@ -9,7 +9,7 @@ use http::{Response, StatusCode, Version};
 
 use super::body::{Chunk, Framing};
 use super::{Error, MAX_FIELDS, MAX_HEAD};
-use crate::proxy::forward::hop_by_hop_bit;
+use crate::proxy::hop::{hop_by_hop_bit, OTHER_CODING};
 
 /// Whether the bytes of `buf` past `searched` (less the two before, for a line end split
 /// between reads) hold an empty line, the end of a head or trailer section; `searched` moves
@@ -121,7 +121,7 @@ pub(super) fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Optio
     }
     if meta.other_coding && !no_body {
         // its body cannot go on as it is: hop-by-hop, the coding would be undone by nobody
-        return Err(Error::Malformed(crate::proxy::pool::OTHER_CODING));
+        return Err(Error::Malformed(OTHER_CODING));
     }
     let framing = if no_body {
         Framing::Done

@@ -1,0 +1,109 @@
+//! Hop-by-hop headers (RFC 9110 §7.6.1): the headers a proxy must not pass on, found in one
+//! pass over a message's names. Both HTTP/1 clients and the forward phase use them.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+pub(super) static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+
+/// Why a response with a transfer coding other than `chunked` gets 502 (as nginx answers it):
+/// its body cannot go on as it is, its coding being hop-by-hop and undone by nobody.
+pub(crate) const OTHER_CODING: &str = "a transfer coding other than chunked in the response";
+
+/// The headers that never cross a hop by their name alone (headers named by `Connection` are
+/// the others), as bits: which of them a message carries is one pass over its names.
+pub(crate) fn hop_by_hop_bit(name: &HeaderName) -> u8 {
+    if name == header::CONNECTION {
+        1
+    } else if name == header::TE {
+        2
+    } else if name == header::TRAILER {
+        4
+    } else if name == header::TRANSFER_ENCODING {
+        8
+    } else if name == header::UPGRADE {
+        16
+    } else if name == KEEP_ALIVE {
+        32
+    } else if name.as_str().starts_with("proxy-") {
+        64
+    } else {
+        0
+    }
+}
+
+/// Removes hop-by-hop headers (RFC 9110 §7.6.1): `Connection` and every header it names,
+/// `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Hot path: one pass of cheap name comparisons; most messages carry no hop-by-hop header
+    // but `Connection`, and none at all over HTTP/2. Removing by name hashes, so only the
+    // names present are removed, and nothing is allocated unless `Connection` has several
+    // lines or names a header present, or `Proxy-*` headers came.
+    let present = headers
+        .keys()
+        .fold(0, |bits, name| bits | hop_by_hop_bit(name));
+    if present == 0 {
+        return;
+    }
+    if present & 1 != 0 {
+        strip_connection(headers);
+    }
+    if present & 8 != 0 {
+        // A message with both was framed by Transfer-Encoding (RFC 9112 §6.3), which goes
+        // here: its Content-Length would frame the message sent on wrongly, so it goes too.
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    let named = [
+        (2, &header::TE),
+        (4, &header::TRAILER),
+        (8, &header::TRANSFER_ENCODING),
+        (16, &header::UPGRADE),
+        (32, &KEEP_ALIVE),
+    ];
+    for (bit, name) in named {
+        if present & bit != 0 {
+            headers.remove(name);
+        }
+    }
+    if present & 64 != 0 {
+        let proxy: Vec<HeaderName> = headers
+            .keys()
+            .filter(|k| k.as_str().starts_with("proxy-"))
+            .cloned()
+            .collect();
+        for name in proxy {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Removes `Connection` and every header it names (RFC 9110 §7.6.1).
+fn strip_connection(headers: &mut HeaderMap) {
+    let header::Entry::Occupied(e) = headers.entry(header::CONNECTION) else {
+        return;
+    };
+    let mut lines = e.remove_entry_mult().1;
+    let first = lines.next();
+    let rest: Vec<HeaderValue> = lines.collect();
+    let listed = first
+        .iter()
+        .chain(&rest)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    // The tokens are compared with the names present (a few), not looked up: a lookup by
+    // text parses and hashes a name, and the usual tokens (`keep-alive`, `close`) name
+    // nothing here or a header `strip_hop_by_hop` removes by name anyway.
+    let mut doomed: Vec<HeaderName> = Vec::new();
+    for token in listed {
+        let found = headers
+            .keys()
+            .find(|k| k.as_str().eq_ignore_ascii_case(token));
+        if let Some(name) = found {
+            doomed.push(name.clone());
+        }
+    }
+    for name in doomed {
+        headers.remove(name);
+    }
+}
