@@ -15,8 +15,10 @@
 mod path;
 mod table;
 
-pub use path::{normalize_path, EscapedSlashes, PathError, PathPolicy, RequestPath, SegmentParams};
-pub use table::{strip_prefix, RouteTable};
+pub use path::{
+    normalize_path, strip_prefix, EscapedSlashes, PathError, PathPolicy, RequestPath, SegmentParams,
+};
+pub use table::RouteTable;
 
 use http::{HeaderName, HeaderValue, Method};
 

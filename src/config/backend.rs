@@ -3,10 +3,10 @@
 
 use std::num::{NonZeroU32, NonZeroUsize};
 
+use super::check::Checker;
 use super::problem::Path;
 use super::raw::{RawBackend, RawOnError, RawStore, StrList};
 use super::types::{Backend, OnError, StoreConfig};
-use super::validate::Checker;
 
 /// Validates `store`; no `store` is the memory store with every default.
 pub(crate) fn store(chk: &mut Checker<'_>, raw: Option<&RawStore>) -> StoreConfig {

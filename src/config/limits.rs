@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use http::HeaderName;
 
+use super::check::{check_name, parse_net, Checker};
 use super::problem::{one_of, or_list, Path};
 use super::raw::{Field, RawAlgorithm, RawLimit, RawMode, RawParams, StrList};
 use super::types::{LimitConfig, Mode};
 use super::units::{self, ParsedRate};
-use super::validate::{check_name, parse_net, Checker};
 use crate::identity::{self, KeyPart};
 use crate::limit::{Algorithm, Bucket, Pace, ParamError, Window};
 

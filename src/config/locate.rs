@@ -12,8 +12,7 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::problem::{At, Path, Seg};
-use super::tree::KEY_NULL;
+use super::problem::{At, Path, Seg, KEY_NULL};
 
 /// The message of the deliberate error; never shown to anyone.
 const FOUND: &str = "\u{0}tollgate-config-locate-target";

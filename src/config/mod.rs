@@ -20,6 +20,7 @@
 //! file) is the caller's: it calls [`load`] again and keeps the old config on an error.
 
 mod backend;
+mod check;
 mod de;
 mod env;
 mod limits;
@@ -112,7 +113,7 @@ fn parse_with(
     let ctx = de::Ctx::default();
     let raw: Option<raw::RawConfig> = de::from_node(&tree, &ctx);
     errors.extend(ctx.into_problems());
-    let mut chk = validate::Checker::new(&locator);
+    let mut chk = check::Checker::new(&locator);
     chk.read_files = read_files;
     let config = raw.map(|raw| validate::config(&mut chk, &raw));
     errors.append(&mut chk.errors);

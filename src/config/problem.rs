@@ -9,6 +9,9 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+/// The text a null key (`~: x`) reads as: in paths, and when a problem is located.
+pub(crate) const KEY_NULL: &str = "null";
+
 /// One problem at a position in the file.
 ///
 /// Displays as `FILE:LINE:COLUMN: KEY.PATH: message`, for example

@@ -3,11 +3,11 @@
 
 use http::{HeaderName, HeaderValue, Method};
 
+use super::check::{check_name, Checker};
 use super::limits;
 use super::problem::{closest, or_list, Path};
 use super::raw::{Field, RawMatch, RawRoute, StrList};
 use super::types::{LimitConfig, RouteConfig};
-use super::validate::{check_name, Checker};
 use crate::routing::{HostPattern, PathError, PathMatch, PathPolicy, RouteMatch};
 
 /// Validates every route; duplicate names are errors, shadowed routes warnings. `upstreams`

@@ -11,7 +11,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::env;
 use super::locate::Locator;
-use super::problem::{At, Path, Pending, MAX_PROBLEMS};
+use super::problem::{At, Path, Pending, KEY_NULL, MAX_PROBLEMS};
 
 /// One YAML value. Scalars are typed as YAML 1.2 reads them (`10` is an integer, `"10"` and
 /// `10/s` are strings).
@@ -259,9 +259,6 @@ impl<'de> Visitor<'de> for NodeVisitor {
         ))
     }
 }
-
-/// The text a null key (`~: x`) reads as.
-pub(crate) const KEY_NULL: &str = "null";
 
 /// A mapping key as text: scalars only (`8080:` reads as `"8080"`).
 pub(crate) struct KeyText(pub String);

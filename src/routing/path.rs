@@ -1,8 +1,8 @@
 //! Request-path normalisation: the one form of a path that routes are matched against and that
 //! is forwarded, so that `/v1/../admin` cannot borrow `/v1`'s rules.
 //!
-//! Owns [`normalize_path`], [`PathPolicy`] (how encoded slashes and `;parameters` are read) and
-//! [`PathError`]. It knows a route's path condition only to strip a prefix. The query is not
+//! Owns [`normalize_path`], [`PathPolicy`] (how encoded slashes and `;parameters` are read),
+//! [`PathError`] and [`strip_prefix`]. It knows a route's path condition only to strip a prefix. The query is not
 //! part of the input: the caller splits it off first.
 //!
 //! Many upstreams read a path more loosely than RFC 3986 does. Python's WSGI servers, Go's
@@ -13,7 +13,7 @@
 
 use std::borrow::Cow;
 
-use super::{strip_prefix, PathMatch};
+use super::PathMatch;
 
 /// Why a request path cannot be routed; the proxy answers 400.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -374,10 +374,49 @@ fn is_unreserved(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~')
 }
 
+/// The path to forward when a route has `strip_prefix`: `/v1/x` becomes `/x` and `/v1` becomes
+/// `/` under `Prefix("/v1")`. An `Exact` path strips to `/`; `Any` and a path that the match does
+/// not cover are returned unchanged. Never allocates.
+pub fn strip_prefix<'a>(m: &PathMatch, path: &'a str) -> Cow<'a, str> {
+    let prefix = match m {
+        PathMatch::Any => return Cow::Borrowed(path),
+        PathMatch::Prefix(prefix) | PathMatch::Exact(prefix) => prefix,
+    };
+    if !m.matches(path) {
+        return Cow::Borrowed(path);
+    }
+    // Keep the `/` that ends a prefix such as `/v1/`, so the rest still starts with one.
+    let cut = prefix.strip_suffix('/').map_or(prefix.len(), str::len);
+    match path.get(cut..) {
+        Some(rest) if rest.starts_with('/') => Cow::Borrowed(rest),
+        _ => Cow::Borrowed("/"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// `strip_prefix` forwards `/v1/x` as `/x` and `/v1` as `/`, borrowing.
+    #[test]
+    fn strip_prefix_keeps_a_leading_slash() {
+        let v1 = PathMatch::Prefix("/v1".into());
+        assert_eq!(strip_prefix(&v1, "/v1/x"), "/x");
+        assert_eq!(strip_prefix(&v1, "/v1"), "/");
+        assert_eq!(strip_prefix(&v1, "/v1/"), "/");
+        assert_eq!(
+            strip_prefix(&PathMatch::Prefix("/v1/".into()), "/v1/x/y"),
+            "/x/y"
+        );
+        assert_eq!(strip_prefix(&PathMatch::Prefix("/".into()), "/x"), "/x");
+        assert_eq!(strip_prefix(&PathMatch::Any, "/x"), "/x");
+        assert_eq!(
+            strip_prefix(&PathMatch::Exact("/health".into()), "/health"),
+            "/"
+        );
+        assert_eq!(strip_prefix(&v1, "/v1x"), "/v1x");
+    }
 
     fn norm(path: &str) -> String {
         normalize_path(path).expect("valid path").into_owned()

@@ -1,11 +1,9 @@
-//! The first-match route table and the path rewrite of `strip_prefix`.
+//! The first-match route table.
 //!
 //! Owns the order of routes and the search for unreachable ones; what a single route matches is
 //! [`RouteMatch`]'s business.
 
-use std::borrow::Cow;
-
-use super::{PathMatch, RequestParts, RouteMatch};
+use super::{RequestParts, RouteMatch};
 
 /// Routes in order; the first whose [`RouteMatch`] matches a request wins.
 ///
@@ -67,29 +65,10 @@ impl<R> RouteTable<R> {
     }
 }
 
-/// The path to forward when a route has `strip_prefix`: `/v1/x` becomes `/x` and `/v1` becomes
-/// `/` under `Prefix("/v1")`. An `Exact` path strips to `/`; `Any` and a path that the match does
-/// not cover are returned unchanged. Never allocates.
-pub fn strip_prefix<'a>(m: &PathMatch, path: &'a str) -> Cow<'a, str> {
-    let prefix = match m {
-        PathMatch::Any => return Cow::Borrowed(path),
-        PathMatch::Prefix(prefix) | PathMatch::Exact(prefix) => prefix,
-    };
-    if !m.matches(path) {
-        return Cow::Borrowed(path);
-    }
-    // Keep the `/` that ends a prefix such as `/v1/`, so the rest still starts with one.
-    let cut = prefix.strip_suffix('/').map_or(prefix.len(), str::len);
-    match path.get(cut..) {
-        Some(rest) if rest.starts_with('/') => Cow::Borrowed(rest),
-        _ => Cow::Borrowed("/"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::normalize_path;
+    use crate::routing::{normalize_path, PathMatch};
     use http::{HeaderMap, Method};
 
     fn prefix(p: &str) -> RouteMatch {
@@ -135,26 +114,6 @@ mod tests {
         let headers = HeaderMap::new();
         let path = normalize_path("/v1/%2e%2e/admin").expect("valid");
         assert_eq!(table.find(&request(&path, &headers)), Some(&"admin"));
-    }
-
-    /// `strip_prefix` forwards `/v1/x` as `/x` and `/v1` as `/`, borrowing.
-    #[test]
-    fn strip_prefix_keeps_a_leading_slash() {
-        let v1 = PathMatch::Prefix("/v1".into());
-        assert_eq!(strip_prefix(&v1, "/v1/x"), "/x");
-        assert_eq!(strip_prefix(&v1, "/v1"), "/");
-        assert_eq!(strip_prefix(&v1, "/v1/"), "/");
-        assert_eq!(
-            strip_prefix(&PathMatch::Prefix("/v1/".into()), "/v1/x/y"),
-            "/x/y"
-        );
-        assert_eq!(strip_prefix(&PathMatch::Prefix("/".into()), "/x"), "/x");
-        assert_eq!(strip_prefix(&PathMatch::Any, "/x"), "/x");
-        assert_eq!(
-            strip_prefix(&PathMatch::Exact("/health".into()), "/health"),
-            "/"
-        );
-        assert_eq!(strip_prefix(&v1, "/v1x"), "/v1x");
     }
 
     /// The table reports each unreachable route with the earliest route that hides it.
