@@ -393,11 +393,11 @@ struct Again {
     host_is_target: bool,
 }
 
-/// The protocol an HTTP/1.1 request asks to switch to, when its `Connection` header names
-/// `upgrade` (RFC 9110 §7.8) and its `Upgrade` header offers WebSocket: the one protocol
-/// tunnelled (as Envoy's and Traefik's defaults). Any other (`h2c` above all: a tunnel would
-/// carry requests past routing and limits to the upstream) is not passed on: `Upgrade` is
-/// hop-by-hop, so the request goes on as a plain one. HTTP/2 has no such mechanism.
+/// The protocol an HTTP/1.1 request asks to switch to: WebSocket, when its `Connection` header
+/// names `upgrade` (RFC 9110 §7.8) and its `Upgrade` header offers it. WebSocket is the one
+/// protocol tunnelled, as Envoy and Traefik do by default. Any other is not passed on. Above
+/// all `h2c`: its tunnel would carry requests past routing and limits to the upstream. Since
+/// `Upgrade` is hop-by-hop, such a request goes on as a plain one. HTTP/2 has no upgrades.
 fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
     if req.version() != Version::HTTP_11 {
         return None;

@@ -1,10 +1,12 @@
 //! Request framing checks that hyper's HTTP/1 parser leaves to the server, answered as nginx
-//! answers them. hyper (1.12) itself refuses malformed request lines and header lines (400),
-//! oversized heads (431), differing `Content-Length`s, `Transfer-Encoding` on HTTP/1.0 or not
-//! ending in `chunked`; and for `Content-Length` together with `Transfer-Encoding` (the classic
-//! smuggling shape) it drops the length in either order, frames the body by chunked alone and
-//! closes the connection after the response (RFC 9112 §6.1, §6.3), so nothing after the last
-//! chunk is read as a request. What it lets through, and this module refuses:
+//! answers them.
+//!
+//! hyper 1.12 itself refuses malformed request lines and header lines with 400, oversized
+//! heads with 431, differing `Content-Length`s, and `Transfer-Encoding` on HTTP/1.0 or not
+//! ending in `chunked`. A request with both `Content-Length` and `Transfer-Encoding`, the
+//! classic smuggling shape, is framed by chunked alone: hyper drops the length and closes the
+//! connection after the response (RFC 9112 §6.1, §6.3). So nothing after the last chunk is
+//! read as a request. What hyper lets through, and this module refuses:
 //!
 //! * `Host` (RFC 9112 §3.2): an HTTP/1.1 request without one, with two, or with one that is not
 //!   `host[:port]` (http's authority grammar: no userinfo, no escapes) gets 400. HTTP/1.0 may

@@ -334,9 +334,9 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
         self.io.is_write_vectored()
     }
 
-    // A TLS stream takes the plaintext into its own buffer and finds the socket full only when
-    // flushing its records (or its close_notify): those are writes too. (hyper flushes a plain
-    // socket only once its writes have gone through.)
+    // A TLS stream takes the plaintext into its own buffer. It finds the socket full only when
+    // it flushes its records or its close_notify, so a flush is a write too. hyper flushes a
+    // plain socket only once its writes have gone through.
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.write(|io| io.poll_flush(cx))
     }
@@ -443,8 +443,8 @@ mod tests {
     async fn writes_the_client_does_not_take_expire_at_send() {
         let a = Activity::new(LIMITS, Instant::now());
         let guard = InFlight::start(&a, Version::HTTP_11);
-        // in flight, the timer is set for the next look (idle, 5 s): a blocked write (due in
-        // 3 s) wakes it
+        // In flight, the timer is set for the next look, the idle limit of 5 s. A blocked write,
+        // due in 3 s, wakes it.
         assert!(a.arm().is_ok());
         a.note_write(true);
         let woke = tokio::time::timeout(Duration::from_millis(1), a.sooner()).await;

@@ -1,11 +1,10 @@
-//! Joining the checks of one bucket (token bucket) or schedule (leaky bucket, pacing) that wait
-//! on the Redis connection at the same moment into one script run.
+//! Joining into one script run the checks of one token bucket, or of one leaky-bucket or
+//! pacing schedule, that wait on the Redis connection at the same moment.
 //!
-//! Under load, many requests of one client (or every request under a limit keyed on the route
-//! alone) are checked at once, and each check is a script run in Redis: on the shared cores of
-//! the benchmark, Redis's own CPU per check is a third of the whole request's. Checks of one
-//! bucket that reach the connection's writer together are sent as one call whose cost is the sum
-//! of theirs.
+//! Under load, many requests of one client are checked at once, and so is every request under
+//! a limit keyed on the route alone. Each check is a script run in Redis, and Redis's CPU per
+//! check is a large part of a request's (BENCHMARKS.md). Checks of one bucket that reach the
+//! connection's writer together are sent as one call whose cost is the sum of theirs.
 //!
 //! Why that is exact: run one after another at one instant, checks of costs c₁…cₙ are all
 //! admitted iff the bucket holds Σc then (a check admitted with fewer tokens left would admit

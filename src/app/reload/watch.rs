@@ -125,8 +125,9 @@ impl Watch {
         Ok(watch)
     }
 
-    /// (Re)makes the watch of the file itself (the file a symlink points to): a file written and
-    /// closed, its attributes changed, or it moved or deleted.
+    /// Makes the watch of the file itself, or makes it again. For a symlink, that is the file it
+    /// points to. The watch fires when the file is written and closed, when its attributes
+    /// change, and when it is moved or deleted.
     fn watch_file(&mut self) {
         use inotify::WatchMask;
         let mask = WatchMask::CLOSE_WRITE
