@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, get, Proxy, Redis, Upstream};
+use common::{eventually, get, Proxy, Redis, Upstream, Yaml};
 
 fn metric_line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
     text.lines().find(|l| l.starts_with(prefix))
@@ -23,32 +23,17 @@ fn metric_value(text: &str, prefix: &str) -> u64 {
 async fn metrics_count_a_known_sequence() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-admin: {{listen: 127.0.0.1:0}}
-store: {{backend: redis, url: "{}", timeout: 500ms}}
-upstreams:
-  api:
-    targets: [{u}]
-  paced:
-    targets: [{u}]
-    pace: {{rate: 100/s}}
-routes:
-  - name: api
-    match: {{path_prefix: /api}}
-    upstream: api
-    limits:
-      - name: per-client
-        algorithm: token_bucket
-        rate: 1/h
-        burst: 3
-  - name: slow
-    match: {{path_prefix: /slow}}
-    upstream: paced
-"#,
-        redis.url(),
-        u = upstream.url()
-    );
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("admin: {listen: 127.0.0.1:0}")
+        .redis(&redis, "timeout: 500ms")
+        .also_upstream("paced", &[upstream.url()], "pace: {rate: 100/s}")
+        .route(
+            "api",
+            "/api",
+            "limits: [{name: per-client, algorithm: token_bucket, rate: 1/h, burst: 3}]",
+        )
+        .route_to("slow", "/slow", "paced", "")
+        .build();
     let proxy = Proxy::start(&yaml).await;
     for _ in 0..5 {
         get(&proxy.url("/api"), &[]).await;
@@ -107,23 +92,13 @@ routes:
 async fn checks_answered_from_leases_are_counted_apart_from_store_calls() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-workers: 1
-admin: {{listen: 127.0.0.1:0}}
-store: {{backend: redis, url: "{}", timeout: 2s}}
-upstreams:
-  api:
-    targets: [{}]
-routes:
-  - name: api
-    upstream: api
-    limits:
-      - {{name: big, algorithm: token_bucket, rate: 1/h, burst: 1000000, key: route}}
-"#,
-        redis.url(),
-        upstream.url()
-    );
+    let big =
+        "limits: [{name: big, algorithm: token_bucket, rate: 1/h, burst: 1000000, key: route}]";
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("workers: 1\nadmin: {listen: 127.0.0.1:0}")
+        .redis(&redis, "timeout: 2s")
+        .route("api", "/", big)
+        .build();
     let proxy = Proxy::start(&yaml).await;
     let admin = format!("http://{}/metrics", proxy.admin.expect("admin listener"));
     let (mut sent, mut leased) = (0u64, 0u64);
@@ -169,21 +144,22 @@ routes:
 /// One route with a Redis token bucket that never denies, `on_error: deny` (no fallback), an
 /// admin listener.
 fn deny_on_error(url: &str, timeout: &str, upstream: &Upstream) -> String {
-    format!(
-        r#"listen: 127.0.0.1:0
-admin: {{listen: 127.0.0.1:0}}
-store: {{backend: redis, url: "{url}", timeout: {timeout}, on_error: deny}}
-upstreams:
-  api:
-    targets: [{}]
-routes:
-  - name: api
-    upstream: api
-    limits:
-      - {{name: l, algorithm: token_bucket, rate: 100/s}}
-"#,
-        upstream.url()
-    )
+    let store =
+        format!("store: {{backend: redis, url: \"{url}\", timeout: {timeout}, on_error: deny}}");
+    with_store(&store, upstream)
+}
+
+/// [`deny_on_error`] with the `store` section given whole.
+fn with_store(store: &str, upstream: &Upstream) -> String {
+    Yaml::to(&[upstream.url()])
+        .top("admin: {listen: 127.0.0.1:0}")
+        .top(store)
+        .route(
+            "api",
+            "/",
+            "limits: [{name: l, algorithm: token_bucket, rate: 100/s}]",
+        )
+        .build()
 }
 
 /// `/config` shows the effective configuration with the Redis password redacted, and
@@ -226,22 +202,14 @@ async fn config_redacts_secrets_and_readyz_follows_the_store() {
 async fn deny_cache_hits_are_counted_on_routes_with_several_limits() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-admin: {{listen: 127.0.0.1:0}}
-store: {{backend: redis, url: "{}", timeout: 500ms}}
-upstreams:
-  api: {{targets: [{}]}}
-routes:
-  - name: api
-    upstream: api
-    limits:
-      - {{name: per-client, algorithm: token_bucket, rate: 1/h, burst: 1}}
-      - {{name: hourly, algorithm: sliding_window, limit: 1000, window: 1h}}
-"#,
-        redis.url(),
-        upstream.url()
-    );
+    let limits = "limits:
+  - {name: per-client, algorithm: token_bucket, rate: 1/h, burst: 1}
+  - {name: hourly, algorithm: sliding_window, limit: 1000, window: 1h}";
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("admin: {listen: 127.0.0.1:0}")
+        .redis(&redis, "timeout: 500ms")
+        .route("api", "/", limits)
+        .build();
     let proxy = Proxy::start(&yaml).await;
     let statuses: Vec<u16> = {
         let mut v = Vec::new();
@@ -294,10 +262,10 @@ async fn readyz_asks_redis_without_waiting_for_traffic() {
 async fn abandoned_requests_are_counted_as_499() {
     use tokio::io::AsyncWriteExt;
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nadmin: {{listen: 127.0.0.1:0}}\nupstreams:\n  api:\n    targets: [{}]\nroutes:\n  - name: api\n    upstream: api\n",
-        upstream.url()
-    );
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("admin: {listen: 127.0.0.1:0}")
+        .route("api", "/", "")
+        .build();
     let proxy = Proxy::start(&yaml).await;
     for _ in 0..3 {
         let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
@@ -335,23 +303,11 @@ async fn readyz_on_a_failed_cluster_keeps_the_breaker_open() {
     let mut cluster = common::Cluster::start();
     let upstream = Upstream::start().await;
     let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-admin: {{listen: 127.0.0.1:0}}
-store: {{backend: redis, cluster: [{}], timeout: 300ms, on_error: deny}}
-upstreams:
-  api:
-    targets: [{}]
-routes:
-  - name: api
-    upstream: api
-    limits:
-      - {{name: l, algorithm: token_bucket, rate: 100/s}}
-"#,
-        nodes.join(", "),
-        upstream.url()
+    let store = format!(
+        "store: {{backend: redis, cluster: [{}], timeout: 300ms, on_error: deny}}",
+        nodes.join(", ")
     );
-    let proxy = Proxy::start(&yaml).await;
+    let proxy = Proxy::start(&with_store(&store, &upstream)).await;
     let admin = format!("http://{}", proxy.admin.unwrap());
     assert_eq!(get(&proxy.url("/"), &[]).await.status, 200);
     cluster.nodes[2].kill();

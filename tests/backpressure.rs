@@ -29,8 +29,9 @@ async fn retry_after_from_the_upstream_holds_every_instance() {
     let refused = get(&c.url("/from-c"), &[]).await;
     assert_eq!(refused.status, 503, "a wait of ~1 s is past c's max_delay");
     assert!(refused.body.contains("upstream_paced"), "{}", refused.body);
+    // (at once: well before the hold of 1 s would have ended, however busy the machine)
     assert!(
-        held_at.elapsed() < Duration::from_millis(300),
+        held_at.elapsed() < Duration::from_millis(700),
         "refused at once"
     );
     let through_b = get(&b.url("/from-b"), &[]).await;

@@ -5,30 +5,22 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{eventually, get, Proxy, Upstream};
+use common::{eventually, get, Proxy, Upstream, Yaml};
 
 /// In-flight requests, including one sleeping in pacing, finish after shutdown begins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_requests_complete_during_drain() {
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-timeouts: {{shutdown: 5s}}
-upstreams:
-  slow:
-    targets: [{u}]
-  paced:
-    targets: [{u}]
-    pace: {{rate: 2/s, max_delay: 5s}}
-routes:
-  - name: slow
-    match: {{path_prefix: /slow}}
-    upstream: slow
-  - name: paced
-    upstream: paced
-"#,
-        u = upstream.url()
-    );
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("timeouts: {shutdown: 5s}")
+        .also_upstream(
+            "paced",
+            &[upstream.url()],
+            "pace: {rate: 2/s, max_delay: 5s}",
+        )
+        .route("slow", "/slow", "")
+        .route_to("paced", "/", "paced", "")
+        .build();
     let proxy = Proxy::start(&yaml).await;
     assert_eq!(
         get(&proxy.url("/p0"), &[]).await.status,
@@ -71,19 +63,11 @@ routes:
 async fn a_client_that_stops_reading_does_not_hold_the_drain() {
     use tokio::io::AsyncWriteExt;
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-timeouts: {{shutdown: 20s, send: 1s, client_header: 30s}}
-upstreams:
-  paced:
-    targets: [{u}]
-    pace: {{rate: 2/s, max_delay: 5s}}
-routes:
-  - name: paced
-    upstream: paced
-"#,
-        u = upstream.url()
-    );
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("timeouts: {shutdown: 20s, send: 1s, client_header: 30s}")
+        .upstream("pace: {rate: 2/s, max_delay: 5s}")
+        .route("paced", "/", "")
+        .build();
     let proxy = Proxy::start(&yaml).await;
     assert_eq!(
         get(&proxy.url("/p0"), &[]).await.status,

@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::Yaml;
+
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -172,25 +174,27 @@ async fn tls_everywhere() {
         }
     });
 
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-tls: {{cert: "{cert}", key: "{key}"}}
-store: {{backend: redis, url: "rediss://:s3cret@localhost:{port}/0", timeout: 1s, on_error: deny}}
-upstreams:
-  secure:
-    targets: [https://localhost:{up}]
-    preserve_host: false
-routes:
-  - name: api
-    upstream: secure
-    limits:
-      - {{name: per-client, algorithm: token_bucket, rate: 1/h, burst: 2}}
-"#,
-        cert = certs.cert(),
-        key = certs.key(),
-        port = redis.port,
-        up = upstream_addr.port()
+    let tls = format!(
+        "tls: {{cert: \"{}\", key: \"{}\"}}",
+        certs.cert(),
+        certs.key()
     );
+    let store = format!(
+        "store: {{backend: redis, url: \"rediss://:s3cret@localhost:{}/0\", timeout: 1s, \
+         on_error: deny}}",
+        redis.port
+    );
+    let secure = format!("https://localhost:{}", upstream_addr.port());
+    let yaml = Yaml::to(&[secure])
+        .top(&tls)
+        .top(&store)
+        .upstream("preserve_host: false")
+        .route(
+            "api",
+            "/",
+            "limits: [{name: per-client, algorithm: token_bucket, rate: 1/h, burst: 2}]",
+        )
+        .build();
     let proxy = common::Proxy::start(&yaml).await;
 
     // HTTP/2 by ALPN
@@ -283,12 +287,7 @@ async fn a_renewed_certificate_is_served_after_a_reload() {
     let upstream = common::Upstream::start().await;
     let certs = Certs::new();
     let config = certs.dir.path().join("proxy.yaml");
-    let yaml = format!(
-        "listen: 127.0.0.1:0\ntls: {{cert: {}, key: {}}}\nupstreams:\n  api:\n    targets: [{}]\nroutes:\n  - name: api\n    upstream: api\n",
-        certs.cert(),
-        certs.key(),
-        upstream.url()
-    );
+    let yaml = tls_listener(&certs, &upstream, "");
     std::fs::write(&config, &yaml).unwrap();
     let proxy = common::Proxy::start_watching(&config).await;
     let old_trust = certs.client_config(&[b"http/1.1"]);
@@ -329,12 +328,16 @@ async fn a_renewed_certificate_is_served_after_a_reload() {
 
 /// A TLS listener with `certs` in front of `upstream`, `top` added at the top level.
 fn tls_listener(certs: &Certs, upstream: &common::Upstream, top: &str) -> String {
-    format!(
-        "listen: 127.0.0.1:0\ntls: {{cert: \"{}\", key: \"{}\"}}\n{top}\nupstreams:\n  api: {{targets: [{}]}}\nroutes:\n  - name: api\n    upstream: api\n",
+    let tls = format!(
+        "tls: {{cert: \"{}\", key: \"{}\"}}",
         certs.cert(),
-        certs.key(),
-        upstream.url()
-    )
+        certs.key()
+    );
+    Yaml::to(&[upstream.url()])
+        .top(&tls)
+        .top(top)
+        .route("api", "/", "")
+        .build()
 }
 
 /// Shutdown does not wait for a TLS handshake under way: a client that connected and sent

@@ -14,12 +14,13 @@
 
 use super::Redis;
 
-/// A test's `proxy.yaml`: it listens on a free port and has one upstream, `api`.
+/// A test's `proxy.yaml`: it listens on a free port and has an upstream `api`, and maybe others.
 #[derive(Debug, Clone)]
 pub struct Yaml {
     top: String,
     targets: Vec<String>,
     upstream: String,
+    others: String,
     routes: String,
 }
 
@@ -30,6 +31,7 @@ impl Yaml {
             top: String::new(),
             targets: targets.iter().map(|t| t.as_ref().to_owned()).collect(),
             upstream: String::new(),
+            others: String::new(),
             routes: String::new(),
         }
     }
@@ -55,10 +57,25 @@ impl Yaml {
         self
     }
 
+    /// Another upstream, `name`, at `targets`, with `more` of its keys.
+    pub fn also_upstream<T: AsRef<str>>(mut self, name: &str, targets: &[T], more: &str) -> Yaml {
+        let targets: Vec<&str> = targets.iter().map(AsRef::as_ref).collect();
+        let head = format!("{name}:\n  targets: [{}]\n", targets.join(", "));
+        push_indented(&mut self.others, &head, 2);
+        push_indented(&mut self.others, more, 4);
+        self
+    }
+
     /// A route `name` to `api` for the paths under `prefix`, with `more` of its keys:
     /// `"strip_prefix: true"`, or a `limits:` list.
-    pub fn route(mut self, name: &str, prefix: &str, more: &str) -> Yaml {
-        let head = format!("- name: {name}\n  match: {{path_prefix: {prefix}}}\n  upstream: api\n");
+    pub fn route(self, name: &str, prefix: &str, more: &str) -> Yaml {
+        self.route_to(name, prefix, "api", more)
+    }
+
+    /// [`Yaml::route`] to the upstream `upstream`.
+    pub fn route_to(mut self, name: &str, prefix: &str, upstream: &str, more: &str) -> Yaml {
+        let head =
+            format!("- name: {name}\n  match: {{path_prefix: {prefix}}}\n  upstream: {upstream}\n");
         push_indented(&mut self.routes, &head, 2);
         push_indented(&mut self.routes, more, 4);
         self
@@ -67,10 +84,11 @@ impl Yaml {
     /// The file's text.
     pub fn build(&self) -> String {
         format!(
-            "listen: 127.0.0.1:0\n{}upstreams:\n  api:\n    targets: [{}]\n{}routes:\n{}",
+            "listen: 127.0.0.1:0\n{}upstreams:\n  api:\n    targets: [{}]\n{}{}routes:\n{}",
             self.top,
             self.targets.join(", "),
             self.upstream,
+            self.others,
             self.routes
         )
     }
