@@ -430,10 +430,10 @@ async fn rediss_over_the_own_connection_answers_as_redis_rs_does() {
     let redis = tls_redis(certs);
     let url = format!("rediss://:s3cret@localhost:{}/0", redis.port);
     let target = RedisTarget::Single(url);
-    let bucket = |burst: u32| {
+    let bucket = |rate: f64, burst: u32| {
         Algorithm::TokenBucket(
             Bucket::new(
-                Rate::per_second(10.0).unwrap(),
+                Rate::per_second(rate).unwrap(),
                 std::num::NonZeroU32::new(burst).unwrap(),
                 std::num::NonZeroU32::new(1).unwrap(),
             )
@@ -445,7 +445,7 @@ async fn rediss_over_the_own_connection_answers_as_redis_rs_does() {
     let memory = MemoryStore::new(std::num::NonZeroUsize::new(100).unwrap());
     let mut expected = Vec::new();
     for t in times {
-        expected.push(memory.check("k", &bucket(2), Some(t)).await.unwrap());
+        expected.push(memory.check("k", &bucket(10.0, 2), Some(t)).await.unwrap());
     }
     for connection in [Connection::Own, Connection::Library] {
         let store = RedisStore::connect_over(&target, Duration::from_secs(2), 1, connection)
@@ -453,17 +453,22 @@ async fn rediss_over_the_own_connection_answers_as_redis_rs_does() {
         let key = format!("replay:{connection:?}");
         let mut got = Vec::new();
         for t in times {
-            got.push(store.check(&key, &bucket(2), Some(t)).await.unwrap());
+            got.push(store.check(&key, &bucket(10.0, 2), Some(t)).await.unwrap());
         }
         assert_eq!(got, expected, "{connection:?}");
         // 40 checks at once on the server's clock, joined on the own connection: exactly the
-        // burst is admitted
+        // burst is admitted (it refills once an hour, so however long the 40 take)
         let store = Arc::new(store);
         let key = Arc::new(format!("burst:{connection:?}"));
         let checks: Vec<_> = (0..40)
             .map(|_| {
                 let (store, key) = (store.clone(), key.clone());
-                tokio::spawn(async move { store.check(&key, &bucket(25), None).await.unwrap() })
+                tokio::spawn(async move {
+                    store
+                        .check(&key, &bucket(1.0 / 3600.0, 25), None)
+                        .await
+                        .unwrap()
+                })
             })
             .collect();
         let mut admitted = 0;

@@ -3,7 +3,7 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-pub(super) static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// Why a response with a transfer coding other than `chunked` gets 502 (as nginx answers it):
 /// its body cannot go on as it is, its coding being hop-by-hop and undone by nobody.
