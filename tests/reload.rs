@@ -7,27 +7,20 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, get, Proxy, Upstream};
+use common::{eventually, get, Proxy, Upstream, Yaml};
 
-fn yaml(upstream: &Upstream, burst: u32, extra_route: &str) -> String {
-    format!(
-        r#"listen: 127.0.0.1:0
-upstreams:
-  api:
-    targets: [{}]
-routes:
-{extra_route}  - name: api
-    match: {{path_prefix: /}}
-    upstream: api
-    limits:
-      - name: per-client
-        algorithm: token_bucket
-        key: header:x-client
-        rate: 1/h
-        burst: {burst}
-"#,
-        upstream.url()
-    )
+/// Upstream `api` behind one limited catch-all route, with `top` keys and, in front of it, a
+/// route `new` for `/new` without limits when `new_route` is set.
+fn yaml(upstream: &Upstream, burst: u32, top: &str, new_route: bool) -> String {
+    let mut yaml = Yaml::to(&[upstream.url()]).top(top);
+    if new_route {
+        yaml = yaml.route("new", "/new", "");
+    }
+    let limit = format!(
+        "limits:\n  - {{name: per-client, algorithm: token_bucket, key: header:x-client, \
+         rate: 1/h, burst: {burst}}}"
+    );
+    yaml.route("api", "/", &limit).build()
 }
 
 /// Writes `text` to `path` the way editors do: a new file renamed over the old one.
@@ -52,7 +45,7 @@ async fn start_watching(text: &str) -> (tempfile::TempDir, std::path::PathBuf, P
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloads_under_load_drop_nothing() {
     let upstream = Upstream::start().await;
-    let (_dir, path, proxy) = start_watching(&yaml(&upstream, 2, "")).await;
+    let (_dir, path, proxy) = start_watching(&yaml(&upstream, 2, "", false)).await;
 
     // the background client: a fresh identity per request so limits never deny it
     let stop = Arc::new(AtomicBool::new(false));
@@ -87,7 +80,7 @@ async fn reloads_under_load_drop_nothing() {
     assert_eq!(statuses("a", 3).await, [200, 200, 429]);
 
     // reload 1: burst 5 (the key is the same, so the bucket keeps what was taken)
-    replace_file(&path, &yaml(&upstream, 5, ""));
+    replace_file(&path, &yaml(&upstream, 5, "", false));
     eventually(Duration::from_secs(5), || async {
         get(&proxy.url("/x"), &[("x-client", "a")]).await.status == 200
     })
@@ -106,8 +99,7 @@ async fn reloads_under_load_drop_nothing() {
     );
 
     // reload 3: a new route in front
-    let route = "  - name: new\n    match: {path: /new}\n    upstream: api\n";
-    replace_file(&path, &yaml(&upstream, 5, route));
+    replace_file(&path, &yaml(&upstream, 5, "", true));
     eventually(Duration::from_secs(5), || async {
         get(&proxy.url("/new"), &[("x-client", "c")])
             .await
@@ -132,15 +124,12 @@ async fn reloads_under_load_drop_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_shows_the_listeners_in_force_after_a_reload() {
     let upstream = Upstream::start().await;
-    let admin = "admin: {listen: 127.0.0.1:0}\n";
-    let (_dir, path, proxy) = start_watching(&format!("{admin}{}", yaml(&upstream, 5, ""))).await;
+    let first = yaml(&upstream, 5, "admin: {listen: 127.0.0.1:0}", false);
+    let (_dir, path, proxy) = start_watching(&first).await;
     let config_url = format!("http://{}/config", proxy.admin.expect("admin listener"));
-    let route = "  - name: new\n    match: {path: /new}\n    upstream: api\n";
-    let moved = yaml(&upstream, 5, route).replace("listen: 127.0.0.1:0", "listen: 127.0.0.1:1");
-    replace_file(
-        &path,
-        &format!("{}{moved}", admin.replace("127.0.0.1:0", "127.0.0.1:2")),
-    );
+    let moved = yaml(&upstream, 5, "admin: {listen: 127.0.0.1:2}", true)
+        .replace("listen: 127.0.0.1:0", "listen: 127.0.0.1:1");
+    replace_file(&path, &moved);
     eventually(Duration::from_secs(5), || async {
         get(&config_url, &[]).await.body.contains("\"new\"")
     })
@@ -161,7 +150,7 @@ async fn a_kept_alive_connection_sees_a_reload_at_its_next_request() {
 
     let upstream = Upstream::start().await;
     // a burst the test never spends: every answer is a 200
-    let (_dir, path, proxy) = start_watching(&yaml(&upstream, 1000, "")).await;
+    let (_dir, path, proxy) = start_watching(&yaml(&upstream, 1000, "", false)).await;
 
     let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let (mut conn, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -193,8 +182,7 @@ async fn a_kept_alive_connection_sees_a_reload_at_its_next_request() {
     assert!(ask(&mut conn).await, "the catch-all route's limit shows");
 
     // a route of its own for `/new`, without limits, in front of the catch-all
-    let route = "  - name: new\n    match: {path: /new}\n    upstream: api\n";
-    replace_file(&path, &yaml(&upstream, 1000, route));
+    replace_file(&path, &yaml(&upstream, 1000, "", true));
     // (the one connection behind a lock, so that each probe of `eventually` can use it)
     let conn = Arc::new(tokio::sync::Mutex::new(conn));
     eventually(Duration::from_secs(5), || {
@@ -214,10 +202,8 @@ async fn reloaded_connection_timeouts_apply_to_new_connections() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = Upstream::start().await;
     let with = |burst, secs| {
-        yaml(&upstream, burst, "").replace(
-            "listen: 127.0.0.1:0\n",
-            &format!("listen: 127.0.0.1:0\ntimeouts: {{idle: {secs}s, client_header: {secs}s}}\n"),
-        )
+        let timeouts = format!("timeouts: {{idle: {secs}s, client_header: {secs}s}}");
+        yaml(&upstream, burst, &timeouts, false)
     };
     let (_dir, path, proxy) = start_watching(&with(3, 10)).await;
     replace_file(&path, &with(4, 1));
