@@ -1,23 +1,20 @@
 //! TLS, both ways: the listener's [`ServerConfig`] (PEM certificate chain and key, ALPN `h2`
-//! then `http/1.1`) and its [`TlsAcceptor`], the upstream connector that speaks `http://`
-//! and `https://` with verified certificates and HTTP/1.1 only, and the client config of the
-//! store's own `rediss://` connection, which verifies Redis's certificate the same way.
+//! then `http/1.1`) and its [`TlsAcceptor`]; the [`client_config`] of the connections tollgate
+//! makes, to upstreams and to Redis, which verifies servers against the bundled and system
+//! roots and whatever an upstream's `tls` settings add.
 //!
 //! Every config here names the `ring` provider explicitly instead of relying on rustls's
 //! process-wide default, so nothing depends on which crypto features other crates turn on.
 //!
 //! Does not own the accept loop, the HTTP serving, or the Redis connection: `app` wires the
-//! acceptor into the listener, `proxy::pool` connects to upstreams through
-//! [`upstream_connector`], and `store::pipe` connects to Redis with [`redis_client_config`].
+//! acceptor into the listener, `proxy::pool` connects to upstreams with a [`client_config`],
+//! and `store::pipe` connects to Redis with [`redis_client_config`].
 //! A Redis Cluster over TLS goes through the redis crate, which brings its own rustls setup.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{verify_server_name, WebPkiServerVerifier};
 use rustls::crypto::CryptoProvider;
@@ -31,12 +28,6 @@ use tokio_rustls::TlsAcceptor;
 /// ALPN protocol ids the listener offers, in server preference order (RFC 7301 §3.2: the server
 /// picks the first of its own list that the client also offers). `h2` is RFC 9113 §3.2's id.
 const SERVER_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
-
-/// The only protocol offered to upstreams: the forwarding path rewrites requests for HTTP/1.1.
-const UPSTREAM_ALPN: &[u8] = b"http/1.1";
-
-/// TCP keepalive probes on upstream connections, the same as the plain connector used.
-const UPSTREAM_KEEPALIVE: Duration = Duration::from_secs(60);
 
 /// Where Linux distributions keep the system CA bundle, checked in order when `SSL_CERT_FILE`
 /// is unset (the same candidates openssl and rustls-native-certs probe).
@@ -132,16 +123,7 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsEr
         .expect("the ring provider supports TLS 1.2 and 1.3")
         .with_no_client_auth()
         .with_single_cert(chain, private_key)
-        .map_err(|e| match e {
-            rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
-                cert: cert.to_path_buf(),
-                key: key.to_path_buf(),
-            },
-            other => TlsError::BadKey {
-                path: key.to_path_buf(),
-                source: other,
-            },
-        })?;
+        .map_err(|e| key_error(e, cert, key))?;
     config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
 }
@@ -174,68 +156,155 @@ pub fn negotiated_h2(conn: &tokio_rustls::server::TlsStream<TcpStream>) -> bool 
     conn.get_ref().1.alpn_protocol() == Some(b"h2".as_slice())
 }
 
-/// The upstream connector: `http://` in the clear, `https://` verified against the bundled
-/// Mozilla roots (webpki-roots) plus the system CA bundle when one loads (`SSL_CERT_FILE`, else
-/// the first of the usual Linux bundle paths that parses). TCP_NODELAY on, connect timeout
-/// `connect_timeout`, TCP keepalive, and HTTP/1.1 only (ALPN offers just `http/1.1`).
-///
-/// A `tower_service::Service<Uri>` yielding the connection (`proxy::pool` calls it).
-pub fn upstream_connector(connect_timeout: Duration) -> HttpsConnector<HttpConnector> {
-    connector(connect_timeout, default_trust())
+/// What a TLS connection tollgate makes trusts and shows: an upstream's `tls` settings, or the
+/// defaults. The defaults verify the server against the bundled Mozilla roots (webpki-roots)
+/// plus the system CA bundle when one loads (`SSL_CERT_FILE`, else the first of the usual Linux
+/// bundle paths that parses), and show no client certificate.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAuth<'a> {
+    /// PEM certificates trusted beside the default roots
+    pub ca: Option<&'a Path>,
+    /// a certificate chain and its private key, shown to servers that ask (mTLS)
+    pub identity: Option<(&'a Path, &'a Path)>,
+    /// check the server's certificate; `false` accepts any
+    pub verify: bool,
 }
 
-/// [`upstream_connector`] that also trusts the PEM certificates in `extra_root_pem`, for
-/// upstreams behind a private CA or a self-signed certificate.
-pub fn upstream_connector_with_roots(
-    connect_timeout: Duration,
-    extra_root_pem: &Path,
-) -> Result<HttpsConnector<HttpConnector>, TlsError> {
-    let mut trust = default_trust();
-    for cert in read_certs(extra_root_pem, "root certificate")? {
-        trust
-            .anchors
-            .add(cert.clone())
-            .map_err(|source| TlsError::BadRoot {
-                path: extra_root_pem.to_path_buf(),
-                source,
-            })?;
-        trust.held.push(cert);
+impl Default for ClientAuth<'_> {
+    fn default() -> Self {
+        ClientAuth {
+            ca: None,
+            identity: None,
+            verify: true,
+        }
     }
-    Ok(connector(connect_timeout, trust))
+}
+
+/// The ALPN id of HTTP/2 (RFC 9113 §3.2).
+pub const ALPN_H2: &[u8] = b"h2";
+/// The ALPN id of HTTP/1.1.
+pub const ALPN_HTTP1: &[u8] = b"http/1.1";
+
+/// A client config for `auth`, offering no ALPN: the caller sets the protocols it speaks.
+/// Reads the files `auth` names.
+pub fn client_config(auth: &ClientAuth<'_>) -> Result<ClientConfig, TlsError> {
+    let mut trust = default_trust();
+    if let Some(ca) = auth.ca {
+        for cert in read_certs(ca, "root certificate")? {
+            trust
+                .anchors
+                .add(cert.clone())
+                .map_err(|source| TlsError::BadRoot {
+                    path: ca.to_path_buf(),
+                    source,
+                })?;
+            trust.held.push(cert);
+        }
+    }
+    let verifier: Arc<dyn ServerCertVerifier> = if auth.verify {
+        Arc::new(UpstreamVerifier::new(trust))
+    } else {
+        Arc::new(NoVerification(provider()))
+    };
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("the ring provider supports TLS 1.2 and 1.3")
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    match auth.identity {
+        None => Ok(builder.with_no_client_auth()),
+        Some((cert, key)) => {
+            let chain = read_certs(cert, "certificate")?;
+            builder
+                .with_client_auth_cert(chain, read_key(key)?)
+                .map_err(|e| key_error(e, cert, key))
+        }
+    }
+}
+
+/// Every problem of the files `auth` names (for `tollgate check`), each file read on its own.
+pub fn client_problems(auth: &ClientAuth<'_>) -> Vec<TlsError> {
+    let mut problems: Vec<TlsError> = auth
+        .ca
+        .and_then(|ca| read_certs(ca, "root certificate").err())
+        .into_iter()
+        .collect();
+    if let Some((cert, key)) = auth.identity {
+        match (read_certs(cert, "certificate"), read_key(key)) {
+            (Ok(_), Ok(_)) => problems.extend(client_config(auth).err()),
+            (chain, private_key) => {
+                problems.extend(chain.err());
+                problems.extend(private_key.err());
+            }
+        }
+    }
+    problems
 }
 
 /// The TLS client config of the store's own `rediss://` connection: Redis's certificate is
 /// verified against the same roots as an upstream's, and no ALPN is offered.
 pub fn redis_client_config() -> Arc<ClientConfig> {
-    Arc::new(client_config(default_trust()))
+    Arc::new(client_config(&ClientAuth::default()).expect("the defaults read no file"))
 }
 
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn connector(connect_timeout: Duration, trust: Trust) -> HttpsConnector<HttpConnector> {
-    let mut http = HttpConnector::new();
-    // The TLS layer above handles `https://`; the TCP layer must accept it too.
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_keepalive(Some(UPSTREAM_KEEPALIVE));
-    let mut tls = client_config(trust);
-    // Set here rather than through `HttpsConnectorBuilder`, whose HTTP/1-only mode sends no ALPN.
-    tls.alpn_protocols = vec![UPSTREAM_ALPN.to_vec()];
-    // The tuple form leaves `force_https` off, so `http://` targets stay plain TCP.
-    HttpsConnector::from((http, tls))
+/// A certificate and key rustls refused as a pair: a mismatch, or a key it cannot use.
+fn key_error(e: rustls::Error, cert: &Path, key: &Path) -> TlsError {
+    match e {
+        rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+        },
+        other => TlsError::BadKey {
+            path: key.to_path_buf(),
+            source: other,
+        },
+    }
 }
 
-/// A client config that verifies servers against `trust` ([`UpstreamVerifier`]).
-fn client_config(trust: Trust) -> ClientConfig {
-    ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .expect("the ring provider supports TLS 1.2 and 1.3")
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(UpstreamVerifier::new(trust)))
-        .with_no_client_auth()
+/// `verify: false`: any certificate is taken for any name. The handshake's signatures are
+/// still checked, so the peer holds the key of the certificate it showed.
+#[derive(Debug)]
+struct NoVerification(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.0.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.0.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 /// What upstream certificates are verified against.
@@ -407,11 +476,10 @@ mod tests {
     use std::net::SocketAddr;
 
     use bytes::Bytes;
-    use http::{Request, Response, StatusCode, Uri, Version};
+    use http::{Request, Response, Version};
     use http_body_util::{BodyExt, Empty, Full};
     use hyper::body::Incoming;
     use hyper::service::service_fn;
-    use hyper_util::client::legacy::Client;
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use hyper_util::server::conn::auto;
     use rustls_pki_types::ServerName;
@@ -493,24 +561,6 @@ mod tests {
         addr
     }
 
-    /// A plain-HTTP server on 127.0.0.1:0 serving `hello`.
-    async fn plain_server() -> SocketAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            loop {
-                let (tcp, _) = listener.accept().await.unwrap();
-                tokio::spawn(async move {
-                    let svc = service_fn(|req| hello(req, false));
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tcp), svc)
-                        .await;
-                });
-            }
-        });
-        addr
-    }
-
     /// A TLS client stream to `addr` trusting only `root`, offering `alpn`.
     async fn tls_client(
         addr: SocketAddr,
@@ -581,57 +631,66 @@ mod tests {
         assert_eq!(body_text(resp).await, "HTTP/1.1 alpn_h2=false");
     }
 
-    /// The upstream connector with the server's certificate as an extra root fetches over
-    /// https, verified, and speaks HTTP/1.1 to the upstream although the server prefers h2.
+    /// Fetches `/` from the TLS server at `addr` as `localhost`, over `config` offering
+    /// HTTP/1.1: the body, or the error chain of the handshake or the exchange.
+    async fn fetch_with(addr: SocketAddr, mut config: ClientConfig) -> Result<String, String> {
+        config.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let stream = TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .map_err(|e| error_chain(&e))?;
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| error_chain(&e))?;
+        tokio::spawn(conn);
+        let resp = send
+            .send_request(get("/"))
+            .await
+            .map_err(|e| error_chain(&e))?;
+        Ok(body_text(resp).await)
+    }
+
+    /// A client config trusting `ca` beside the defaults.
+    fn trusting(ca: &Path) -> ClientConfig {
+        let auth = ClientAuth {
+            ca: Some(ca),
+            ..ClientAuth::default()
+        };
+        client_config(&auth).unwrap()
+    }
+
+    /// With the server's certificate as an extra root, the server is verified and answers.
     #[tokio::test]
-    async fn upstream_connector_with_roots_fetches_https() {
+    async fn an_extra_root_lets_its_server_be_verified() {
         let pems = self_signed();
         let addr = tls_server(&pems).await;
-        let connector = upstream_connector_with_roots(Duration::from_secs(2), &pems.cert).unwrap();
-        let client = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(connector);
-        let uri: Uri = format!("https://localhost:{}/", addr.port())
-            .parse()
-            .unwrap();
-        let resp = client.get(uri).await.unwrap();
-        assert_eq!(resp.status(), StatusCode::OK);
-        assert_eq!(resp.version(), Version::HTTP_11);
-        assert_eq!(body_text(resp).await, "HTTP/1.1 alpn_h2=false");
+        let body = fetch_with(addr, trusting(&pems.cert)).await.unwrap();
+        assert_eq!(body, "HTTP/1.1 alpn_h2=false");
     }
 
-    /// The same connector still speaks plain `http://`.
+    /// Without the self-signed root (public roots only, or another CA's root), the server is
+    /// refused: certificates are really verified. With `verify: false` it is taken.
     #[tokio::test]
-    async fn upstream_connector_fetches_plain_http() {
-        let addr = plain_server().await;
-        let client = Client::builder(TokioExecutor::new())
-            .build::<_, Empty<Bytes>>(upstream_connector(Duration::from_secs(2)));
-        let uri: Uri = format!("http://{addr}/").parse().unwrap();
-        let resp = client.get(uri).await.unwrap();
-        assert_eq!(body_text(resp).await, "HTTP/1.1 alpn_h2=false");
-    }
-
-    /// Without the self-signed root (public roots only, or another CA's root), the connector
-    /// refuses the server: certificates are really verified.
-    #[tokio::test]
-    async fn upstream_connector_refuses_untrusted_server() {
+    async fn untrusted_servers_are_refused_unless_verify_is_off() {
         let pems = self_signed();
         let other = self_signed();
         let addr = tls_server(&pems).await;
-        let uri: Uri = format!("https://localhost:{}/", addr.port())
-            .parse()
-            .unwrap();
-        let connectors = [
-            upstream_connector(Duration::from_secs(2)),
-            upstream_connector_with_roots(Duration::from_secs(2), &other.cert).unwrap(),
-        ];
-        for connector in connectors {
-            let client = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(connector);
-            let err = client.get(uri.clone()).await.unwrap_err();
-            let chain = error_chain(&err);
+        let defaults = client_config(&ClientAuth::default()).unwrap();
+        for config in [defaults, trusting(&other.cert)] {
+            let chain = fetch_with(addr, config).await.unwrap_err();
             assert!(
                 chain.contains("invalid peer certificate"),
                 "expected a certificate refusal, got: {chain}"
             );
         }
+        let unchecked = ClientAuth {
+            verify: false,
+            ..ClientAuth::default()
+        };
+        let body = fetch_with(addr, client_config(&unchecked).unwrap()).await;
+        assert_eq!(body.unwrap(), "HTTP/1.1 alpn_h2=false");
     }
 
     /// A self-signed certificate marked `CA:TRUE` (what `openssl req -x509` makes) that the
@@ -642,16 +701,7 @@ mod tests {
     async fn a_held_self_signed_ca_certificate_is_accepted_as_the_servers() {
         async fn fetch(server: &Pems, trusted: &Pems) -> Result<String, String> {
             let addr = tls_server(server).await;
-            let connector =
-                upstream_connector_with_roots(Duration::from_secs(2), &trusted.cert).unwrap();
-            let client = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(connector);
-            let uri: Uri = format!("https://localhost:{}/", addr.port())
-                .parse()
-                .unwrap();
-            match client.get(uri).await {
-                Ok(resp) => Ok(body_text(resp).await),
-                Err(e) => Err(error_chain(&e)),
-            }
+            fetch_with(addr, trusting(&trusted.cert)).await
         }
         let held = self_signed_ca("localhost", false);
         assert_eq!(fetch(&held, &held).await.unwrap(), "HTTP/1.1 alpn_h2=false");
@@ -702,7 +752,11 @@ mod tests {
                 .starts_with(&format!("cannot read private key {}: ", missing.display())),
             "{err}"
         );
-        let err = upstream_connector_with_roots(Duration::from_secs(1), &missing).unwrap_err();
+        let auth = ClientAuth {
+            ca: Some(&missing),
+            ..ClientAuth::default()
+        };
+        let err = client_config(&auth).unwrap_err();
         assert!(matches!(
             err,
             TlsError::Read {

@@ -324,7 +324,8 @@ async fn strip_prefix_forwards_the_rest_of_the_path() {
 // 2. headers
 
 /// Hop-by-hop request headers (Connection and what it names, Keep-Alive, Proxy-*, TE, Trailer,
-/// Transfer-Encoding, Upgrade) do not reach the upstream; end-to-end ones do.
+/// Transfer-Encoding, Upgrade) do not reach the upstream, but for `TE: trailers`; end-to-end
+/// ones do.
 #[tokio::test]
 async fn removes_hop_by_hop_request_headers() {
     let upstream = Upstream::start().await;
@@ -360,12 +361,13 @@ async fn removes_hop_by_hop_request_headers() {
         "keep-alive",
         "proxy-authorization",
         "proxy-connection",
-        "te",
         "trailer",
         "upgrade",
     ] {
         assert!(h.get(gone).is_none(), "{gone} was forwarded: {h:?}");
     }
+    // a client that takes trailers says so to the upstream too: gRPC servers need it
+    assert_eq!(h.get("te").unwrap(), "trailers");
     let te: Vec<_> = h.get_all("transfer-encoding").iter().collect();
     assert!(
         te.is_empty() || te == ["chunked"],
@@ -374,7 +376,8 @@ async fn removes_hop_by_hop_request_headers() {
     assert_eq!(h.get("x-kept").unwrap(), "yes");
 }
 
-/// Hop-by-hop response headers from the upstream do not reach the client; end-to-end ones do.
+/// Hop-by-hop response headers from the upstream do not reach the client; end-to-end ones do,
+/// and `Trailer`, which names the trailer fields a client asking for them is sent.
 #[tokio::test]
 async fn removes_hop_by_hop_response_headers() {
     let upstream = CountingUpstream::start().await;
@@ -388,13 +391,13 @@ async fn removes_hop_by_hop_response_headers() {
         "keep-alive",
         "proxy-authenticate",
         "proxy-x-up",
-        "trailer",
         "upgrade",
         "te",
     ] {
         assert!(a.header(gone).is_none(), "{gone} came back: {a:?}");
     }
     assert_eq!(a.header("x-up-kept"), Some("1"));
+    assert_eq!(a.header("trailer"), Some("x-up-trailer"));
 }
 
 /// `X-Forwarded-For` gets the client's address appended to what the client sent (several lines
@@ -888,7 +891,8 @@ async fn trailer_sections_are_bounded_as_heads_are() {
         let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
         String::from_utf8_lossy(&got).into_owned()
     };
-    // the proxy sends no trailers on to an HTTP/1.1 client: a whole response ends "0\r\n\r\n"
+    // the upstream declares no `Trailer` field, so none goes on to an HTTP/1.1 client: a whole
+    // response ends "0\r\n\r\n"
     let small = fetch("/v1/small").await;
     assert!(
         small.starts_with("HTTP/1.1 200") && small.ends_with("ok\r\n0\r\n\r\n"),

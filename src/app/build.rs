@@ -11,12 +11,14 @@ use tokio_util::task::TaskTracker;
 use crate::config::{self, Backend, Config};
 use crate::metrics::{Metrics, RouteSeries};
 use crate::proxy::{
-    HeaderStyle, Limit, Pacer, Proxy, Route, Settings, Targets, Upstream, UpstreamClients,
+    Dial, HeaderStyle, Limit, Pacer, Protocol, Proxy, Route, Settings, Targets, Upstream,
+    UpstreamClients,
 };
 use crate::routing::{PathMatch, RouteTable};
 use crate::store::{
     GuardedStore, MemoryStore, RedisStore, RedisTarget, Store, StoreError, StoreObserver,
 };
+use rustls_pki_types::ServerName;
 
 /// Feeds the guarded store's calls into the metrics.
 struct StoreMetrics(Metrics);
@@ -75,6 +77,29 @@ pub async fn build_store(
     Ok(Arc::new(guarded))
 }
 
+/// How the connections to `u`'s targets are made. Its `tls` files are read now, so that a
+/// reload reads them again.
+fn dial(u: &config::UpstreamConfig, clients: &UpstreamClients) -> anyhow::Result<Arc<Dial>> {
+    let protocol = match u.protocol {
+        config::Protocol::Http1 => Protocol::Http1,
+        config::Protocol::Http2 => Protocol::Http2,
+        config::Protocol::Auto => Protocol::Auto,
+    };
+    let Some(tls) = &u.tls else {
+        return Ok(clients.default_dial(protocol));
+    };
+    let config = crate::tls::client_config(&tls.auth())
+        .with_context(|| format!("upstream {}: tls", u.name))?;
+    let server_name = match &tls.server_name {
+        Some(name) => Some(
+            ServerName::try_from(name.clone())
+                .with_context(|| format!("upstream {}: tls.server_name", u.name))?,
+        ),
+        None => None,
+    };
+    Ok(Arc::new(Dial::new(protocol, config, server_name)))
+}
+
 /// The proxy for `config`, over an existing store and upstream clients (both survive reloads).
 pub fn build_proxy(
     config: &Config,
@@ -92,7 +117,7 @@ pub fn build_proxy(
         });
         let upstream = Upstream {
             name: u.name.as_str().into(),
-            targets: Targets::new(&u.targets),
+            targets: Targets::new(&u.targets, dial(u, &clients)?),
             preserve_host: u.preserve_host,
             pacer,
         };

@@ -77,6 +77,7 @@ impl Server {
             config.timeouts.upstream_connect,
             config.timeouts.idle,
             http1,
+            tls::client_config(&tls::ClientAuth::default())?,
         );
         let tunnels = TaskTracker::new();
         let proxy = build_proxy(

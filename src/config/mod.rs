@@ -41,8 +41,8 @@ use std::path::Path as FilePath;
 
 pub use problem::{ConfigError, Problem};
 pub use types::{
-    AdminConfig, Backend, Config, HeaderStyle, LimitConfig, Mode, OnError, RouteConfig,
-    StoreConfig, Timeouts, TlsConfig, UpstreamConfig,
+    AdminConfig, Backend, ClientTls, Config, HeaderStyle, LimitConfig, Mode, OnError, Protocol,
+    RouteConfig, StoreConfig, Timeouts, TlsConfig, UpstreamConfig,
 };
 
 use locate::Locator;

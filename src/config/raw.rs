@@ -171,6 +171,28 @@ pub(crate) struct RawUpstream {
     pub targets: Field<StrList>,
     pub preserve_host: Field<bool>,
     pub pace: Field<RawPace>,
+    pub protocol: Field<RawProtocol>,
+    pub tls: Field<RawClientTls>,
+}
+
+/// `upstreams.NAME.protocol`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawProtocol {
+    Http1,
+    Http2,
+    Auto,
+}
+
+/// `upstreams.NAME.tls`: how tollgate checks the server and shows itself as a client
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawClientTls {
+    pub ca: Field<String>,
+    pub cert: Field<String>,
+    pub key: Field<String>,
+    pub server_name: Field<String>,
+    pub verify: Field<bool>,
 }
 
 /// `upstreams.NAME.pace`

@@ -5,7 +5,8 @@ use serde_json::{json, Value};
 
 use super::backend::redact_url;
 use super::types::{
-    Backend, Config, HeaderStyle, LimitConfig, Mode, OnError, RouteConfig, UpstreamConfig,
+    Backend, ClientTls, Config, HeaderStyle, LimitConfig, Mode, OnError, Protocol, RouteConfig,
+    UpstreamConfig,
 };
 use super::units::{format_duration, format_rate, format_size};
 use crate::identity::KeyPart;
@@ -178,6 +179,12 @@ fn upstream_line(u: &UpstreamConfig) -> String {
     if !u.preserve_host {
         line.push_str(" (host rewritten)");
     }
+    if u.protocol != Protocol::Auto {
+        line.push_str(&format!(" ({})", u.protocol.as_str()));
+    }
+    if let Some(tls) = &u.tls {
+        line.push_str(&format!(" (tls: {})", client_tls_text(tls)));
+    }
     if let Some(pace) = &u.pace {
         line.push_str(&format!("; pace {}", format_rate(pace.rate)));
         if let Some(ms) = pace.max_delay_ms {
@@ -195,11 +202,45 @@ fn upstream_json(u: &UpstreamConfig) -> Value {
         "name": u.name,
         "targets": u.targets.iter().map(target_text).collect::<Vec<_>>(),
         "preserve_host": u.preserve_host,
+        "protocol": u.protocol.as_str(),
+        "tls": u.tls.as_ref().map(client_tls_json),
         "pace": u.pace.map(|p| json!({
             "rate": format_rate(p.rate),
             "max_delay": p.max_delay_ms.map(format_ms),
             "max_waiting": u.max_waiting.map(|n| n.get()),
         })),
+    })
+}
+
+/// A connection's `tls` settings in a few words: `ca ca.pem, cert client.pem, no verify`.
+pub(crate) fn client_tls_text(tls: &ClientTls) -> String {
+    let mut parts = Vec::new();
+    if let Some(ca) = &tls.ca {
+        parts.push(format!("ca {}", ca.display()));
+    }
+    if let Some(id) = &tls.identity {
+        parts.push(format!("cert {}", id.cert.display()));
+    }
+    if let Some(name) = &tls.server_name {
+        parts.push(format!("server_name {name}"));
+    }
+    if !tls.verify {
+        parts.push("NOT VERIFIED".to_owned());
+    }
+    if parts.is_empty() {
+        parts.push("defaults".to_owned());
+    }
+    parts.join(", ")
+}
+
+/// A connection's `tls` settings for `/config`: file paths, never their contents.
+pub(crate) fn client_tls_json(tls: &ClientTls) -> Value {
+    json!({
+        "ca": tls.ca.as_ref().map(|p| p.display().to_string()),
+        "cert": tls.identity.as_ref().map(|id| id.cert.display().to_string()),
+        "key": tls.identity.as_ref().map(|id| id.key.display().to_string()),
+        "server_name": tls.server_name,
+        "verify": tls.verify,
     })
 }
 

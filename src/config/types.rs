@@ -189,6 +189,61 @@ pub struct UpstreamConfig {
     pub pace: Option<Pace>,
     /// `pace.max_waiting`: bound on requests sleeping for a slot in this process
     pub max_waiting: Option<NonZeroUsize>,
+    /// `protocol`: the HTTP version spoken to the targets
+    pub protocol: Protocol,
+    /// `tls`: the settings of `https://` targets; `None`: the defaults
+    pub tls: Option<ClientTls>,
+}
+
+/// `upstreams.NAME.protocol`: the HTTP version spoken to an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// `http1`: HTTP/1.1 only
+    Http1,
+    /// `http2`: HTTP/2 only; over `http://` with prior knowledge (h2c)
+    Http2,
+    /// `auto`: what TLS negotiates (ALPN, `h2` preferred) on `https://`, HTTP/1.1 on `http://`
+    #[default]
+    Auto,
+}
+
+impl Protocol {
+    /// The name written in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "http1",
+            Protocol::Http2 => "http2",
+            Protocol::Auto => "auto",
+        }
+    }
+}
+
+/// `tls` of a connection tollgate makes: which servers it trusts and how it shows itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    /// `ca`: PEM certificates trusted beside the bundled and system roots
+    pub ca: Option<PathBuf>,
+    /// `cert` and `key`: a client certificate chain and its key, for servers that ask (mTLS)
+    pub identity: Option<TlsConfig>,
+    /// `server_name`: the name checked in the server's certificate and sent in SNI, instead
+    /// of the target's host
+    pub server_name: Option<String>,
+    /// `verify`: check the server's certificate (default true)
+    pub verify: bool,
+}
+
+impl ClientTls {
+    /// What the TLS layer is told of these settings.
+    pub fn auth(&self) -> crate::tls::ClientAuth<'_> {
+        crate::tls::ClientAuth {
+            ca: self.ca.as_deref(),
+            identity: self
+                .identity
+                .as_ref()
+                .map(|id| (id.cert.as_path(), id.key.as_path())),
+            verify: self.verify,
+        }
+    }
 }
 
 /// `routes[N]`

@@ -22,39 +22,74 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio_util::task::TaskTracker;
 
-pub use super::hop::strip_hop_by_hop;
-use super::pool::{Http1Client, Key, Pool, Pooled, Resend, UpstreamError};
+pub use super::hop::{strip_hop_by_hop, Message};
+use super::pool::{Dial, H2Conns, Http1Client, Key, Pool, Pooled, Protocol, Resend, UpstreamError};
 use super::upload::{head_in_time, Upload};
 use super::{Body, BoxError, ProxyError};
+use hyper_util::client::legacy::connect::HttpConnector;
 
 /// One pooled client per worker thread (`app::workers`): a client connection's requests go out
 /// over the pool of the thread that serves it, so an upstream connection is only ever driven by
-/// the thread whose requests use it (no cross-thread wake-up per request).
+/// the thread whose requests use it (no cross-thread wake-up per request). HTTP/2 connections
+/// are the exception: every worker shares one per target.
 #[derive(Clone)]
-pub struct UpstreamClients(Arc<[Pool]>);
+pub struct UpstreamClients {
+    pools: Arc<[Pool]>,
+    /// how upstreams without `tls` settings connect, by protocol: made once, so that their
+    /// connections outlive reloads
+    defaults: Arc<[Arc<Dial>; 3]>,
+}
+
+/// TCP keepalive probes on upstream connections.
+const UPSTREAM_KEEPALIVE: Duration = Duration::from_secs(60);
 
 impl UpstreamClients {
     /// `workers` clients whose connections time out after `connect` and idle out after
-    /// `idle`, over one connector (one TLS configuration, its roots read once).
+    /// `idle`; `tls` is the TLS setup of upstreams without settings of their own.
     pub fn new(
         workers: usize,
         connect: Duration,
         idle: Duration,
         http1: Http1Client,
+        tls: rustls::ClientConfig,
     ) -> UpstreamClients {
-        let connector = crate::tls::upstream_connector(connect);
-        let clients = (0..workers.max(1)).map(|_| Pool::new(connector.clone(), idle, http1));
-        UpstreamClients(clients.collect())
+        let mut tcp = HttpConnector::new();
+        // the TLS layer above handles `https://`; the TCP layer must accept it too
+        tcp.enforce_http(false);
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(connect));
+        tcp.set_keepalive(Some(UPSTREAM_KEEPALIVE));
+        let h2 = Arc::new(H2Conns::new(idle));
+        let pools = (0..workers.max(1)).map(|_| Pool::new(tcp.clone(), h2.clone(), idle, http1));
+        let dial = |protocol| Arc::new(Dial::new(protocol, tls.clone(), None));
+        UpstreamClients {
+            pools: pools.collect(),
+            defaults: Arc::new([
+                dial(Protocol::Http1),
+                dial(Protocol::Http2),
+                dial(Protocol::Auto),
+            ]),
+        }
     }
 
     /// How many workers there are pools for.
     pub fn workers(&self) -> usize {
-        self.0.len()
+        self.pools.len()
     }
 
     /// The pool of worker `worker`: keep-alive connections per target, shared by every route.
     pub fn of(&self, worker: usize) -> &Pool {
-        &self.0[worker % self.0.len()]
+        &self.pools[worker % self.pools.len()]
+    }
+
+    /// How an upstream without `tls` settings of its own connects, speaking `protocol`.
+    pub fn default_dial(&self, protocol: Protocol) -> Arc<Dial> {
+        let i = match protocol {
+            Protocol::Http1 => 0,
+            Protocol::Http2 => 1,
+            Protocol::Auto => 2,
+        };
+        self.defaults[i].clone()
     }
 }
 
@@ -87,16 +122,17 @@ struct Target {
 pub const EJECT_FOR: Duration = Duration::from_secs(2);
 
 impl Targets {
-    /// Targets from their URIs (`http://host:port`); entries without scheme or authority are
-    /// refused by config validation before this point and skipped here.
-    pub fn new(uris: &[Uri]) -> Targets {
+    /// Targets from their URIs (`http://host:port`), connected to as `dial` says; entries
+    /// without scheme or authority are refused by config validation before this point and
+    /// skipped here.
+    pub fn new(uris: &[Uri], dial: Arc<Dial>) -> Targets {
         let targets = uris
             .iter()
             .filter_map(|u| {
                 let (scheme, authority) = (u.scheme()?, u.authority()?);
                 Some(Target {
                     host: HeaderValue::from_str(authority.as_str()).ok()?,
-                    key: Key::new(scheme.clone(), authority.clone()),
+                    key: Key::new(scheme.clone(), authority.clone(), dial.clone()),
                     down_until: AtomicU64::new(0),
                 })
             })
@@ -315,7 +351,7 @@ fn answered(
     // the client hears tollgate's HTTP version, not the upstream's (an HTTP/1.0 upstream
     // must not turn the client's HTTP/1.1 connection into 1.0)
     parts.version = Version::HTTP_11;
-    strip_hop_by_hop(&mut parts.headers);
+    strip_hop_by_hop(&mut parts.headers, Message::Response);
     // a 204 has no content and states no length (RFC 9110 §8.6): hyper's HTTP/1 side leaves
     // the field out, its HTTP/2 side would pass on an upstream's
     if parts.status == StatusCode::NO_CONTENT {
@@ -593,7 +629,7 @@ fn rewrite(
     // an HTTP/2 request goes to the HTTP/1.1 upstream as HTTP/1.1
     parts.version = Version::HTTP_11;
     let headers = &mut parts.headers;
-    strip_hop_by_hop(headers);
+    strip_hop_by_hop(headers, Message::Request);
     if !hyper::body::Body::is_end_stream(&body) {
         // `Expect: 100-continue` was the client's with tollgate, which answers it (hyper sends
         // the 100 when the body is first read, once the limits admitted the request): the
@@ -713,10 +749,10 @@ mod tests {
     }
 
     /// Every hop-by-hop header goes, including those `Connection` names (any case, any line);
-    /// end-to-end headers stay.
+    /// end-to-end headers stay. A request keeps `te: trailers`, a response its `Trailer`.
     #[test]
     fn strips_every_hop_by_hop_header() {
-        let mut h = headers(&[
+        let all = headers(&[
             ("connection", "close, X-A"),
             ("connection", " x-b ,keep-alive"),
             ("x-a", "1"),
@@ -725,21 +761,32 @@ mod tests {
             ("proxy-authorization", "Basic x"),
             ("proxy-authenticate", "Basic"),
             ("proxy-connection", "keep-alive"),
-            ("te", "trailers"),
+            ("te", "deflate, Trailers"),
             ("trailer", "x-sum"),
             ("transfer-encoding", "chunked"),
             ("upgrade", "websocket"),
             ("x-kept", "1"),
             ("content-length", "3"),
         ]);
-        strip_hop_by_hop(&mut h);
-        // (the order of different names carries no meaning; removal may reorder them)
-        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
-        left.sort_unstable();
+        let left = |message| {
+            let mut h = all.clone();
+            strip_hop_by_hop(&mut h, message);
+            // (the order of different names carries no meaning; removal may reorder them)
+            let mut left: Vec<String> = h
+                .iter()
+                .map(|(k, v)| format!("{k}: {}", v.to_str().unwrap()))
+                .collect();
+            left.sort_unstable();
+            left
+        };
         // the Content-Length of a message framed by Transfer-Encoding goes with it
-        assert_eq!(left, ["x-kept"]);
+        assert_eq!(left(Message::Request), ["te: trailers", "x-kept: 1"]);
+        assert_eq!(left(Message::Response), ["trailer: x-sum", "x-kept: 1"]);
+        let mut h = headers(&[("te", "gzip")]);
+        strip_hop_by_hop(&mut h, Message::Request);
+        assert!(h.is_empty(), "a TE without trailers goes");
         let mut h = headers(&[("connection", "keep-alive"), ("content-length", "3")]);
-        strip_hop_by_hop(&mut h);
+        strip_hop_by_hop(&mut h, Message::Request);
         let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["content-length"], "kept when it frames the message");
     }
@@ -786,7 +833,7 @@ mod tests {
         .iter()
         .map(|u| u.parse().expect("test uri"))
         .collect();
-        let t = Targets::new(&uris);
+        let t = Targets::new(&uris, Dial::for_tests());
         let picks: Vec<usize> = (0..6).filter_map(|_| t.pick()).collect();
         assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
         t.failed(1, "api", UNREACHABLE);
@@ -802,7 +849,7 @@ mod tests {
         t.succeeded(1, "api");
         let picks: Vec<usize> = (0..3).filter_map(|_| t.pick()).collect();
         assert_eq!(picks, [1, 1, 1]);
-        assert_eq!(Targets::new(&[]).pick(), None);
+        assert_eq!(Targets::new(&[], Dial::for_tests()).pick(), None);
     }
 
     /// Several Cookie fields become one, joined by `"; "` in order; one field is left alone.

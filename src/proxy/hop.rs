@@ -31,9 +31,21 @@ pub(crate) fn hop_by_hop_bit(name: &HeaderName) -> u8 {
     }
 }
 
+/// Which message [`strip_hop_by_hop`] cleans: the two keep different fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Message {
+    /// a request: a `TE` that accepts trailers goes on as `te: trailers`, the one value HTTP/2
+    /// allows. gRPC servers refuse calls without it.
+    Request,
+    /// a response: `Trailer` stays. It names the trailer fields that hyper's HTTP/1.1 side
+    /// then sends on to a client that asked for them with `TE: trailers`.
+    Response,
+}
+
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1): `Connection` and every header it names,
-/// `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, but for what
+/// `message` keeps.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, message: Message) {
     // Hot path: one pass of cheap name comparisons; most messages carry no hop-by-hop header
     // but `Connection`, and none at all over HTTP/2. Removing by name hashes, so only the
     // names present are removed, and nothing is allocated unless `Connection` has several
@@ -44,6 +56,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if present == 0 {
         return;
     }
+    let te_trailers = present & 2 != 0
+        && message == Message::Request
+        && headers
+            .get_all(header::TE)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
     if present & 1 != 0 {
         strip_connection(headers);
     }
@@ -52,9 +71,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         // here: its Content-Length would frame the message sent on wrongly, so it goes too.
         headers.remove(header::CONTENT_LENGTH);
     }
+    let trailer = match message {
+        Message::Request => 4,
+        Message::Response => 0,
+    };
     let named = [
         (2, &header::TE),
-        (4, &header::TRAILER),
+        (trailer, &header::TRAILER),
         (8, &header::TRANSFER_ENCODING),
         (16, &header::UPGRADE),
         (32, &KEEP_ALIVE),
@@ -63,6 +86,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         if present & bit != 0 {
             headers.remove(name);
         }
+    }
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
     if present & 64 != 0 {
         let proxy: Vec<HeaderName> = headers

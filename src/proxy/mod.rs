@@ -46,7 +46,7 @@ use respond::Shown;
 pub use forward::{Targets, UpstreamClients};
 pub use limits::Limit;
 pub use pacing::Pacer;
-pub use pool::Http1Client;
+pub use pool::{Dial, Http1Client, Protocol};
 pub use respond::HeaderStyle;
 
 /// Boxed error of a streamed body.

@@ -15,6 +15,12 @@
 //! A request on a reused one that finds it closed before any response byte (the upstream
 //! closed it while it idled) goes out again, once, on a new connection when that is safe (see
 //! [`Pool::exchange`]).
+//!
+//! HTTP/2 connections are shared by every worker, one per target ([`h2`]). How a connection
+//! is made, and which HTTP version it speaks, is the target's upstream's [`Dial`].
+
+mod dial;
+mod h2;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -30,12 +36,15 @@ use http::uri::{Authority, Scheme};
 use http::{header, Method, Request, Response, StatusCode, Uri};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1;
-use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioIo;
 use tower_service::Service;
 
 use super::h1;
 use super::{Body, BoxError};
+pub use dial::{Dial, Protocol};
+use dial::{Opened, Stream};
+pub use h2::Conns as H2Conns;
 
 /// Which HTTP/1 client carries a request without a body to an `http://` target. Every other
 /// request goes over hyper's.
@@ -81,22 +90,27 @@ impl Resend {
 /// Idle connections kept per target and worker (as hyper-util's `pool_max_idle_per_host` was).
 const MAX_IDLE: usize = 1024;
 
-/// A target: scheme and authority, hashed once (an `Authority` hashes case-insensitively,
-/// byte by byte, and the pool looks a target up twice per request).
+/// A target: scheme and authority, and how connections to it are made, hashed once (an
+/// `Authority` hashes case-insensitively, byte by byte, and the pool looks a target up twice
+/// per request). Two upstreams with the same target and different TLS settings or protocols
+/// are two keys: they never share a connection.
 #[derive(Debug, Clone)]
 pub struct Key {
     scheme: Scheme,
     authority: Authority,
+    dial: Arc<Dial>,
     hash: u64,
 }
 
 impl Key {
-    /// The target at `scheme://authority`.
-    pub fn new(scheme: Scheme, authority: Authority) -> Key {
-        let hash = foldhash::fast::FixedState::default().hash_one((&scheme, &authority));
+    /// The target at `scheme://authority`, connected to as `dial` says.
+    pub fn new(scheme: Scheme, authority: Authority, dial: Arc<Dial>) -> Key {
+        let via = Arc::as_ptr(&dial) as usize;
+        let hash = foldhash::fast::FixedState::default().hash_one((&scheme, &authority, via));
         Key {
             scheme,
             authority,
+            dial,
             hash,
         }
     }
@@ -113,6 +127,7 @@ impl PartialEq for Key {
         // `Authority`'s own comparison is case-insensitive, byte by byte. It still decides when
         // the bytes differ.
         self.hash == other.hash
+            && Arc::ptr_eq(&self.dial, &other.dial)
             && self.scheme == other.scheme
             && (self.authority.as_str() == other.authority.as_str()
                 || self.authority == other.authority)
@@ -136,7 +151,10 @@ pub struct Pool {
 }
 
 struct Inner {
-    connector: HttpsConnector<HttpConnector>,
+    /// TCP connections, before TLS
+    tcp: HttpConnector,
+    /// every worker's HTTP/2 connections
+    h2: Arc<H2Conns>,
     idle_for: Duration,
     idle: IdleMap<Sender>,
     /// connections of tollgate's own client (`h1`), idle
@@ -197,17 +215,15 @@ impl UpstreamError {
 }
 
 impl Pool {
-    /// A pool connecting through `connector`; connections idle for longer than `idle` close.
-    /// `http1` carries the requests without a body to `http://` targets.
-    pub fn new(
-        connector: HttpsConnector<HttpConnector>,
-        idle: Duration,
-        http1: Http1Client,
-    ) -> Pool {
+    /// A pool connecting through `tcp`, sharing `h2` with the other workers' pools;
+    /// connections idle for longer than `idle` close. `http1` carries the requests without a
+    /// body to `http://` targets.
+    pub fn new(tcp: HttpConnector, h2: Arc<H2Conns>, idle: Duration, http1: Http1Client) -> Pool {
         Pool {
             own: http1 == Http1Client::Own,
             inner: Arc::new(Inner {
-                connector,
+                tcp,
+                h2,
                 idle_for: idle,
                 idle: Mutex::new(HashMap::default()),
                 own_idle: Mutex::new(HashMap::default()),
@@ -228,13 +244,23 @@ impl Pool {
         mut req: Request<Body>,
     ) -> impl Future<Output = Result<Response<Pooled>, UpstreamError>> + Send + 'a {
         async move {
+            let switching =
+                req.method() == Method::CONNECT || req.headers().contains_key(header::UPGRADE);
             if self.own
                 && target.scheme == Scheme::HTTP
+                && !target.dial.h2_only()
                 && req.body().is_end_stream()
-                && req.method() != Method::CONNECT
-                && !req.headers().contains_key(header::UPGRADE)
+                && !switching
             {
                 return self.exchange(target, &req).await;
+            }
+            // (a cleartext target speaks HTTP/2 only when told to: no lookup for the others)
+            let maybe_h2 = target.dial.h2_only()
+                || (target.scheme == Scheme::HTTPS && target.dial.protocol() == Protocol::Auto);
+            if maybe_h2 && !switching {
+                if let Some(slot) = self.inner.h2.slot(target, target.dial.h2_only()) {
+                    return Box::pin(self.over_h2(target, &slot, None, req)).await;
+                }
             }
             // A request without a body and with an idempotent method goes again, once, on a new
             // connection when a reused one closes before its response, as on the own client.
@@ -256,17 +282,76 @@ impl Pool {
             }
             // boxed: a new connection is the rare case, and its future (TLS session and all)
             // would otherwise make every request's future, and its allocation, kilobytes larger
-            let mut sender = match Box::pin(self.connect(target)).await {
-                Ok(sender) => sender,
+            let opened = match Box::pin(self.open(target, switching)).await {
+                Ok(opened) => opened,
                 // nothing of the request was read: it goes back, for another target
                 Err(UpstreamError::Connect(e)) => {
                     return Err(UpstreamError::Unsent(e, Box::new(req)))
                 }
                 Err(e) => return Err(e),
             };
+            if opened.h2 {
+                // TLS chose HTTP/2: the target's requests go over this connection from now on
+                let slot = self.inner.h2.slot(target, true).expect("made when asked");
+                return Box::pin(self.over_h2(target, &slot, Some(opened.stream), req)).await;
+            }
+            let mut sender = self.handshake(opened.stream).await?;
             match sender.send_request(req).await {
                 Ok(resp) => self.inner.pooled(resp, target.clone(), sender),
                 Err(e) => Err(UpstreamError::Http(e)),
+            }
+        }
+    }
+
+    /// Sends `req` over `target`'s HTTP/2 connection in `slot`: the one open, else `opened`,
+    /// else a new one. A request the connection closed on before taking it goes again, once,
+    /// on a new connection. Should TLS choose HTTP/1.1 on the new connection, the target's
+    /// slot goes and the request goes over HTTP/1.1.
+    async fn over_h2(
+        &self,
+        target: &Key,
+        slot: &h2::Slot,
+        mut opened: Option<Stream>,
+        mut req: Request<Body>,
+    ) -> Result<Response<Pooled>, UpstreamError> {
+        h2::for_h2(&mut req, target);
+        let mut retried = false;
+        loop {
+            let mut sender = match slot.sender().await {
+                h2::Found::Sender(sender) => sender,
+                h2::Found::Empty(mut conn) => {
+                    let stream = match opened.take() {
+                        Some(stream) => stream,
+                        None => match self.open(target, false).await {
+                            Ok(Opened { stream, h2: true }) => stream,
+                            Ok(Opened { stream, h2: false }) => {
+                                self.inner.h2.forget(target);
+                                drop(conn);
+                                let mut sender = self.handshake(stream).await?;
+                                *req.version_mut() = http::Version::HTTP_11;
+                                return match sender.send_request(req).await {
+                                    Ok(resp) => self.inner.pooled(resp, target.clone(), sender),
+                                    Err(e) => Err(UpstreamError::Http(e)),
+                                };
+                            }
+                            Err(UpstreamError::Connect(e)) => {
+                                return Err(UpstreamError::Unsent(e, Box::new(req)))
+                            }
+                            Err(e) => return Err(e),
+                        },
+                    };
+                    h2::start(&mut conn, stream).await?
+                }
+            };
+            match h2::send(&mut sender, req).await {
+                Ok(resp) => {
+                    return Ok(resp.map(|body| Pooled::of(Reading::Hyper { body, back: None })))
+                }
+                Err((_, Some(unsent))) if !retried => {
+                    retried = true;
+                    req = unsent;
+                }
+                Err((e, _)) => return Err(e),
             }
         }
     }
@@ -324,9 +409,9 @@ impl Pool {
 
     /// A new connection of the own client to `target` (cleartext).
     async fn connect_own(&self, target: &Key) -> Result<h1::Conn, UpstreamError> {
-        match self.open(target).await? {
-            MaybeHttpsStream::Http(io) => Ok(h1::Conn::new(io.into_inner())),
-            MaybeHttpsStream::Https(_) => Err(UpstreamError::NoAuthority),
+        match self.open(target, false).await?.stream {
+            Stream::Plain(tcp) => Ok(h1::Conn::new(tcp)),
+            Stream::Tls(_) => Err(UpstreamError::NoAuthority),
         }
     }
 
@@ -358,13 +443,12 @@ impl Pool {
         }
     }
 
-    /// A new connection to `target`, driven by a task of this worker.
-    async fn connect(&self, target: &Key) -> Result<Sender, UpstreamError> {
-        let io = self.open(target).await?;
+    /// HTTP/1.1 on a new connection, driven by a task of this worker.
+    async fn handshake(&self, stream: Stream) -> Result<Sender, UpstreamError> {
         // (response heads are bounded as the own client bounds them)
         let (sender, connection) = http1::Builder::new()
             .max_buf_size(h1::MAX_HEAD)
-            .handshake(io)
+            .handshake(TokioIo::new(stream))
             .await
             .map_err(UpstreamError::Http)?;
         tokio::spawn(async move {
@@ -375,23 +459,33 @@ impl Pool {
         Ok(sender)
     }
 
-    /// A new connection to `target`, TLS handshake done when its scheme is `https`.
-    async fn open(
-        &self,
-        target: &Key,
-    ) -> Result<MaybeHttpsStream<hyper_util::rt::TokioIo<tokio::net::TcpStream>>, UpstreamError>
-    {
+    /// A new connection to `target`, TLS handshake done when its scheme is `https`; with
+    /// `switching`, one that speaks HTTP/1.1.
+    async fn open(&self, target: &Key, switching: bool) -> Result<Opened, UpstreamError> {
         let uri = Uri::builder()
             .scheme(target.scheme.clone())
             .authority(target.authority.clone())
             .path_and_query("/")
             .build()
             .map_err(|_| UpstreamError::NoAuthority)?;
-        let mut connector = self.inner.connector.clone();
-        std::future::poll_fn(|cx| connector.poll_ready(cx))
+        let mut tcp = self.inner.tcp.clone();
+        std::future::poll_fn(|cx| tcp.poll_ready(cx))
             .await
-            .map_err(UpstreamError::Connect)?;
-        connector.call(uri).await.map_err(UpstreamError::Connect)
+            .map_err(|e| UpstreamError::Connect(e.into()))?;
+        let io = tcp
+            .call(uri)
+            .await
+            .map_err(|e| UpstreamError::Connect(e.into()))?;
+        target
+            .dial
+            .over(
+                io.into_inner(),
+                &target.scheme,
+                &target.authority,
+                switching,
+            )
+            .await
+            .map_err(|e| UpstreamError::Connect(e.into()))
     }
 }
 
@@ -690,12 +784,16 @@ mod tests {
     use super::*;
 
     fn key(scheme: Scheme, authority: &str) -> Key {
-        Key::new(scheme, authority.parse().expect("test authority"))
+        static DIAL: std::sync::OnceLock<Arc<Dial>> = std::sync::OnceLock::new();
+        let dial = DIAL.get_or_init(Dial::for_tests).clone();
+        Key::new(scheme, authority.parse().expect("test authority"), dial)
     }
 
     /// A target is one key whatever the case of its host (its hash is made once, as the
     /// authority compares); scheme and port tell targets apart.
     #[test]
+    // (a key hashes and compares by its dial's address, never by what the dial holds)
+    #[allow(clippy::mutable_key_type)]
     fn keys_compare_as_their_targets() {
         let mut map: HashMap<Key, u32, foldhash::fast::RandomState> = HashMap::default();
         map.insert(key(Scheme::HTTP, "api.example:8080"), 1);

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod lenient;
+pub mod pki;
 pub mod raw;
 pub mod yaml;
 
@@ -270,6 +271,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 #[derive(Debug, Clone)]
 pub struct Seen {
     pub at: Instant,
+    pub version: http::Version,
     pub method: String,
     pub uri: String,
     pub headers: http::HeaderMap,
@@ -277,10 +279,14 @@ pub struct Seen {
 
 /// A test upstream. Paths it understands:
 /// `/slow/MS` waits MS ms before answering; `/status/CODE?retry_after=S` answers CODE;
-/// `/echo` streams the request body back; `/bytes/N` streams N bytes; anything else answers
-/// 200 "ok". Every request is recorded in `seen`.
+/// `/echo` streams the request body back; `/bytes/N` streams N bytes; `/trailers` answers
+/// "ok" and the trailer `x-checksum: 2a`, declared in `Trailer`; `/version` answers the HTTP
+/// version it was asked in; anything else answers 200 "ok". Every request is recorded in
+/// `seen`.
 pub struct Upstream {
     pub addr: SocketAddr,
+    /// it speaks TLS
+    tls: bool,
     pub seen: Arc<Mutex<Vec<Seen>>>,
     /// connections accepted
     connections: Arc<std::sync::atomic::AtomicUsize>,
@@ -293,10 +299,10 @@ impl Drop for Upstream {
     }
 }
 
-type TestBody =
+pub type TestBody =
     http_body_util::combinators::BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
-fn full(text: impl Into<Bytes>) -> TestBody {
+pub fn full(text: impl Into<Bytes>) -> TestBody {
     Full::new(text.into())
         .map_err(|never| match never {})
         .boxed()
@@ -308,6 +314,7 @@ async fn upstream_handle(
 ) -> Response<TestBody> {
     seen.lock().unwrap().push(Seen {
         at: Instant::now(),
+        version: req.version(),
         method: req.method().to_string(),
         uri: req.uri().to_string(),
         headers: req.headers().clone(),
@@ -335,8 +342,36 @@ async fn upstream_handle(
             let stream = futures_stream(total, chunk);
             Response::new(StreamBody::new(stream).boxed())
         }
+        ["trailers"] => {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("x-checksum", http::HeaderValue::from_static("2a"));
+            let frames: Vec<Result<Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>> = vec![
+                Ok(Frame::data(Bytes::from_static(b"ok"))),
+                Ok(Frame::trailers(trailers)),
+            ];
+            let mut resp = Response::new(StreamBody::new(iter_stream(frames)).boxed());
+            resp.headers_mut()
+                .insert("trailer", http::HeaderValue::from_static("x-checksum"));
+            resp
+        }
+        ["version"] => Response::new(full(format!("{:?}", req.version()))),
         _ => Response::new(full("ok")),
     }
+}
+
+/// A stream of `items`, one at a time.
+fn iter_stream<T: Unpin>(items: Vec<T>) -> impl futures_core::Stream<Item = T> {
+    struct S<T>(std::collections::VecDeque<T>);
+    impl<T: Unpin> futures_core::Stream for S<T> {
+        type Item = T;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<T>> {
+            std::task::Poll::Ready(self.0.pop_front())
+        }
+    }
+    S(items.into())
 }
 
 fn futures_stream(
@@ -384,7 +419,22 @@ impl Upstream {
 
     /// Serves on `listener` (to restart an upstream on the same port).
     pub async fn serve(listener: tokio::net::TcpListener) -> Upstream {
+        Upstream::serve_over(listener, None).await
+    }
+
+    /// Starts the upstream on a free port, speaking TLS as `tls` says: HTTP/2 when it offers
+    /// `h2` by ALPN and the client takes it.
+    pub async fn start_tls(tls: Arc<rustls::ServerConfig>) -> Upstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Upstream::serve_over(listener, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+    }
+
+    async fn serve_over(
+        listener: tokio::net::TcpListener,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Upstream {
         let addr = listener.local_addr().unwrap();
+        let is_tls = tls.is_some();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let seen2 = seen.clone();
         let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -396,19 +446,28 @@ impl Upstream {
                 };
                 accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let seen = seen2.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
                         let seen = seen.clone();
                         async move { Ok::<_, Infallible>(upstream_handle(req, seen).await) }
                     });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let _ = match tls {
+                        None => builder.serve_connection(TokioIo::new(stream), svc).await,
+                        Some(tls) => match tls.accept(stream).await {
+                            Ok(stream) => builder.serve_connection(TokioIo::new(stream), svc).await,
+                            // a client that refuses the certificate, or has none to show
+                            Err(_) => Ok(()),
+                        },
+                    };
                 });
             }
         });
         Upstream {
             addr,
+            tls: is_tls,
             seen,
             connections,
             task,
@@ -416,7 +475,8 @@ impl Upstream {
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     pub fn seen(&self) -> Vec<Seen> {

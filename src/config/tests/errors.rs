@@ -519,3 +519,21 @@ fn paths_settings_outside_their_names_are_errors() {
         ],
     );
 }
+
+/// An upstream's `protocol` is one of three names, and its `tls` needs a certificate and its
+/// key together and a server name that is a name.
+#[test]
+fn upstream_protocol_and_tls_are_checked() {
+    let text = MINIMAL.replace(
+        "    targets: [http://127.0.0.1:8000]\n",
+        "    targets: [https://10.0.0.1:8443]\n    protocol: h2\n    tls: {cert: /c.pem, server_name: \"a b\"}\n",
+    );
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:5:15: upstreams.api.protocol: expected http1, http2 or auto, found "h2""#,
+            r#"proxy.yaml:6:17: upstreams.api.tls.cert: a client certificate needs its key: set key too"#,
+            r#"proxy.yaml:6:38: upstreams.api.tls.server_name: "a b" is not a DNS name or an IP address"#,
+        ],
+    );
+}

@@ -302,3 +302,45 @@ fn load_reads_the_file_and_names_it_in_problems() {
     let err = super::load(dir.path()).expect_err("a directory");
     assert!(err.to_string().contains("directory"), "{err}");
 }
+
+/// `load` reads the files an upstream's `tls` names: one missing, or a key that does not
+/// parse, is an error at its key.
+#[test]
+fn load_reads_upstream_tls_files() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("proxy.yaml");
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not pem\n").expect("write");
+    let missing = dir.path().join("nope.pem");
+    let text = MINIMAL.replace(
+        "    targets: [http://127.0.0.1:8000]\n",
+        &format!(
+            "    targets: [https://10.0.0.1]\n    tls:\n      ca: {}\n      cert: {}\n      key: {}\n",
+            missing.display(),
+            missing.display(),
+            junk.display()
+        ),
+    );
+    std::fs::write(&path, text).expect("write");
+    let Err(ConfigError::Invalid(problems)) = super::load(&path) else {
+        panic!("expected problems");
+    };
+    let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    let at =
+        |place: &str, key: &str| format!("{}:{place}: upstreams.api.tls.{key}: ", path.display());
+    assert_eq!(problems.len(), 3, "{problems:#?}");
+    assert!(problems[0].starts_with(&at("6:11", "ca")), "{problems:#?}");
+    assert!(
+        problems[0].contains("cannot read root certificate"),
+        "{problems:#?}"
+    );
+    assert!(
+        problems[1].starts_with(&at("7:13", "cert")),
+        "{problems:#?}"
+    );
+    assert!(problems[2].starts_with(&at("8:12", "key")), "{problems:#?}");
+    assert!(
+        problems[2].contains("no private key found"),
+        "{problems:#?}"
+    );
+}

@@ -243,3 +243,20 @@ routes:
     );
     assert_eq!(warnings(&kept), Vec::<String>::new());
 }
+
+/// `verify: false` is allowed with a warning; so is `tls` on an upstream it cannot apply to.
+#[test]
+fn unverified_or_unused_upstream_tls_is_a_warning() {
+    let text = MINIMAL.replace(
+        "    targets: [http://127.0.0.1:8000]\n",
+        "    targets: [https://10.0.0.1:8443]\n    tls: {verify: false}\n  plain:\n    targets: [http://10.0.0.2]\n    tls: {server_name: api.internal}\n",
+    );
+    assert_eq!(
+        warnings(&text),
+        [
+            "proxy.yaml:5:19: upstreams.api.tls.verify: verify: false: the server's certificate is not checked, so anyone on the network path can pose as the server and read the traffic",
+            "proxy.yaml:7:5: upstreams.plain: upstream \"plain\" is not used by any route",
+            "proxy.yaml:8:10: upstreams.plain.tls: tls applies to https:// targets only, and this upstream has none",
+        ]
+    );
+}

@@ -201,7 +201,9 @@ impl Meta {
             self.length_listed |= bytes.contains(&b',');
             return true;
         }
-        if hop_by_hop_bit(name) == 0 {
+        // `Trailer` stays, as hyper's client keeps it: it names the trailer fields that a
+        // client asking for them is sent
+        if hop_by_hop_bit(name) == 0 || name == header::TRAILER {
             return true;
         }
         if name == header::TRANSFER_ENCODING {
