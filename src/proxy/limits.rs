@@ -145,7 +145,7 @@ pub(super) async fn check<'r, B>(
     req: &Request<B>,
     ip: IpAddr,
     path: &str,
-    outcome: &mut Outcome<'_>,
+    outcome: &mut Outcome<'r>,
 ) -> Result<Checked<'r>, ProxyError> {
     let ctx = KeyContext {
         ip,
@@ -160,8 +160,9 @@ pub(super) async fn check<'r, B>(
     let several = route.limits.len() > 1;
     let paced = route.upstream.pacer.is_some();
     if several {
-        if let Some(denied) = remembered_denial(proxy, route, &ctx, &mut key) {
+        if let Some((denied, by)) = remembered_denial(proxy, route, &ctx, &mut key) {
             outcome.decision = Some(Counted::Denied);
+            outcome.limit = Some(by);
             return Ok(Checked::Denied(denied));
         }
     }
@@ -186,6 +187,7 @@ pub(super) async fn check<'r, B>(
         count(proxy, limit, &decision, outcome);
         match (decision.allowed, limit.shadow) {
             (false, false) => {
+                outcome.limit = Some(&limit.name);
                 let first = limit.shown(alg, decision);
                 let denied = refuse(proxy, route, &ctx, ix, first, &mut key, admitted.taken).await;
                 return Ok(Checked::Denied(denied));
@@ -330,12 +332,12 @@ async fn wait(
 /// The 429 of a refusal the instance remembers among the route's enforced limits for this
 /// request, if there is one (no store is asked): the first such limit answers, with the
 /// longest of the remembered waits.
-fn remembered_denial(
+fn remembered_denial<'r>(
     proxy: &Proxy,
-    route: &Route,
+    route: &'r Route,
     ctx: &KeyContext<'_>,
     key: &mut String,
-) -> Option<Response<Body>> {
+) -> Option<(Response<Body>, &'r str)> {
     // (the first remembered answers; the headers show the longest remembered wait)
     let mut found: Option<(&Limit, Shown<'_>)> = None;
     for limit in &route.limits {
@@ -355,11 +357,8 @@ fn remembered_denial(
     }
     let (first, longest) = found?;
     proxy.metrics.limit_decided(&first.series, Counted::Denied);
-    Some(respond::rate_limited(
-        proxy.settings.headers,
-        &first.name,
-        &longest,
-    ))
+    let denied = respond::rate_limited(proxy.settings.headers, &first.name, &longest);
+    Some((denied, &first.name))
 }
 
 /// What the limits in `taken` (index, when they admitted, what they answered) took, with their

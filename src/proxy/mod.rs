@@ -252,6 +252,21 @@ impl ProxyError {
         }
     }
 
+    /// The gRPC status a gRPC client is given for this error. Pacing and the store refuse
+    /// with UNAVAILABLE (14): the call may be tried again later. The rest follow the status
+    /// each maps to, as Envoy maps HTTP statuses: 400 INTERNAL (13), 404 UNIMPLEMENTED (12),
+    /// 502, 503 and 504 UNAVAILABLE (14), any other UNKNOWN (2).
+    pub fn grpc_status(&self) -> u8 {
+        match self.status() {
+            StatusCode::BAD_REQUEST => 13,
+            StatusCode::NOT_FOUND => 12,
+            StatusCode::BAD_GATEWAY
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::GATEWAY_TIMEOUT => 14,
+            _ => 2,
+        }
+    }
+
     /// Every `kind` that [`ProxyError::upstream_kind`] reports.
     pub const UPSTREAM_KINDS: [&'static str; 3] = ["connect", "timeout", "protocol"];
 
@@ -321,6 +336,8 @@ struct Outcome<'a> {
     client: Option<std::net::IpAddr>,
     /// the limit phase's verdict: allowed, denied, shadow_denied, or none (no limits ran)
     decision: Option<crate::metrics::Decision>,
+    /// the limit that refused the request
+    limit: Option<&'a str>,
     pacing_delay: Duration,
     /// the most restrictive admitting limit's figures: the rate-limit headers of the response,
     /// whoever makes it (the upstream, or the proxy when pacing, forwarding or the body fails)
@@ -513,9 +530,24 @@ impl Proxy {
                             | ProxyError::BadBody
                             | ProxyError::ClientBodyTimeout { .. }
                     );
-                respond::error(&err)
+                match ending.grpc {
+                    true => respond::grpc(
+                        respond::error(&err),
+                        err.grpc_status(),
+                        &err.public_message(),
+                    ),
+                    false => respond::error(&err),
+                }
             }
         };
+        if ending.grpc && outcome.decision == Some(crate::metrics::Decision::Denied) {
+            let limit = outcome.limit.unwrap_or("-");
+            resp = respond::grpc(
+                resp,
+                GRPC_RESOURCE_EXHAUSTED,
+                &format!("rate limited by {limit}"),
+            );
+        }
         if let Some(shown) = &outcome.shown {
             respond::add_rate_headers(resp.headers_mut(), self.settings.headers, shown);
         }
@@ -561,13 +593,19 @@ struct Client {
     peer_trusted: bool,
 }
 
-/// How the request's connection may end, read before the request moves into the phases.
+/// The gRPC status of a call a limit refused.
+const GRPC_RESOURCE_EXHAUSTED: u8 = 8;
+
+/// How the request's answer is framed and its connection may end, read before the request
+/// moves into the phases.
 #[derive(Clone, Copy)]
 struct Ending {
     http1: bool,
     http10: bool,
     /// the connection closes after the response
     close: bool,
+    /// a gRPC call: tollgate's own answers are gRPC statuses
+    grpc: bool,
 }
 
 impl Ending {
@@ -579,8 +617,22 @@ impl Ending {
             // an HTTP/1 CONNECT is refused, and the bytes after it, the tunnel's, are no
             // requests
             close: *req.method() == http::Method::CONNECT && http1,
+            // (gRPC runs over HTTP/2 only: an HTTP/1 request never looks)
+            grpc: !http1 && is_grpc(req),
         }
     }
+}
+
+/// Whether `req` is a gRPC call: its content type is `application/grpc`, alone or with a
+/// `+format` or parameters. gRPC-Web, which carries its status in the body, is not.
+fn is_grpc<B>(req: &Request<B>) -> bool {
+    let Some(value) = req.headers().get(http::header::CONTENT_TYPE) else {
+        return false;
+    };
+    let Some(rest) = value.as_bytes().strip_prefix(b"application/grpc") else {
+        return false;
+    };
+    matches!(rest.first(), None | Some(b'+' | b';'))
 }
 
 /// A request's metrics and access log line, written when it is answered — or, when the client

@@ -162,6 +162,42 @@ pub fn rate_limited(style: HeaderStyle, answering: &str, shown: &Shown<'_>) -> R
     resp
 }
 
+/// `resp`, made by tollgate, as a gRPC client reads an answer: HTTP 200, no body, and the
+/// status `code` and `message` in `grpc-status` and `grpc-message`. Its other headers, such as
+/// the rate-limit headers and `Retry-After`, stay as the call's metadata.
+pub fn grpc(resp: Response<Body>, code: u8, message: &str) -> Response<Body> {
+    let (mut parts, _) = resp.into_parts();
+    parts.status = StatusCode::OK;
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    parts
+        .headers
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    parts
+        .headers
+        .insert(GRPC_STATUS.clone(), HeaderValue::from(u16::from(code)));
+    let message = HeaderValue::try_from(grpc_message(message))
+        .expect("a percent-encoded message is a valid header value");
+    parts.headers.insert(GRPC_MESSAGE.clone(), message);
+    let empty = http_body_util::Empty::new().map_err(|never| match never {});
+    Response::from_parts(parts, empty.boxed())
+}
+
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+
+/// `text` as gRPC writes `grpc-message`: bytes outside printable ASCII, and `%`, percent-encoded.
+fn grpc_message(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for &b in text.as_bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
 /// The error response for `err`: its status, a JSON body, and `Retry-After` where a wait helps.
 pub fn error(err: &ProxyError) -> Response<Body> {
     let body = format!(
@@ -196,6 +232,13 @@ pub fn json_string(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A gRPC message is percent-encoded where it leaves printable ASCII, and at `%`.
+    #[test]
+    fn grpc_messages_are_percent_encoded() {
+        assert_eq!(grpc_message("rate limited by a-b"), "rate limited by a-b");
+        assert_eq!(grpc_message("100% é\n"), "100%25 %C3%A9%0A");
+    }
+
     use super::*;
 
     /// A limit's own policy value is kept once: equal values share their bytes (cloning one
