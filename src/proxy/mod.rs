@@ -7,7 +7,7 @@
 //! 3. **limit**: each limit in order; the first denial answers 429 (leaky-bucket limits sleep);
 //! 4. **pace**: the upstream's shared leaky bucket, sleeping the delay (503 past `max_delay`);
 //! 5. **forward**: to a target, streaming both ways;
-//! 6. **respond**: the rate-limit headers of the most restrictive limit on whatever came back.
+//! 6. **respond**: the rate-limit headers of the route's limits on whatever came back.
 //!
 //! Errors map to status codes in one place ([`ProxyError::status`]). This module knows the
 //! store only through the [`Store`] trait.
@@ -41,7 +41,7 @@ use crate::routing::{
     self, AuthorityFault, PathError, PathMatch, PathPolicy, RequestParts, RequestPath, RouteTable,
 };
 use crate::store::{Store, StoreError};
-use respond::Shown;
+use respond::Showing;
 
 pub use forward::{Targets, UpstreamClients};
 pub use limits::Limit;
@@ -322,9 +322,9 @@ struct Outcome<'a> {
     /// the limit phase's verdict: allowed, denied, shadow_denied, or none (no limits ran)
     decision: Option<crate::metrics::Decision>,
     pacing_delay: Duration,
-    /// the most restrictive admitting limit's figures: the rate-limit headers of the response,
-    /// whoever makes it (the upstream, or the proxy when pacing, forwarding or the body fails)
-    shown: Option<Shown<'a>>,
+    /// the admitting limits' figures: the rate-limit headers of the response, whoever makes it
+    /// (the upstream, or the proxy when pacing, forwarding or the body fails)
+    shown: Option<Showing<'a>>,
 }
 
 impl Proxy {
