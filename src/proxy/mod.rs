@@ -9,8 +9,9 @@
 //! 5. **forward**: to a target, streaming both ways;
 //! 6. **respond**: the rate-limit headers of the route's limits on whatever came back.
 //!
-//! Errors map to status codes in one place ([`ProxyError::status`]). This module knows the
-//! store only through the [`Store`] trait.
+//! Before the phases a request gets its id ([`request_id`]), which goes upstream and back to the
+//! client. Errors map to status codes in one place ([`ProxyError::status`]). This module knows
+//! the store only through the [`Store`] trait.
 
 pub mod forward;
 pub mod h1;
@@ -19,6 +20,7 @@ mod limits;
 mod owed;
 pub mod pacing;
 pub mod pool;
+pub mod request_id;
 pub mod respond;
 mod upload;
 
@@ -325,16 +327,23 @@ struct Outcome<'a> {
     /// the admitting limits' figures: the rate-limit headers of the response, whoever makes it
     /// (the upstream, or the proxy when pacing, forwarding or the body fails)
     shown: Option<Showing<'a>>,
+    /// the request's `X-Request-Id`, kept or made: forwarded, returned, logged
+    request_id: Option<HeaderValue>,
 }
 
 impl Proxy {
     /// Serves one request through the phases, then records its metrics and access log line.
-    pub async fn handle(&self, req: Request<Incoming>, conn: Conn) -> Response<Body> {
+    pub async fn handle(&self, mut req: Request<Incoming>, conn: Conn) -> Response<Body> {
         let ending = Ending::of(&req);
+        // before any phase, so that every answer, the proxy's own too, carries it
+        let request_id = request_id::keep_or_make(req.headers_mut());
         let mut record = Record {
             proxy: self,
             started: Instant::now(),
-            outcome: Outcome::default(),
+            outcome: Outcome {
+                request_id: Some(request_id),
+                ..Outcome::default()
+            },
             answered: false,
         };
         let result = self.phases(req, conn, &mut record.outcome).await;
@@ -493,7 +502,8 @@ impl Proxy {
     }
 
     /// Respond: the upstream's response, or the proxy's answer to a phase's error, with the
-    /// rate-limit headers of the route's limits, and a close where the connection must end.
+    /// rate-limit headers of the route's limits, the request's id, and a close where the
+    /// connection must end.
     fn respond(
         &self,
         result: Result<Response<Body>, ProxyError>,
@@ -518,6 +528,10 @@ impl Proxy {
         };
         if let Some(shown) = &outcome.shown {
             respond::add_rate_headers(resp.headers_mut(), self.settings.headers, shown);
+        }
+        if let Some(id) = &outcome.request_id {
+            let name = request_id::X_REQUEST_ID.clone();
+            resp.headers_mut().insert(name, id.clone());
         }
         // An HTTP/1.0 client's response of no known length ends with its connection: say so,
         // as nginx does. hyper adds `keep-alive` to the `Connection` of a response to a
