@@ -158,6 +158,7 @@ pub fn build_proxy(
             tunnel_idle: config.timeouts.idle,
             max_body_size: config.max_body_size,
             paths: config.paths,
+            access_log: Default::default(),
         },
     })
 }

@@ -146,7 +146,7 @@ pub(super) async fn check<'r, B>(
     req: &Request<B>,
     ip: IpAddr,
     path: &str,
-    outcome: &mut Outcome<'_>,
+    outcome: &mut Outcome<'r>,
 ) -> Result<Checked<'r>, ProxyError> {
     let ctx = KeyContext {
         ip,
@@ -161,8 +161,9 @@ pub(super) async fn check<'r, B>(
     let several = route.limits.len() > 1;
     let paced = route.upstream.pacer.is_some();
     if several {
-        if let Some(denied) = remembered_denial(proxy, route, &ctx, &mut key) {
+        if let Some((limit, denied)) = remembered_denial(proxy, route, &ctx, &mut key) {
             outcome.decision = Some(Counted::Denied);
+            outcome.limit = Some(&limit.name);
             return Ok(Checked::Denied(denied));
         }
     }
@@ -211,8 +212,9 @@ pub(super) async fn check<'r, B>(
                 if several || decision.delay_us > 0 || paced {
                     admitted.taken.push((ix, Instant::now(), decision));
                 }
-                if !shadow {
-                    admitted.delay_us = admitted.delay_us.max(decision.delay_us);
+                if !shadow && decision.delay_us > admitted.delay_us {
+                    admitted.delay_us = decision.delay_us;
+                    admitted.delaying = Some(&limit.name);
                 }
             }
         }
@@ -232,6 +234,8 @@ struct Admitted<'r> {
     shadow: Option<Showing<'r>>,
     /// the longest delay of the enforced leaky-bucket limits, in µs
     delay_us: u64,
+    /// the limit of that delay
+    delaying: Option<&'r Arc<str>>,
     /// the checks to give back if the request is not sent: the limit's index, when it
     /// admitted the request, its decision
     taken: Vec<(usize, Instant, Decision)>,
@@ -272,17 +276,29 @@ fn tighter(a: &Shown<'_>, b: &Shown<'_>) -> bool {
     (a.remaining, std::cmp::Reverse(a.reset_ms)) < (b.remaining, std::cmp::Reverse(b.reset_ms))
 }
 
-/// Counts a limit's decision in the metrics and in the request's outcome. An enforced denial
-/// stays the outcome's decision.
-fn count(proxy: &Proxy, limit: &Limit, decision: &Decision, outcome: &mut Outcome<'_>) {
+/// Counts a limit's decision in the metrics and in the request's outcome. The outcome keeps the
+/// strongest verdict, an enforced denial over a shadow one over an admission, and the limit
+/// that gave it.
+fn count<'r>(proxy: &Proxy, limit: &'r Limit, decision: &Decision, outcome: &mut Outcome<'r>) {
     let counted = match (decision.allowed, limit.shadow) {
         (true, _) => Counted::Allowed,
         (false, true) => Counted::ShadowDenied,
         (false, false) => Counted::Denied,
     };
     proxy.metrics.limit_decided(&limit.series, counted);
-    if outcome.decision != Some(Counted::Denied) {
+    let strength = |d: Counted| match d {
+        Counted::Allowed => 0,
+        Counted::ShadowDenied => 1,
+        Counted::Denied => 2,
+    };
+    if outcome
+        .decision
+        .is_none_or(|was| strength(counted) > strength(was))
+    {
         outcome.decision = Some(counted);
+        if counted != Counted::Allowed {
+            outcome.limit = Some(&limit.name);
+        }
     }
 }
 
@@ -332,12 +348,12 @@ async fn refuse<'r>(
 /// Sleeps the longest delay of the enforced leaky-bucket limits. Returns what the limits took
 /// when the request has its upstream's pacing still to wait for: given back if it is dropped
 /// or refused there (see [`Owed`]).
-async fn wait(
+async fn wait<'r>(
     proxy: &Proxy,
     route: &Route,
     ctx: &KeyContext<'_>,
-    admitted: &Admitted<'_>,
-    outcome: &mut Outcome<'_>,
+    admitted: &Admitted<'r>,
+    outcome: &mut Outcome<'r>,
 ) -> Option<Owed> {
     let paced = route.upstream.pacer.is_some();
     let (delay_us, taken) = (admitted.delay_us, &admitted.taken);
@@ -347,8 +363,10 @@ async fn wait(
     if delay_us > 0 {
         let delay = Duration::from_micros(delay_us);
         tokio::time::sleep(delay).await;
-        // logged with the upstream's pacing: the time the request was held back
+        // logged with the upstream's pacing: the time the request was held back, and by
+        // which limit unless a shadow one would have refused it
         outcome.pacing_delay += delay;
+        outcome.limit = outcome.limit.or(admitted.delaying);
     }
     match owed {
         Some(owed) if !paced => {
@@ -362,13 +380,13 @@ async fn wait(
 /// The 429 of a refusal the instance remembers among the route's enforced limits for this
 /// request, if there is one (no store is asked): the first such limit answers, with the
 /// longest of the remembered waits. The headers list the remembered refusals.
-fn remembered_denial(
+fn remembered_denial<'r>(
     proxy: &Proxy,
-    route: &Route,
+    route: &'r Route,
     ctx: &KeyContext<'_>,
     key: &mut String,
-) -> Option<Response<Body>> {
-    let mut found: Option<(&Limit, Showing<'_>)> = None;
+) -> Option<(&'r Limit, Response<Body>)> {
+    let mut found: Option<(&Limit, Showing<'r>)> = None;
     for limit in &route.limits {
         if limit.shadow || identity::is_trusted(ctx.ip, &limit.exempt) {
             continue;
@@ -389,11 +407,8 @@ fn remembered_denial(
     }
     let (first, shown) = found?;
     proxy.metrics.limit_decided(&first.series, Counted::Denied);
-    Some(respond::rate_limited(
-        proxy.settings.headers,
-        &first.name,
-        &shown,
-    ))
+    let denied = respond::rate_limited(proxy.settings.headers, &first.name, &shown);
+    Some((first, denied))
 }
 
 /// What the limits in `taken` (index, when they admitted, what they answered) took, with their
