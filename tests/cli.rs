@@ -862,3 +862,38 @@ fn rust_log_turns_the_access_log_off() {
         "{all:#?}"
     );
 }
+
+/// `access_log: {query: true, client: hash}`: the path keeps its query and the client is a
+/// hash of 12 hex digits, not the address; `check` tells both settings.
+#[test]
+fn access_log_settings_keep_the_query_and_hash_the_client() {
+    let redis = common::Redis::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(common::Upstream::start());
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let top = "access_log: {query: true, client: hash}\n";
+    let yaml = limited_config(port, &redis, &upstream, top);
+    let checked = tollgate()
+        .arg("check")
+        .arg("--config")
+        .arg(write(&dir, "check.yaml", &yaml))
+        .output()
+        .unwrap();
+    let summary = String::from_utf8_lossy(&checked.stdout);
+    assert!(
+        summary.contains("access_log: client hash, query kept"),
+        "{summary}"
+    );
+    let (_child, lines) = run_logging(&dir, &yaml, port, "json");
+    let head = "GET /v1/x?page=2&sort=a HTTP/1.1\r\nHost: t\r\nX-Request-Id: q-1";
+    assert_eq!(exchange(port, head, b"").status(), 200);
+    let lines = access_fields(&lines, 1);
+    let line = &lines["q-1"];
+    assert_eq!(line["path"], "/v1/x?page=2&sort=a", "{line:#}");
+    let client = line["client"].as_str().unwrap();
+    assert!(
+        client.len() == 12 && client.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{line:#}"
+    );
+}

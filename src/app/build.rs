@@ -11,7 +11,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{self, Backend, Config};
 use crate::metrics::{Metrics, RouteSeries};
 use crate::proxy::{
-    HeaderStyle, Limit, Pacer, Proxy, Route, Settings, Targets, Upstream, UpstreamClients,
+    access, HeaderStyle, Limit, Pacer, Proxy, Route, Settings, Targets, Upstream, UpstreamClients,
 };
 use crate::routing::{PathMatch, RouteTable};
 use crate::store::{
@@ -73,6 +73,17 @@ pub async fn build_store(
     )
     .with_observer(Arc::new(StoreMetrics(metrics.clone())));
     Ok(Arc::new(guarded))
+}
+
+/// The access log's settings for the proxy.
+fn access_log(log: config::AccessLog) -> access::LogSettings {
+    access::LogSettings {
+        query: log.query,
+        client: match log.client {
+            config::LogClient::Address => access::ClientField::Address,
+            config::LogClient::Hash => access::ClientField::Hash,
+        },
+    }
 }
 
 /// The proxy for `config`, over an existing store and upstream clients (both survive reloads).
@@ -158,7 +169,7 @@ pub fn build_proxy(
             tunnel_idle: config.timeouts.idle,
             max_body_size: config.max_body_size,
             paths: config.paths,
-            access_log: Default::default(),
+            access_log: access_log(config.access_log),
         },
     })
 }

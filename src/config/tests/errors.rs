@@ -67,8 +67,8 @@ fn unknown_key_without_a_close_match_lists_the_allowed_keys() {
         "listen: 0.0.0.0:8080\ncolour: blue\n",
         &[
             "proxy.yaml:2:1: colour: unknown key \"colour\"; expected listen, workers, tls, admin, \
-             store, trusted_proxies, rate_limit_headers, timeouts, max_body_size, paths, upstreams or \
-             routes",
+             store, trusted_proxies, rate_limit_headers, timeouts, max_body_size, paths, access_log, \
+             upstreams or routes",
         ],
     );
 }
@@ -516,6 +516,18 @@ fn paths_settings_outside_their_names_are_errors() {
         &[
             r#"proxy.yaml:3:20: paths.escaped_slashes: expected reject, decode or keep, found "allow""#,
             r#"proxy.yaml:4:3: paths.segment_param: unknown key "segment_param" (did you mean "segment_params"?)"#,
+        ],
+    );
+}
+
+/// An `access_log.client` that is not one of its names, and a `query` that is not a boolean.
+#[test]
+fn access_log_settings_outside_their_names_are_errors() {
+    assert_problems(
+        "listen: 0.0.0.0:8080\naccess_log:\n  client: ip\n  query: sometimes\n",
+        &[
+            r#"proxy.yaml:3:11: access_log.client: expected address or hash, found "ip""#,
+            r#"proxy.yaml:4:10: access_log.query: expected true or false, found "sometimes""#,
         ],
     );
 }
