@@ -134,6 +134,30 @@ async fn the_proxys_own_answers_carry_the_id() {
     }
 }
 
+/// A request refused for its framing before any route is looked at (two Host fields) gets its
+/// id back too.
+#[tokio::test]
+async fn a_framing_refusal_carries_the_id() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let dead = common::DeadPort::new();
+    let proxy = Proxy::start(&config(&upstream, &dead)).await;
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(b"GET /v1/x HTTP/1.1\r\nHost: a\r\nHost: b\r\nX-Request-Id: framed-1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("x-request-id: framed-1\r\n"),
+        "{answer}"
+    );
+    assert!(upstream.seen().is_empty());
+}
+
 /// Over HTTP/2 the id is kept, or made, and forwarded and returned as over HTTP/1.1.
 #[tokio::test]
 async fn http2_requests_carry_the_id() {
