@@ -28,7 +28,7 @@ use crate::metrics::Decision;
 pub const TARGET: &str = "tollgate::access";
 
 /// Whether the access log is on: the filter in force lets its lines through.
-pub fn enabled() -> bool {
+pub(super) fn enabled() -> bool {
     tracing::enabled!(target: TARGET, tracing::Level::INFO)
 }
 
@@ -65,17 +65,17 @@ pub struct Report {
 
 impl Report {
     /// Target `index` of the upstream answered (or failed).
-    pub fn answered_by(&self, index: usize) {
+    pub(super) fn answered_by(&self, index: usize) {
         self.target.store(index + 1, Ordering::Relaxed);
     }
 
     /// The index of the target that answered, if one did.
-    pub fn target(&self) -> Option<usize> {
+    pub(super) fn target(&self) -> Option<usize> {
         self.target.load(Ordering::Relaxed).checked_sub(1)
     }
 
     /// `body`, counting its bytes into this report as they are read.
-    pub fn count(&self, body: Body) -> Body {
+    pub(super) fn count(&self, body: Body) -> Body {
         CountedBody {
             inner: body,
             count: self.received.clone(),
@@ -118,7 +118,7 @@ impl hyper::body::Body for CountedBody {
 
 /// One request's access line: the request as it arrived, then what the phases found, then
 /// the answer. Boxed, made only while the log is on.
-pub struct Line {
+pub(super) struct Line {
     started: Instant,
     settings: LogSettings,
     method: Method,
@@ -127,11 +127,11 @@ pub struct Line {
     host: Option<HeaderValue>,
     user_agent: Option<HeaderValue>,
     /// filled in by the forward phase
-    pub report: Report,
+    pub(super) report: Report,
     /// the upstream target that answered, or failed last
-    pub upstream_addr: Option<Authority>,
+    pub(super) upstream_addr: Option<Authority>,
     /// from sending the request to the upstream's response head
-    pub upstream_ttfb: Option<Duration>,
+    pub(super) upstream_ttfb: Option<Duration>,
     answer: Answer,
 }
 
@@ -150,7 +150,7 @@ struct Answer {
 
 impl Line {
     /// The line of `req`, which arrived at `started`.
-    pub fn of<B>(req: &Request<B>, started: Instant, settings: LogSettings) -> Box<Line> {
+    pub(super) fn of<B>(req: &Request<B>, started: Instant, settings: LogSettings) -> Box<Line> {
         let host = match req.uri().authority() {
             Some(a) => HeaderValue::from_str(a.as_str()).ok(),
             None => req.headers().get(http::header::HOST).cloned(),
@@ -185,7 +185,7 @@ impl Line {
     }
 
     /// `resp`, its body writing this line when it ends.
-    pub fn follow(self: Box<Line>, resp: Response<Body>) -> Response<Body> {
+    pub(super) fn follow(self: Box<Line>, resp: Response<Body>) -> Response<Body> {
         resp.map(|body| {
             LoggedBody {
                 inner: body,
@@ -198,7 +198,7 @@ impl Line {
 
     /// Writes the line: `sent` bytes of the response body went out, all of it (`complete`) or
     /// not (the client went away, or the upstream's body failed).
-    pub fn write(self: Box<Line>, sent: u64, complete: bool) {
+    pub(super) fn write(self: Box<Line>, sent: u64, complete: bool) {
         let a = &self.answer;
         tracing::info!(
             target: TARGET,
