@@ -12,6 +12,7 @@
 //! * [`turns`]: the scheduling tricks that exist for throughput, and their one off switch.
 //! * [`metrics`]: one Prometheus registry, a cloneable handle passed down.
 //! * [`admin`]: the admin listener: `/metrics`, `/healthz`, `/readyz`, `/config`.
+//! * [`logging`]: the text form of log lines, the access log's above all.
 //! * `server`: serving connections: accept, TLS, HTTP/1 and HTTP/2, framing checks, deadlines,
 //!   the worker threads.
 //! * [`app`]: the only wiring module: builds stores, routes and listeners from the config; runs.
@@ -22,6 +23,7 @@ pub mod config;
 mod decimal;
 pub mod identity;
 pub mod limit;
+pub mod logging;
 pub mod metrics;
 pub mod proxy;
 pub mod routing;

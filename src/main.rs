@@ -183,7 +183,9 @@ fn init_logging(format: LogFormat) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
-        LogFormat::Text => builder.init(),
+        LogFormat::Text => builder
+            .event_format(tollgate::logging::TextLines::default())
+            .init(),
         LogFormat::Json => builder.json().init(),
     }
 }

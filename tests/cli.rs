@@ -1,5 +1,7 @@
 //! The `tollgate` binary as a user runs it: `check` on good and bad files, exit statuses,
-//! and a SIGTERM drain that exits 0.
+//! a SIGTERM drain that exits 0, and the access log it writes, in JSON and in text.
+
+mod common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -265,7 +267,7 @@ fn json_logs_carry_the_warnings_and_the_admin_address() {
 }
 
 /// The access log names the client of a request no route takes, and counts a `leaky_bucket`
-/// limit's wait as the request's pacing delay.
+/// limit's wait as the request's pacing delay, naming the limit.
 #[test]
 fn access_log_has_the_client_of_a_404_and_the_wait_of_a_leaky_bucket() {
     use std::io::Read;
@@ -301,15 +303,13 @@ fn access_log_has_the_client_of_a_404_and_the_wait_of_a_leaky_bucket() {
     }
     let fields: Vec<&serde_json::Value> = access.iter().map(|a| &a["fields"]).collect();
     assert_eq!(fields[0]["status"], 404);
-    assert_eq!(
-        fields[0]["client"].as_str().map(str::len),
-        Some(12),
-        "{:?}",
-        fields[0]
-    );
+    assert_eq!(fields[0]["client"], "127.0.0.1", "{:?}", fields[0]);
     assert_eq!(fields[0]["client"], fields[1]["client"]);
     let waited = fields[2]["pacing_delay_ms"].as_f64().unwrap();
     assert!((400.0..=1100.0).contains(&waited), "{:?}", fields[2]);
+    // the limit that made it wait
+    assert_eq!(fields[2]["limit"], "l", "{:?}", fields[2]);
+    assert_eq!(fields[2]["decision"], "allowed", "{:?}", fields[2]);
 }
 
 /// A loopback port free a moment ago.
@@ -530,4 +530,370 @@ fn a_second_signal_ends_the_drain() {
     wait_for("the exit after the second signal", || {
         child.0.try_wait().unwrap().is_some()
     });
+}
+
+/// tollgate run with `yaml` (its `listen` on `port`), logging at info in `format`; its log
+/// lines, and the running process, once it listens.
+fn run_logging(
+    dir: &tempfile::TempDir,
+    yaml: &str,
+    port: u16,
+    format: &str,
+) -> (Reaped, std::sync::mpsc::Receiver<String>) {
+    let path = write(dir, "p.yaml", yaml);
+    let mut child = Reaped(
+        tollgate()
+            .args(["--log-format", format, "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = log_lines(&mut child);
+    wait_for("the listener", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    (child, lines)
+}
+
+/// A response read whole from a connection the server closes.
+struct Exchange {
+    head: String,
+    body: Vec<u8>,
+}
+
+impl Exchange {
+    fn status(&self) -> u16 {
+        self.head[9..12].parse().unwrap()
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+/// Sends `head` (the request line and fields, without the blank line), with `Connection:
+/// close` and `body`, and reads the response to the close.
+fn exchange(port: u16, head: &str, body: &[u8]) -> Exchange {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut request = format!("{head}\r\nConnection: close\r\n");
+    if !body.is_empty() {
+        request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    request.push_str("\r\n");
+    s.write_all(request.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let split = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head");
+    Exchange {
+        head: String::from_utf8_lossy(&out[..split]).into_owned(),
+        body: out[split + 4..].to_vec(),
+    }
+}
+
+/// The next `n` access lines among `lines` (JSON), their fields by request id.
+fn access_fields(
+    lines: &std::sync::mpsc::Receiver<String>,
+    n: usize,
+) -> std::collections::HashMap<String, serde_json::Value> {
+    let mut found = std::collections::HashMap::new();
+    while found.len() < n {
+        let line = lines
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{} access lines of {n}: {found:#?}", found.len()));
+        if !line.contains("tollgate::access") {
+            continue;
+        }
+        let mut parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let fields = parsed["fields"].take();
+        let id = fields["request_id"]
+            .as_str()
+            .expect("a request id")
+            .to_owned();
+        found.insert(id, fields);
+    }
+    found
+}
+
+/// Whether `id` is a version 4 UUID in its text form.
+fn is_uuid_v4(id: &str) -> bool {
+    let groups: Vec<&str> = id.split('-').collect();
+    groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
+        && groups[2].starts_with('4')
+        && groups
+            .iter()
+            .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// A route `api` on `/v1` to `upstream` (prefix stripped), limited to two requests a minute per
+/// client, with the store in `redis`, listening on `port`; `top` adds top-level keys.
+fn limited_config(
+    port: u16,
+    redis: &common::Redis,
+    upstream: &common::Upstream,
+    top: &str,
+) -> String {
+    format!(
+        "listen: 127.0.0.1:{port}\n{top}store: {{backend: redis, url: {}}}\nupstreams:\n  api:\n    targets: [{}]\nroutes:\n  - name: api\n    match: {{path_prefix: /v1}}\n    strip_prefix: true\n    upstream: api\n    limits:\n      - {{name: per-client, algorithm: token_bucket, rate: 1/m, burst: 2}}\n",
+        redis.url(),
+        upstream.url()
+    )
+}
+
+/// The JSON access line of a 200, a 429 and a 404 against a real upstream and Redis: every
+/// field, bytes in and out of known bodies, the path without its query, the client's address,
+/// and the request id the upstream and the client got: kept when usable, made when too long,
+/// holding a tab, or absent.
+#[test]
+fn json_access_lines_have_every_field() {
+    let redis = common::Redis::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(common::Upstream::start());
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = limited_config(port, &redis, &upstream, "");
+    let (_child, lines) = run_logging(&dir, &yaml, port, "json");
+    let echoed = exchange(
+        port,
+        "POST /v1/echo?token=secret HTTP/1.1\r\nHost: api.test\r\nUser-Agent: cli-test/1.0\r\nX-Request-Id: kept-id-1",
+        b"hello world",
+    );
+    assert_eq!(echoed.status(), 200, "{}", echoed.head);
+    assert_eq!(echoed.body, b"hello world");
+    assert_eq!(echoed.header("x-request-id"), Some("kept-id-1"));
+    let long = "x".repeat(201);
+    let replaced = exchange(
+        port,
+        &format!("GET /v1/x HTTP/1.1\r\nHost: api.test\r\nX-Request-Id: {long}"),
+        b"",
+    );
+    assert_eq!(replaced.status(), 200, "{}", replaced.head);
+    let denied = exchange(
+        port,
+        "GET /v1/x HTTP/1.1\r\nHost: api.test\r\nX-Request-Id: a\tb",
+        b"",
+    );
+    assert_eq!(denied.status(), 429, "{}", denied.head);
+    let missing = exchange(port, "GET /nowhere HTTP/1.1\r\nHost: api.test", b"");
+    assert_eq!(missing.status(), 404, "{}", missing.head);
+    let made: Vec<&str> = [&replaced, &denied, &missing]
+        .iter()
+        .map(|e| e.header("x-request-id").expect("an id"))
+        .collect();
+    assert!(made.iter().all(|id| is_uuid_v4(id)), "{made:?}");
+    let seen = upstream.seen();
+    let upstream_ids: Vec<&str> = seen
+        .iter()
+        .map(|s| s.headers["x-request-id"].to_str().unwrap())
+        .collect();
+    assert_eq!(upstream_ids, ["kept-id-1", made[0]]);
+
+    let lines = access_fields(&lines, 4);
+    let ok = &lines["kept-id-1"];
+    for (field, value) in [
+        ("method", "POST"),
+        ("path", "/v1/echo"),
+        ("host", "api.test"),
+        ("protocol", "HTTP/1.1"),
+        ("route", "api"),
+        ("upstream", "api"),
+        ("decision", "allowed"),
+        ("limit", "-"),
+        ("client", "127.0.0.1"),
+        ("user_agent", "cli-test/1.0"),
+    ] {
+        assert_eq!(ok[field], value, "{field}: {ok:#}");
+    }
+    assert_eq!(ok["upstream_addr"], upstream.addr.to_string(), "{ok:#}");
+    assert_eq!(ok["status"], 200);
+    assert_eq!(ok["bytes_in"], 11);
+    assert_eq!(ok["bytes_out"], 11);
+    assert_eq!(ok["complete"], true);
+    assert_eq!(ok["pacing_delay_ms"], 0.0);
+    let ttfb = ok["upstream_ttfb_ms"]
+        .as_f64()
+        .expect("a time to first byte");
+    let duration = ok["duration_ms"].as_f64().expect("a duration");
+    assert!(0.0 < ttfb && ttfb <= duration, "{ok:#}");
+
+    let limited = &lines[made[1]];
+    assert_eq!(limited["status"], 429, "{limited:#}");
+    assert_eq!(limited["decision"], "denied");
+    assert_eq!(limited["limit"], "per-client");
+    assert_eq!(limited["upstream_addr"], "-");
+    assert!(limited.get("upstream_ttfb_ms").is_none(), "{limited:#}");
+    assert_eq!(limited["bytes_out"], denied.body.len());
+
+    let lost = &lines[made[2]];
+    assert_eq!(lost["status"], 404, "{lost:#}");
+    assert_eq!(lost["route"], "-");
+    assert_eq!(lost["decision"], "-");
+    assert_eq!(lost["path"], "/nowhere");
+    assert_eq!(lost["bytes_out"], missing.body.len());
+    assert_eq!(lines[made[0]]["status"], 200);
+}
+
+/// A response body the client stops reading is logged with the bytes sent and `complete:
+/// false`; a client gone before the answer, with 499 and nothing sent.
+#[test]
+fn access_lines_of_a_body_cut_short_and_a_client_gone() {
+    use std::io::Read;
+    let redis = common::Redis::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(common::Upstream::start());
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = limited_config(port, &redis, &upstream, "");
+    let (_child, lines) = run_logging(&dir, &yaml, port, "json");
+    let total = 64 * 1024 * 1024;
+    let mut cut = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let head = format!("GET /v1/bytes/{total} HTTP/1.1\r\nHost: t\r\nX-Request-Id: cut\r\n\r\n");
+    cut.write_all(head.as_bytes()).unwrap();
+    let mut some = vec![0; 256 * 1024];
+    cut.read_exact(&mut some).unwrap();
+    drop(cut);
+    let mut gone = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    gone.write_all(b"GET /v1/slow/3000 HTTP/1.1\r\nHost: t\r\nX-Request-Id: gone\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(gone);
+    let lines = access_fields(&lines, 2);
+    let cut = &lines["cut"];
+    assert_eq!(cut["status"], 200, "{cut:#}");
+    assert_eq!(cut["complete"], false, "{cut:#}");
+    let sent = cut["bytes_out"].as_u64().unwrap();
+    assert!(sent > 0 && sent < total, "{cut:#}");
+    let gone = &lines["gone"];
+    assert_eq!(gone["status"], 499, "{gone:#}");
+    assert_eq!(gone["complete"], false);
+    assert_eq!(gone["bytes_out"], 0);
+}
+
+/// With `--log-format text` an access line reads like nginx's combined format, then the other
+/// fields as `key=value`.
+#[test]
+fn text_access_lines_read_like_combined_then_key_values() {
+    let redis = common::Redis::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(common::Upstream::start());
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = limited_config(port, &redis, &upstream, "");
+    let (_child, lines) = run_logging(&dir, &yaml, port, "text");
+    let ok = exchange(
+        port,
+        "GET /v1/x?q=1 HTTP/1.1\r\nHost: api.test\r\nUser-Agent: cli \"test\"\r\nX-Request-Id: text-1",
+        b"",
+    );
+    assert_eq!(ok.status(), 200, "{}", ok.head);
+    let line = loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(10))
+            .expect("an access line");
+        if line.contains("tollgate::access") {
+            break line;
+        }
+    };
+    let (_, rest) = line.split_once(" INFO tollgate::access: ").expect(&line);
+    let head = r#"127.0.0.1 "GET /v1/x HTTP/1.1" 200 2 "cli \"test\"" "#;
+    assert!(rest.starts_with(head), "{line}");
+    let upstream_addr = format!(" upstream_addr={} ", upstream.addr);
+    for part in [
+        " host=api.test ",
+        " route=api ",
+        &upstream_addr,
+        " decision=allowed ",
+        " limit=- ",
+        " bytes_in=0 ",
+        " request_id=text-1 ",
+        " complete=true",
+    ] {
+        assert!(rest.contains(part), "{part:?} in {line}");
+    }
+}
+
+/// `RUST_LOG=info,tollgate::access=off` turns the access log off: a request answered and the
+/// drain logged, and no access line among them.
+#[test]
+fn rust_log_turns_the_access_log_off() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    match: {{path_prefix: /v1}}\n    upstream: api\n"
+    );
+    let path = write(&dir, "p.yaml", &yaml);
+    let mut child = Reaped(
+        tollgate()
+            .args(["--log-format", "json", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "info,tollgate::access=off")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = log_lines(&mut child);
+    wait_for("the listener", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    assert_eq!(
+        exchange(port, "GET /nowhere HTTP/1.1\r\nHost: t", b"").status(),
+        404
+    );
+    let pid = child.0.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let mut all = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(10)) {
+        all.push(line);
+    }
+    assert!(all.iter().any(|l| l.contains("drained")), "{all:#?}");
+    assert!(
+        !all.iter().any(|l| l.contains("tollgate::access")),
+        "{all:#?}"
+    );
+}
+
+/// `access_log: {query: true, client: hash}`: the path keeps its query and the client is a
+/// hash of 12 hex digits, not the address; `check` tells both settings.
+#[test]
+fn access_log_settings_keep_the_query_and_hash_the_client() {
+    let redis = common::Redis::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(common::Upstream::start());
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let top = "access_log: {query: true, client: hash}\n";
+    let yaml = limited_config(port, &redis, &upstream, top);
+    let checked = tollgate()
+        .arg("check")
+        .arg("--config")
+        .arg(write(&dir, "check.yaml", &yaml))
+        .output()
+        .unwrap();
+    let summary = String::from_utf8_lossy(&checked.stdout);
+    assert!(
+        summary.contains("access_log: client hash, query kept"),
+        "{summary}"
+    );
+    let (_child, lines) = run_logging(&dir, &yaml, port, "json");
+    let head = "GET /v1/x?page=2&sort=a HTTP/1.1\r\nHost: t\r\nX-Request-Id: q-1";
+    assert_eq!(exchange(port, head, b"").status(), 200);
+    let lines = access_fields(&lines, 1);
+    let line = &lines["q-1"];
+    assert_eq!(line["path"], "/v1/x?page=2&sort=a", "{line:#}");
+    let client = line["client"].as_str().unwrap();
+    assert!(
+        client.len() == 12 && client.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{line:#}"
+    );
 }

@@ -235,6 +235,7 @@ fn discovery_reaches_every_known_level() {
         "store",
         "timeouts",
         "paths",
+        "access_log",
         "upstreams.<name>",
         "upstreams.<name>.pace",
         "routes[]",

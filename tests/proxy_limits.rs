@@ -682,8 +682,8 @@ async fn a_client_gone_while_its_request_waits_gives_back_what_it_took() {
 
 /// When the first limit refuses, the later ones are asked too: the first answers, but
 /// with the longest wait of those refusing, so a client is not told to come back in a second
-/// when an hourly quota refuses it for an hour; the rate-limit headers are that longest
-/// refusal's. Both stores, the deny cache's answer too.
+/// when an hourly quota refuses it for an hour; the rate-limit headers state both refusals.
+/// Both stores, the deny cache's answer too.
 #[tokio::test]
 async fn the_retry_after_of_a_refusal_is_the_longest_of_the_limits_refusing() {
     let redis = Redis::start();
@@ -719,17 +719,85 @@ async fn the_retry_after_of_a_refusal_is_the_longest_of_the_limits_refusing() {
             assert_window_end(retry, &format!("{i}: the hourly window's wait"));
             let retry_ms = body["retry_after_ms"].as_u64().unwrap();
             assert!(retry_ms.abs_diff(hour_left_ms()) < 3_000, "{body}");
-            // the rate-limit headers are the hourly window's, whose wait it is (not the
-            // per-second bucket's policy with an hour to reset)
+            // both limits are stated, in order; the hourly window's `t` is the wait
+            // Retry-After states (not the per-second bucket's short refill)
             assert_eq!(
                 denied.header("ratelimit-policy"),
-                Some(r#""hourly";q=2;w=3600"#),
+                Some(r#""per-second";q=2;w=20, "hourly";q=2;w=3600"#),
                 "{denied:?}"
             );
             let shown = denied.header("ratelimit").unwrap();
-            assert_eq!(shown, format!(r#""hourly";r=0;t={retry}"#), "{denied:?}");
+            let (bucket, window) = shown.split_once(", ").expect("two items");
+            assert!(bucket.starts_with(r#""per-second";r=0;t="#), "{shown}");
+            assert_eq!(window, format!(r#""hourly";r=0;t={retry}"#), "{denied:?}");
         }
         drop(proxy);
         redis.cli(&["flushall"]);
     }
+}
+
+/// A per-second and an hourly limit on one route: `RateLimit-Policy` and `RateLimit` state both,
+/// in the route's order, each with its own remaining count, and the legacy headers the tighter.
+/// The refusal lists both too, the refusing window's `t` equal to `Retry-After`. Both stores.
+#[tokio::test]
+async fn every_enforced_limit_of_a_route_is_in_the_headers() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let limits = "      - name: per-second
+        algorithm: token_bucket
+        rate: 1/s
+        burst: 10
+      - name: hourly
+        algorithm: fixed_window
+        limit: 3
+        window: 1h";
+    let both = |yaml: String| yaml.replace("upstreams:", "rate_limit_headers: both\nupstreams:");
+    for yaml in [
+        both(config(&redis, &upstream, limits)),
+        both(memory_config(&upstream, limits)),
+    ] {
+        let proxy = Proxy::start(&yaml).await;
+        clear_of_hour_end(Duration::from_secs(10)).await;
+        for taken in 1..=3u64 {
+            let a = get(&proxy.url("/v1"), &[]).await;
+            assert_eq!(a.status, 200, "{a:?}");
+            assert_eq!(
+                a.header("ratelimit-policy"),
+                Some(r#""per-second";q=10;w=10, "hourly";q=3;w=3600"#)
+            );
+            let shown = a.header("ratelimit").unwrap();
+            let (bucket, window) = shown.split_once(", ").expect("two items");
+            // (a bucket of 10 at 1/s is whole again a second per token taken)
+            let bucket_left = 10 - taken;
+            assert_eq!(bucket, format!(r#""per-second";r={bucket_left};t={taken}"#));
+            let hour = window_secs(window, &format!(r#""hourly";r={};t="#, 3 - taken));
+            assert_window_end(hour, &format!("request {taken}"));
+            // the hourly window has fewer left: the legacy headers state it
+            assert_eq!(a.header("x-ratelimit-limit"), Some("3"));
+            let left = (3 - taken).to_string();
+            assert_eq!(a.header("x-ratelimit-remaining"), Some(left.as_str()));
+        }
+        let denied = get(&proxy.url("/v1"), &[]).await;
+        assert_eq!(denied.status, 429, "{denied:?}");
+        assert_eq!(
+            denied.header("ratelimit-policy"),
+            Some(r#""per-second";q=10;w=10, "hourly";q=3;w=3600"#)
+        );
+        let retry = denied.header("retry-after").unwrap();
+        let shown = denied.header("ratelimit").unwrap();
+        let (bucket, window) = shown.split_once(", ").expect("two items");
+        assert!(bucket.starts_with(r#""per-second";r="#), "{shown}");
+        assert_eq!(window, format!(r#""hourly";r=0;t={retry}"#));
+        assert_eq!(denied.header("x-ratelimit-reset"), Some(retry));
+        assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+        drop(proxy);
+        redis.cli(&["flushall"]);
+    }
+}
+
+/// The `t` of an item that starts with `prefix` (`"hourly";r=2;t=`).
+fn window_secs(item: &str, prefix: &str) -> u64 {
+    item.strip_prefix(prefix)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{item:?} is not {prefix}<seconds>"))
 }

@@ -11,7 +11,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{self, Backend, Config};
 use crate::metrics::{Metrics, RouteSeries};
 use crate::proxy::{
-    Dial, HeaderStyle, Limit, Pacer, Protocol, Proxy, Route, Settings, Targets, Upstream,
+    access, Dial, HeaderStyle, Limit, Pacer, Protocol, Proxy, Route, Settings, Targets, Upstream,
     UpstreamClients,
 };
 use crate::routing::{PathMatch, RouteTable};
@@ -100,6 +100,17 @@ fn dial(u: &config::UpstreamConfig, clients: &UpstreamClients) -> anyhow::Result
     Ok(Arc::new(Dial::new(protocol, config, server_name)))
 }
 
+/// The access log's settings for the proxy.
+fn access_log(log: config::AccessLog) -> access::LogSettings {
+    access::LogSettings {
+        query: log.query,
+        client: match log.client {
+            config::LogClient::Address => access::ClientField::Address,
+            config::LogClient::Hash => access::ClientField::Hash,
+        },
+    }
+}
+
 /// The proxy for `config`, over an existing store and upstream clients (both survive reloads).
 pub fn build_proxy(
     config: &Config,
@@ -183,6 +194,7 @@ pub fn build_proxy(
             tunnel_idle: config.timeouts.idle,
             max_body_size: config.max_body_size,
             paths: config.paths,
+            access_log: access_log(config.access_log),
         },
     })
 }

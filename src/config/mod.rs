@@ -41,8 +41,8 @@ use std::path::Path as FilePath;
 
 pub use problem::{ConfigError, Problem};
 pub use types::{
-    AdminConfig, Backend, ClientTls, Config, HeaderStyle, LimitConfig, Mode, OnError, Protocol,
-    RouteConfig, StoreConfig, Timeouts, TlsConfig, UpstreamConfig,
+    AccessLog, AdminConfig, Backend, ClientTls, Config, HeaderStyle, LimitConfig, LogClient, Mode,
+    OnError, Protocol, RouteConfig, StoreConfig, Timeouts, TlsConfig, UpstreamConfig,
 };
 
 use locate::Locator;

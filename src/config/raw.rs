@@ -66,6 +66,7 @@ pub(crate) struct RawConfig {
     pub timeouts: Field<RawTimeouts>,
     pub max_body_size: Field<String>,
     pub paths: Field<RawPaths>,
+    pub access_log: Field<RawAccessLog>,
     pub upstreams: Field<Entries<Field<RawUpstream>>>,
     pub routes: Field<Vec<Field<RawRoute>>>,
 }
@@ -150,6 +151,22 @@ pub(crate) enum RawEscapedSlashes {
 pub(crate) enum RawSegmentParams {
     Ignore,
     Keep,
+}
+
+/// `access_log`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawAccessLog {
+    pub query: Field<bool>,
+    pub client: Field<RawLogClient>,
+}
+
+/// `access_log.client`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawLogClient {
+    Address,
+    Hash,
 }
 
 /// `timeouts`

@@ -5,8 +5,8 @@ use serde_json::{json, Value};
 
 use super::backend::redact_url;
 use super::types::{
-    Backend, ClientTls, Config, HeaderStyle, LimitConfig, Mode, OnError, Protocol, RouteConfig,
-    UpstreamConfig,
+    AccessLog, Backend, ClientTls, Config, HeaderStyle, LimitConfig, LogClient, Mode, OnError,
+    Protocol, RouteConfig, UpstreamConfig,
 };
 use super::units::{format_duration, format_rate, format_size};
 use crate::identity::KeyPart;
@@ -35,6 +35,11 @@ impl Config {
             out.push(format!(
                 "paths: escaped_slashes {slashes}, segment_params {params}"
             ));
+        }
+        if self.access_log != AccessLog::default() {
+            let (query, client) = access_log_names(&self.access_log);
+            let query = if query { "kept" } else { "left out" };
+            out.push(format!("access_log: client {client}, query {query}"));
         }
         out.push(format!("upstreams ({}):", self.upstreams.len()));
         out.extend(
@@ -80,6 +85,10 @@ impl Config {
             "paths": {
                 "escaped_slashes": paths_names(&self.paths).0,
                 "segment_params": paths_names(&self.paths).1,
+            },
+            "access_log": {
+                "query": self.access_log.query,
+                "client": access_log_names(&self.access_log).1,
             },
             "upstreams": self.upstreams.iter().map(upstream_json).collect::<Vec<_>>(),
             "routes": self.routes.iter().map(route_json).collect::<Vec<_>>(),
@@ -162,6 +171,15 @@ fn paths_names(paths: &PathPolicy) -> (&'static str, &'static str) {
         SegmentParams::Keep => "keep",
     };
     (slashes, params)
+}
+
+/// The `access_log` settings, as written in the file.
+fn access_log_names(log: &AccessLog) -> (bool, &'static str) {
+    let client = match log.client {
+        LogClient::Address => "address",
+        LogClient::Hash => "hash",
+    };
+    (log.query, client)
 }
 
 fn header_style(style: HeaderStyle) -> &'static str {

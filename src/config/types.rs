@@ -37,6 +37,8 @@ pub struct Config {
     pub max_body_size: Option<u64>,
     /// `paths`: how request paths are read before routes match them
     pub paths: PathPolicy,
+    /// `access_log`: what the access log writes of the path and the client
+    pub access_log: AccessLog,
     /// `upstreams`, in file order
     pub upstreams: Vec<UpstreamConfig>,
     /// `routes`, in file order (the first that matches wins)
@@ -143,6 +145,26 @@ pub enum HeaderStyle {
     Both,
     /// none (`Retry-After` is still sent on 429 and 503)
     None,
+}
+
+/// `access_log`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AccessLog {
+    /// `access_log.query`: write the query after the path (default false: queries may hold
+    /// tokens)
+    pub query: bool,
+    /// `access_log.client`: the client's address (the default) or a hash of it
+    pub client: LogClient,
+}
+
+/// `access_log.client`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogClient {
+    /// the address
+    #[default]
+    Address,
+    /// the first 12 hex digits of the SHA-1 of the address
+    Hash,
 }
 
 /// `timeouts`

@@ -12,12 +12,13 @@ use super::backend;
 use super::check::{check_name, parse_net, Checker};
 use super::problem::Path;
 use super::raw::{
-    Field, RawClientTls, RawConfig, RawEscapedSlashes, RawHeaderStyle, RawPace, RawPaths,
-    RawProtocol, RawSegmentParams, RawTimeouts, RawUpstream, StrList,
+    Field, RawAccessLog, RawClientTls, RawConfig, RawEscapedSlashes, RawHeaderStyle, RawLogClient,
+    RawPace, RawPaths, RawProtocol, RawSegmentParams, RawTimeouts, RawUpstream, StrList,
 };
 use super::routes;
 use super::types::{
-    AdminConfig, ClientTls, Config, HeaderStyle, Protocol, Timeouts, TlsConfig, UpstreamConfig,
+    AccessLog, AdminConfig, ClientTls, Config, HeaderStyle, LogClient, Protocol, Timeouts,
+    TlsConfig, UpstreamConfig,
 };
 use super::units;
 use crate::limit::Pace;
@@ -109,8 +110,23 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
             )
             .filter(|&size| size > 0),
         paths,
+        access_log: access_log(raw.access_log.get()),
         upstreams,
         routes,
+    }
+}
+
+/// `access_log`, with its defaults: no query, the client's address.
+fn access_log(raw: Option<&RawAccessLog>) -> AccessLog {
+    let Some(raw) = raw else {
+        return AccessLog::default();
+    };
+    AccessLog {
+        query: raw.query.get().copied().unwrap_or(false),
+        client: match raw.client.get() {
+            Some(RawLogClient::Address) | None => LogClient::Address,
+            Some(RawLogClient::Hash) => LogClient::Hash,
+        },
     }
 }
 

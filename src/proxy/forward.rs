@@ -22,6 +22,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio_util::task::TaskTracker;
 
+use super::access::Report;
 pub use super::hop::{strip_hop_by_hop, Message};
 use super::pool::{Dial, H2Conns, Http1Client, Key, Pool, Pooled, Protocol, Resend, UpstreamError};
 use super::upload::{head_in_time, Upload};
@@ -188,6 +189,11 @@ impl Targets {
         }
     }
 
+    /// The authority of target `i`, `host:port`, as the access log names it.
+    pub fn authority(&self, i: usize) -> Option<&http::uri::Authority> {
+        self.targets.get(i).map(|t| t.key.authority())
+    }
+
     /// Target `i` answered: back in the rotation.
     fn succeeded(&self, i: usize, upstream: &str) {
         if self.targets[i].down_until.load(Ordering::Relaxed) != 0
@@ -230,6 +236,8 @@ pub struct Forward<'a> {
     pub max_body_size: Option<u64>,
     /// upgraded (WebSocket) tunnels run here, so that shutdown can wait for them
     pub tunnels: &'a TaskTracker,
+    /// with the access log on: told the target that answered, and counts the request body
+    pub report: Option<&'a Report>,
 }
 
 pub(super) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -308,6 +316,9 @@ fn answered(
     client_upgrade: Option<OnUpgrade>,
     upload: Option<Arc<Upload>>,
 ) -> Result<Response<Body>, ProxyError> {
+    if let Some(report) = f.report {
+        report.answered_by(used);
+    }
     let mut resp = match answer {
         None => {
             // a body that stalled waiting for the client is the client's doing
@@ -670,6 +681,10 @@ fn rewrite(
     let body: Body = match f.max_body_size {
         Some(max) => http_body_util::Limited::new(body, max as usize).boxed(),
         None => body.map_err(BoxError::from).boxed(),
+    };
+    let body = match f.report {
+        Some(report) => report.count(body),
+        None => body,
     };
     Ok((Request::from_parts(parts, body), host_is_target))
 }

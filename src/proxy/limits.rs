@@ -1,6 +1,7 @@
 //! The limit phase: each of the route's limits in order. The first enforced denial answers 429;
-//! shadow denials are counted and logged only; leaky-bucket limits sleep their delay. The most
-//! restrictive admitted limit's figures go on the response as rate-limit headers.
+//! shadow denials are counted and logged only; leaky-bucket limits sleep their delay. Every
+//! enforced limit's figures go on the response as rate-limit headers, in the route's order, and
+//! the legacy headers state the most restrictive one.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -11,7 +12,7 @@ use http::{HeaderValue, Request, Response};
 use ipnet::IpNet;
 
 use super::owed::{Owed, Taken};
-use super::respond::{self, Shown};
+use super::respond::{self, Showing, Shown};
 use super::{Body, Outcome, Proxy, ProxyError, Route};
 use crate::identity::{self, KeyContext, KeyPart};
 use crate::limit::{Algorithm, Decision};
@@ -106,10 +107,10 @@ fn cost(alg: &Algorithm) -> u64 {
 pub(super) enum Checked<'r> {
     /// a limit denied: send this 429
     Denied(Response<Body>),
-    /// go on; the most restrictive limit's figures (none when the route has no limits), and
-    /// for a paced upstream, what the limits took: given back if the request is dropped or
-    /// refused while it waits for its slot (see [`Owed`])
-    Admitted(Option<Shown<'r>>, Option<Owed>),
+    /// go on; the limits' figures for the headers (none when no limit applied), and for a
+    /// paced upstream, what the limits took: given back if the request is dropped or refused
+    /// while it waits for its slot (see [`Owed`])
+    Admitted(Option<Showing<'r>>, Option<Owed>),
 }
 
 /// Writes the store key of `limit` for the request into `key`; the algorithm that applies to
@@ -160,9 +161,9 @@ pub(super) async fn check<'r, B>(
     let several = route.limits.len() > 1;
     let paced = route.upstream.pacer.is_some();
     if several {
-        if let Some((denied, by)) = remembered_denial(proxy, route, &ctx, &mut key) {
+        if let Some((limit, denied)) = remembered_denial(proxy, route, &ctx, &mut key) {
             outcome.decision = Some(Counted::Denied);
-            outcome.limit = Some(by);
+            outcome.limit = Some(&limit.name);
             return Ok(Checked::Denied(denied));
         }
     }
@@ -187,10 +188,18 @@ pub(super) async fn check<'r, B>(
         count(proxy, limit, &decision, outcome);
         match (decision.allowed, limit.shadow) {
             (false, false) => {
-                outcome.limit = Some(&limit.name);
+                // the limits before it, then its refusal, which the legacy headers state
                 let first = limit.shown(alg, decision);
-                let denied = refuse(proxy, route, &ctx, ix, first, &mut key, admitted.taken).await;
-                return Ok(Checked::Denied(denied));
+                let shown = match admitted.shown {
+                    Some(mut shown) => {
+                        let at = shown.push(first);
+                        shown.state_in_legacy(at);
+                        shown
+                    }
+                    None => Showing::one(first),
+                };
+                let denied = refuse(proxy, route, &ctx, ix, shown, &mut key, admitted.taken);
+                return Ok(Checked::Denied(denied.await));
             }
             // a shadow denial admits the request, and its figures are shown like any other
             // limit's: the headers do not vanish when it is reached
@@ -203,111 +212,148 @@ pub(super) async fn check<'r, B>(
                 if several || decision.delay_us > 0 || paced {
                     admitted.taken.push((ix, Instant::now(), decision));
                 }
-                if !shadow {
-                    admitted.delay_us = admitted.delay_us.max(decision.delay_us);
+                if !shadow && decision.delay_us > admitted.delay_us {
+                    admitted.delay_us = decision.delay_us;
+                    admitted.delaying = Some(&limit.name);
                 }
             }
         }
         admitted.show(limit.shadow, limit.shown(alg, decision));
     }
     let owed = wait(proxy, route, &ctx, &admitted, outcome).await;
-    Ok(Checked::Admitted(
-        admitted.shown.map(|(_, shown)| shown),
-        owed,
-    ))
+    Ok(Checked::Admitted(admitted.shown.or(admitted.shadow), owed))
 }
 
 /// What the limits that admitted a request add up to, limit after limit.
 #[derive(Default)]
 struct Admitted<'r> {
-    /// what the headers show, and whether a shadow limit's
-    shown: Option<(bool, Shown<'r>)>,
+    /// every enforced limit's figures, in order, for the headers
+    shown: Option<Showing<'r>>,
+    /// the tightest shadow limit's figures: shown only when no enforced limit applied, so that
+    /// the headers do not vanish when a trial limit is the route's only one
+    shadow: Option<Showing<'r>>,
     /// the longest delay of the enforced leaky-bucket limits, in µs
     delay_us: u64,
+    /// the limit of that delay
+    delaying: Option<&'r Arc<str>>,
     /// the checks to give back if the request is not sent: the limit's index, when it
     /// admitted the request, its decision
     taken: Vec<(usize, Instant, Decision)>,
 }
 
 impl<'r> Admitted<'r> {
-    /// Offers a limit's figures to the headers. They show the tightest enforced limit. A
-    /// shadow limit shows only when no enforced one applies: a trial must not make clients
-    /// that follow the headers slow down.
+    /// Offers a limit's figures to the headers. The IETF headers list every enforced limit;
+    /// the legacy headers state the tightest. A shadow limit shows only when no enforced one
+    /// applies: a trial must not make clients that follow the headers slow down.
     fn show(&mut self, shadow: bool, offered: Shown<'r>) {
-        let tighter = match &self.shown {
-            None => true,
-            // of two with nothing left, the one that takes longer to come back
-            Some((was_shadow, t)) if *was_shadow == shadow => {
-                let d = &offered.decision;
-                (d.remaining, std::cmp::Reverse(d.reset_ms))
-                    < (t.decision.remaining, std::cmp::Reverse(t.decision.reset_ms))
+        if shadow {
+            if self
+                .shadow
+                .as_ref()
+                .is_none_or(|t| tighter(&offered, t.legacy()))
+            {
+                self.shadow = Some(Showing::one(offered));
             }
-            Some((was_shadow, _)) => *was_shadow,
-        };
-        if tighter {
-            self.shown = Some((shadow, offered));
+            return;
+        }
+        match &mut self.shown {
+            None => self.shown = Some(Showing::one(offered)),
+            Some(shown) => {
+                let tightest = tighter(&offered, shown.legacy());
+                let ix = shown.push(offered);
+                if tightest {
+                    shown.state_in_legacy(ix);
+                }
+            }
         }
     }
 }
 
-/// Counts a limit's decision in the metrics and in the request's outcome. An enforced denial
-/// stays the outcome's decision.
-fn count(proxy: &Proxy, limit: &Limit, decision: &Decision, outcome: &mut Outcome<'_>) {
+/// Whether `a` is more restrictive than `b`: fewer requests left, or, of two with as many left,
+/// the one that takes longer to come back.
+fn tighter(a: &Shown<'_>, b: &Shown<'_>) -> bool {
+    let (a, b) = (&a.decision, &b.decision);
+    (a.remaining, std::cmp::Reverse(a.reset_ms)) < (b.remaining, std::cmp::Reverse(b.reset_ms))
+}
+
+/// Counts a limit's decision in the metrics and in the request's outcome. The outcome keeps the
+/// strongest verdict, an enforced denial over a shadow one over an admission, and the limit
+/// that gave it.
+fn count<'r>(proxy: &Proxy, limit: &'r Limit, decision: &Decision, outcome: &mut Outcome<'r>) {
     let counted = match (decision.allowed, limit.shadow) {
         (true, _) => Counted::Allowed,
         (false, true) => Counted::ShadowDenied,
         (false, false) => Counted::Denied,
     };
     proxy.metrics.limit_decided(&limit.series, counted);
-    if outcome.decision != Some(Counted::Denied) {
+    let strength = |d: Counted| match d {
+        Counted::Allowed => 0,
+        Counted::ShadowDenied => 1,
+        Counted::Denied => 2,
+    };
+    if outcome
+        .decision
+        .is_none_or(|was| strength(counted) > strength(was))
+    {
         outcome.decision = Some(counted);
+        if counted != Counted::Allowed {
+            outcome.limit = Some(&limit.name);
+        }
     }
 }
 
-/// The 429 of a request that the enforced limit at `ix` refused with `first`.
+/// The 429 of a request that the enforced limit at `ix` refused: `shown` holds the figures of
+/// the enforced limits up to it, its refusal last.
 ///
 /// The enforced limits after it are asked too, and what they take is given back at once, with
 /// what the limits before it took (`taken`). The request's true wait is the longest of the
 /// refusals: a client told the first one's short wait would only be refused again by a later
-/// one. So the headers and `Retry-After` show the refusal that waits longest.
+/// one. So `Retry-After` and the legacy headers state the refusal that waits longest; the IETF
+/// headers list every enforced limit, in order.
 async fn refuse<'r>(
     proxy: &Proxy,
     route: &'r Route,
     ctx: &KeyContext<'_>,
     ix: usize,
-    first: Shown<'r>,
+    mut shown: Showing<'r>,
     key: &mut String,
     mut taken: Vec<(usize, Instant, Decision)>,
 ) -> Response<Body> {
-    let mut longest = first;
     for (later_ix, later) in route.limits.iter().enumerate().skip(ix + 1) {
         if later.shadow || identity::is_trusted(ctx.ip, &later.exempt) {
             continue;
         }
         let later_alg = limit_key(proxy, route, later, ctx, key);
         match proxy.store.check(key, later_alg, None).await {
-            Ok(d) if d.allowed => taken.push((later_ix, Instant::now(), d)),
-            Ok(d) if d.retry_after_ms > longest.decision.retry_after_ms => {
-                longest = later.shown(later_alg, d);
+            Ok(d) if d.allowed => {
+                taken.push((later_ix, Instant::now(), d));
+                shown.push(later.shown(later_alg, d));
             }
-            // a shorter refusal, or none known: the longest so far stands
-            _ => {}
+            Ok(d) => {
+                let longer = d.retry_after_ms > shown.legacy().decision.retry_after_ms;
+                let at = shown.push(later.shown(later_alg, d));
+                if longer {
+                    shown.state_in_legacy(at);
+                }
+            }
+            // no answer: this limit did not apply
+            Err(_) => {}
         }
     }
     give_back(proxy, route, ctx, &taken).await;
     let name = &route.limits[ix].name;
-    respond::rate_limited(proxy.settings.headers, name, &longest)
+    respond::rate_limited(proxy.settings.headers, name, &shown)
 }
 
 /// Sleeps the longest delay of the enforced leaky-bucket limits. Returns what the limits took
 /// when the request has its upstream's pacing still to wait for: given back if it is dropped
 /// or refused there (see [`Owed`]).
-async fn wait(
+async fn wait<'r>(
     proxy: &Proxy,
     route: &Route,
     ctx: &KeyContext<'_>,
-    admitted: &Admitted<'_>,
-    outcome: &mut Outcome<'_>,
+    admitted: &Admitted<'r>,
+    outcome: &mut Outcome<'r>,
 ) -> Option<Owed> {
     let paced = route.upstream.pacer.is_some();
     let (delay_us, taken) = (admitted.delay_us, &admitted.taken);
@@ -317,8 +363,10 @@ async fn wait(
     if delay_us > 0 {
         let delay = Duration::from_micros(delay_us);
         tokio::time::sleep(delay).await;
-        // logged with the upstream's pacing: the time the request was held back
+        // logged with the upstream's pacing: the time the request was held back, and by
+        // which limit unless a shadow one would have refused it
         outcome.pacing_delay += delay;
+        outcome.limit = outcome.limit.or(admitted.delaying);
     }
     match owed {
         Some(owed) if !paced => {
@@ -331,15 +379,14 @@ async fn wait(
 
 /// The 429 of a refusal the instance remembers among the route's enforced limits for this
 /// request, if there is one (no store is asked): the first such limit answers, with the
-/// longest of the remembered waits.
+/// longest of the remembered waits. The headers list the remembered refusals.
 fn remembered_denial<'r>(
     proxy: &Proxy,
     route: &'r Route,
     ctx: &KeyContext<'_>,
     key: &mut String,
-) -> Option<(Response<Body>, &'r str)> {
-    // (the first remembered answers; the headers show the longest remembered wait)
-    let mut found: Option<(&Limit, Shown<'_>)> = None;
+) -> Option<(&'r Limit, Response<Body>)> {
+    let mut found: Option<(&Limit, Showing<'r>)> = None;
     for limit in &route.limits {
         if limit.shadow || identity::is_trusted(ctx.ip, &limit.exempt) {
             continue;
@@ -347,18 +394,21 @@ fn remembered_denial<'r>(
         let alg = limit_key(proxy, route, limit, ctx, key);
         if let Some(d) = proxy.store.cached_denial(key, alg) {
             match &mut found {
-                None => found = Some((limit, limit.shown(alg, d))),
-                Some((_, longest)) if d.retry_after_ms > longest.decision.retry_after_ms => {
-                    *longest = limit.shown(alg, d);
+                None => found = Some((limit, Showing::one(limit.shown(alg, d)))),
+                Some((_, shown)) => {
+                    let longer = d.retry_after_ms > shown.legacy().decision.retry_after_ms;
+                    let at = shown.push(limit.shown(alg, d));
+                    if longer {
+                        shown.state_in_legacy(at);
+                    }
                 }
-                Some(_) => {}
             }
         }
     }
-    let (first, longest) = found?;
+    let (first, shown) = found?;
     proxy.metrics.limit_decided(&first.series, Counted::Denied);
-    let denied = respond::rate_limited(proxy.settings.headers, &first.name, &longest);
-    Some((denied, &first.name))
+    let denied = respond::rate_limited(proxy.settings.headers, &first.name, &shown);
+    Some((first, denied))
 }
 
 /// What the limits in `taken` (index, when they admitted, what they answered) took, with their

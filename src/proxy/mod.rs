@@ -7,11 +7,13 @@
 //! 3. **limit**: each limit in order; the first denial answers 429 (leaky-bucket limits sleep);
 //! 4. **pace**: the upstream's shared leaky bucket, sleeping the delay (503 past `max_delay`);
 //! 5. **forward**: to a target, streaming both ways;
-//! 6. **respond**: the rate-limit headers of the most restrictive limit on whatever came back.
+//! 6. **respond**: the rate-limit headers of the route's limits on whatever came back.
 //!
-//! Errors map to status codes in one place ([`ProxyError::status`]). This module knows the
-//! store only through the [`Store`] trait.
+//! Before the phases a request gets its id ([`request_id`]), which goes upstream and back to the
+//! client. Errors map to status codes in one place ([`ProxyError::status`]). This module knows
+//! the store only through the [`Store`] trait.
 
+pub mod access;
 pub mod forward;
 pub mod h1;
 mod hop;
@@ -19,6 +21,7 @@ mod limits;
 mod owed;
 pub mod pacing;
 pub mod pool;
+pub mod request_id;
 pub mod respond;
 mod upload;
 
@@ -41,7 +44,7 @@ use crate::routing::{
     self, AuthorityFault, PathError, PathMatch, PathPolicy, RequestParts, RequestPath, RouteTable,
 };
 use crate::store::{Store, StoreError};
-use respond::Shown;
+use respond::Showing;
 
 pub use forward::{Targets, UpstreamClients};
 pub use limits::Limit;
@@ -96,6 +99,8 @@ pub struct Settings {
     pub max_body_size: Option<u64>,
     /// how request paths are read: encoded slashes, `;parameters`
     pub paths: PathPolicy,
+    /// what the access log writes of the path and the client
+    pub access_log: access::LogSettings,
 }
 
 /// Everything the request path needs; shared by all connections.
@@ -336,28 +341,43 @@ struct Outcome<'a> {
     client: Option<std::net::IpAddr>,
     /// the limit phase's verdict: allowed, denied, shadow_denied, or none (no limits ran)
     decision: Option<crate::metrics::Decision>,
-    /// the limit that refused the request
-    limit: Option<&'a str>,
+    /// the limit that refused the request, would have (shadow), or made it wait
+    limit: Option<&'a Arc<str>>,
     pacing_delay: Duration,
-    /// the most restrictive admitting limit's figures: the rate-limit headers of the response,
-    /// whoever makes it (the upstream, or the proxy when pacing, forwarding or the body fails)
-    shown: Option<Shown<'a>>,
+    /// the admitting limits' figures: the rate-limit headers of the response, whoever makes it
+    /// (the upstream, or the proxy when pacing, forwarding or the body fails)
+    shown: Option<Showing<'a>>,
+    /// the request's `X-Request-Id`, kept or made: forwarded, returned, logged
+    request_id: Option<HeaderValue>,
+    /// the access line, while the access log is on
+    line: Option<Box<access::Line>>,
 }
 
 impl Proxy {
     /// Serves one request through the phases, then records its metrics and access log line.
-    pub async fn handle(&self, req: Request<Incoming>, conn: Conn) -> Response<Body> {
+    pub async fn handle(&self, mut req: Request<Incoming>, conn: Conn) -> Response<Body> {
         let ending = Ending::of(&req);
+        // before any phase, so that every answer, the proxy's own too, carries it
+        let request_id = request_id::keep_or_make(req.headers_mut());
+        let started = Instant::now();
+        let line =
+            access::enabled().then(|| access::Line::of(&req, started, self.settings.access_log));
         let mut record = Record {
             proxy: self,
-            started: Instant::now(),
-            outcome: Outcome::default(),
+            started,
+            outcome: Outcome {
+                request_id: Some(request_id),
+                line,
+                ..Outcome::default()
+            },
             answered: false,
         };
         let result = self.phases(req, conn, &mut record.outcome).await;
         let resp = self.respond(result, &record.outcome, ending);
-        record.done(resp.status().as_u16());
-        resp
+        match record.done(resp.status().as_u16()) {
+            Some(line) => line.follow(resp),
+            None => resp,
+        }
     }
 
     /// The phases in the order they run. Each takes what the ones before it found, and notes
@@ -392,7 +412,8 @@ impl Proxy {
             if let Some(owed) = owed {
                 owed.paid();
             }
-            self.forward(route, req, &path, &conn, &client).await
+            self.forward(route, req, &path, &conn, &client, outcome)
+                .await
         }
     }
 
@@ -482,6 +503,7 @@ impl Proxy {
         path: &RequestPath<'_>,
         conn: &Conn,
         client: &Client,
+        outcome: &mut Outcome<'_>,
     ) -> Result<Response<Body>, ProxyError> {
         let forward_path = match &route.strip {
             Some(m) => path.strip(m),
@@ -499,8 +521,16 @@ impl Proxy {
             tunnel_idle: self.settings.tunnel_idle,
             max_body_size: self.settings.max_body_size,
             tunnels: &self.tunnels,
+            report: outcome.line.as_deref().map(|line| &line.report),
         };
-        let resp = forward::forward(self.clients.of(conn.worker), req, &f).await?;
+        let sent = f.report.map(|_| Instant::now());
+        let result = forward::forward(self.clients.of(conn.worker), req, &f).await;
+        if let Some(line) = outcome.line.as_deref_mut() {
+            let target = line.report.target();
+            line.upstream_addr = target.and_then(|i| route.upstream.targets.authority(i).cloned());
+            line.upstream_ttfb = sent.filter(|_| result.is_ok()).map(|s| s.elapsed());
+        }
+        let resp = result?;
         if let Some(pacer) = &route.upstream.pacer {
             pacer
                 .back_pressure(&*self.store, resp.status(), resp.headers())
@@ -510,7 +540,8 @@ impl Proxy {
     }
 
     /// Respond: the upstream's response, or the proxy's answer to a phase's error, with the
-    /// rate-limit headers of the route's limits, and a close where the connection must end.
+    /// rate-limit headers of the route's limits, the request's id, and a close where the
+    /// connection must end.
     fn respond(
         &self,
         result: Result<Response<Body>, ProxyError>,
@@ -541,7 +572,7 @@ impl Proxy {
             }
         };
         if ending.grpc && outcome.decision == Some(crate::metrics::Decision::Denied) {
-            let limit = outcome.limit.unwrap_or("-");
+            let limit = outcome.limit.map_or("-", |l| &**l);
             resp = respond::grpc(
                 resp,
                 GRPC_RESOURCE_EXHAUSTED,
@@ -550,6 +581,10 @@ impl Proxy {
         }
         if let Some(shown) = &outcome.shown {
             respond::add_rate_headers(resp.headers_mut(), self.settings.headers, shown);
+        }
+        if let Some(id) = &outcome.request_id {
+            let name = request_id::X_REQUEST_ID.clone();
+            resp.headers_mut().insert(name, id.clone());
         }
         // An HTTP/1.0 client's response of no known length ends with its connection: say so,
         // as nginx does. hyper adds `keep-alive` to the `Connection` of a response to a
@@ -635,9 +670,10 @@ fn is_grpc<B>(req: &Request<B>) -> bool {
     matches!(rest.first(), None | Some(b'+' | b';'))
 }
 
-/// A request's metrics and access log line, written when it is answered — or, when the client
-/// goes away first (its connection closed, its HTTP/2 stream reset) and the request is dropped
-/// unanswered, written then with status 499, nginx's "client closed request".
+/// A request's metrics, recorded when it is answered — or, when the client goes away first
+/// (its connection closed, its HTTP/2 stream reset) and the request is dropped unanswered,
+/// recorded then with status 499, nginx's "client closed request". Its access line, when the
+/// log is on, is written when the response body ends, or then.
 struct Record<'a> {
     proxy: &'a Proxy,
     started: Instant,
@@ -649,7 +685,9 @@ struct Record<'a> {
 const CLIENT_CLOSED: u16 = 499;
 
 impl Record<'_> {
-    fn done(&mut self, status: u16) {
+    /// Records the metrics of an answer with `status`; the access line, when the log is on,
+    /// with what the phases found.
+    fn done(&mut self, status: u16) -> Option<Box<access::Line>> {
         self.answered = true;
         let elapsed = self.started.elapsed();
         let metrics = &self.proxy.metrics;
@@ -658,50 +696,20 @@ impl Record<'_> {
             Some(series) => metrics.route_request(series, status, elapsed),
             None => metrics.request(route, status, elapsed),
         }
-        log_request(&self.outcome, route, status, elapsed);
+        let mut line = self.outcome.line.take()?;
+        line.answered(&self.outcome, status);
+        Some(line)
     }
 }
 
 impl Drop for Record<'_> {
     fn drop(&mut self) {
         if !self.answered {
-            self.done(CLIENT_CLOSED);
+            if let Some(line) = self.done(CLIENT_CLOSED) {
+                line.write(0, false);
+            }
         }
     }
-}
-
-/// One line per request at info, target `tollgate::access` (turn it off with
-/// `RUST_LOG=info,tollgate::access=off`). The client appears as a short hash, not an address.
-fn log_request(outcome: &Outcome<'_>, route: &str, status: u16, elapsed: Duration) {
-    if !tracing::enabled!(target: "tollgate::access", tracing::Level::INFO) {
-        return;
-    }
-    let client = outcome
-        .client
-        .map(|ip| client_hash(&ip))
-        .unwrap_or_default();
-    tracing::info!(
-        target: "tollgate::access",
-        route,
-        status,
-        client = %client,
-        decision = outcome.decision.map_or("-", |d| d.as_str()),
-        pacing_delay_ms = millis(outcome.pacing_delay),
-        upstream = outcome.upstream.map_or("-", |u| &**u),
-        duration_ms = millis(elapsed),
-    );
-}
-
-/// A duration in ms with microsecond resolution, for log fields (no float noise).
-fn millis(d: Duration) -> f64 {
-    d.as_micros() as f64 / 1000.0
-}
-
-/// The first 12 hex digits of the SHA-1 of the client address: stable across instances, so
-/// lines about one client can be followed, without writing the address itself.
-fn client_hash(ip: &std::net::IpAddr) -> String {
-    let digest = sha1_smol::Sha1::from(ip.to_string()).digest().to_string();
-    digest[..12].to_string()
 }
 
 /// Why a request whose line hyper accepted is refused with 400, if it is:

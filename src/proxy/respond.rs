@@ -1,5 +1,7 @@
 //! Every response tollgate writes itself: the JSON errors (mapped from [`ProxyError`] in one
-//! place), the 429, and the rate-limit headers added to every response of a limited route.
+//! place), the 429, and the rate-limit headers added to every response of a limited route:
+//! `RateLimit-Policy` and `RateLimit` list every enforced limit that applied, the legacy
+//! `X-RateLimit-*` headers state the most restrictive one.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -27,7 +29,7 @@ pub enum HeaderStyle {
     None,
 }
 
-/// The limit whose figures a response shows: the most restrictive one, or the one that denied.
+/// One limit's figures on a response: a limit that admitted the request, or one that refused it.
 #[derive(Debug, Clone, Copy)]
 pub struct Shown<'a> {
     /// the limit's name
@@ -42,32 +44,116 @@ pub struct Shown<'a> {
     pub decision: Decision,
 }
 
+impl Shown<'_> {
+    /// The `t` of `RateLimit` and `X-RateLimit-Reset`: seconds until the quota is whole again,
+    /// and never before a refused request would be admitted (its `Retry-After`).
+    fn reset_secs(&self) -> u64 {
+        let d = &self.decision;
+        d.reset_secs().max(d.retry_after_secs())
+    }
+}
+
+/// The limits a response states: every enforced limit that applied to the request, in the
+/// route's order, each in `RateLimit-Policy` and `RateLimit`; and the one the legacy headers
+/// (and a 429's `Retry-After`) state.
+#[derive(Debug, Clone)]
+pub struct Showing<'a> {
+    /// the first limit; most routes have only one
+    first: Shown<'a>,
+    /// the others, in order: empty, and so not allocated, for a route of one limit
+    rest: Vec<Shown<'a>>,
+    /// the index of the one the legacy headers state
+    legacy: usize,
+}
+
+impl<'a> Showing<'a> {
+    /// `first` alone, which the legacy headers state.
+    pub fn one(first: Shown<'a>) -> Showing<'a> {
+        Showing {
+            first,
+            rest: Vec::new(),
+            legacy: 0,
+        }
+    }
+
+    /// Adds the figures of the next limit; returns its index.
+    pub fn push(&mut self, shown: Shown<'a>) -> usize {
+        self.rest.push(shown);
+        self.rest.len()
+    }
+
+    /// Makes the limit at `ix` the one the legacy headers state.
+    pub fn state_in_legacy(&mut self, ix: usize) {
+        if ix <= self.rest.len() {
+            self.legacy = ix;
+        }
+    }
+
+    /// The limit the legacy headers state.
+    pub fn legacy(&self) -> &Shown<'a> {
+        match self.legacy {
+            0 => &self.first,
+            n => self.rest.get(n - 1).unwrap_or(&self.first),
+        }
+    }
+
+    /// Every limit, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Shown<'a>> {
+        std::iter::once(&self.first).chain(&self.rest)
+    }
+}
+
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// Adds the rate-limit headers for `shown` in `style`.
-pub fn add_rate_headers(headers: &mut HeaderMap, style: HeaderStyle, shown: &Shown<'_>) {
-    let d = &shown.decision;
-    let reset = d.reset_secs().max(d.retry_after_secs());
+/// Adds the rate-limit headers of `showing` in `style`: the IETF fields list every limit in
+/// it, the legacy ones state the one it picks.
+pub fn add_rate_headers(headers: &mut HeaderMap, style: HeaderStyle, showing: &Showing<'_>) {
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        let policy = match shown.policy {
-            Some(v) => v.clone(),
-            None => policy_value(shown.name, shown.quota, shown.window_secs),
-        };
-        headers.insert(RATELIMIT_POLICY.clone(), policy);
-        insert(
-            headers,
-            &RATELIMIT,
-            item(shown.name, ";r=", d.remaining, ";t=", reset),
-        );
+        if showing.rest.is_empty() {
+            let shown = &showing.first;
+            let policy = match shown.policy {
+                Some(v) => v.clone(),
+                None => policy_value(shown.name, shown.quota, shown.window_secs),
+            };
+            headers.insert(RATELIMIT_POLICY.clone(), policy);
+            let r = shown.decision.remaining;
+            let item = item(shown.name, ";r=", r, ";t=", shown.reset_secs());
+            insert(headers, &RATELIMIT, item);
+        } else {
+            // a structured-field list: the items joined by ", "
+            let (mut policies, mut states) = (Vec::new(), Vec::new());
+            for shown in showing.iter() {
+                if !policies.is_empty() {
+                    policies.extend_from_slice(b", ");
+                    states.extend_from_slice(b", ");
+                }
+                match shown.policy {
+                    Some(v) => policies.extend_from_slice(v.as_bytes()),
+                    None => policies.extend(item(
+                        shown.name,
+                        ";q=",
+                        shown.quota,
+                        ";w=",
+                        shown.window_secs,
+                    )),
+                }
+                let r = shown.decision.remaining;
+                states.extend(item(shown.name, ";r=", r, ";t=", shown.reset_secs()));
+            }
+            insert(headers, &RATELIMIT_POLICY, policies);
+            insert(headers, &RATELIMIT, states);
+        }
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        let shown = showing.legacy();
         headers.insert(X_LIMIT.clone(), HeaderValue::from(shown.quota));
-        headers.insert(X_REMAINING.clone(), HeaderValue::from(d.remaining));
-        headers.insert(X_RESET.clone(), HeaderValue::from(reset));
+        let remaining = shown.decision.remaining;
+        headers.insert(X_REMAINING.clone(), HeaderValue::from(remaining));
+        headers.insert(X_RESET.clone(), HeaderValue::from(shown.reset_secs()));
     }
 }
 
@@ -149,16 +235,16 @@ pub fn set_retry_after(headers: &mut HeaderMap, retry_after_ms: u64) {
     headers.insert(RETRY_AFTER, HeaderValue::from(secs));
 }
 
-/// 429 answered by the limit named `answering`: the JSON body naming it, and `Retry-After` and
-/// the rate-limit headers of `shown`, the refusal that waits longest (that limit's own, or a
-/// later one's when several refuse).
-pub fn rate_limited(style: HeaderStyle, answering: &str, shown: &Shown<'_>) -> Response<Body> {
-    let retry = shown.decision.retry_after_ms;
+/// 429 answered by the limit named `answering`: the JSON body naming it, the rate-limit
+/// headers of `showing`, and `Retry-After` of the refusal its legacy headers state, the one
+/// that waits longest (that limit's own, or a later one's when several refuse).
+pub fn rate_limited(style: HeaderStyle, answering: &str, showing: &Showing<'_>) -> Response<Body> {
+    let retry = showing.legacy().decision.retry_after_ms;
     let name = json_string(answering);
     let body = format!(r#"{{"error":"rate_limited","limit":{name},"retry_after_ms":{retry}}}"#);
     let mut resp = json(StatusCode::TOO_MANY_REQUESTS, body);
     set_retry_after(resp.headers_mut(), retry);
-    add_rate_headers(resp.headers_mut(), style, shown);
+    add_rate_headers(resp.headers_mut(), style, showing);
     resp
 }
 
@@ -275,5 +361,35 @@ mod tests {
                 assert_eq!(v.len(), v.capacity(), "sized exactly");
             }
         }
+    }
+
+    fn shown<'a>(name: &'a str, policy: Option<&'a HeaderValue>, remaining: u64) -> Shown<'a> {
+        Shown {
+            name,
+            quota: 10,
+            window_secs: 60,
+            policy,
+            decision: Decision::counted(remaining > 0, remaining, 0, 30_000),
+        }
+    }
+
+    /// Several limits are stated as structured-field lists, in order, whether a limit's policy
+    /// value was made already or is made for the response; the legacy headers state the one
+    /// picked.
+    #[test]
+    fn several_limits_are_listed_in_order() {
+        let made = lasting_policy_value("b", 10, 60);
+        let mut showing = Showing::one(shown("a", None, 7));
+        let at = showing.push(shown("b", Some(&made), 2));
+        showing.state_in_legacy(at);
+        let mut headers = HeaderMap::new();
+        add_rate_headers(&mut headers, HeaderStyle::Both, &showing);
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        assert_eq!(
+            text("ratelimit-policy"),
+            Some(r#""a";q=10;w=60, "b";q=10;w=60"#)
+        );
+        assert_eq!(text("ratelimit"), Some(r#""a";r=7;t=30, "b";r=2;t=30"#));
+        assert_eq!(text("x-ratelimit-remaining"), Some("2"));
     }
 }

@@ -44,7 +44,7 @@ use tokio_rustls::TlsAcceptor;
 
 use self::idle::{Activity, Deadlines, Expired, Guarded, InFlight, Tracked};
 use crate::config::{Config, Timeouts};
-use crate::proxy::{Conn, Proxy};
+use crate::proxy::{request_id, Conn, Proxy};
 
 /// The largest request head (request line and headers) an HTTP/1 connection buffers; larger
 /// gets 431. hyper's default is about 400 KiB, which thousands of half-sent heads would each
@@ -267,6 +267,7 @@ async fn serve<I>(
         // connection; boxed, the slot is a pointer and the request's state is freed when it
         // is answered, so an idle keep-alive connection holds none of it.
         boxed_in_place(move || async move {
+            let mut req = req;
             let resp = match framing::check(&req) {
                 Ok(()) => {
                     let handling = pass::Handling::start();
@@ -276,7 +277,12 @@ async fn serve<I>(
                 }
                 Err(e) => {
                     tracing::debug!(peer = %conn.peer, error = %e, "request refused");
-                    framing::refusal(&e)
+                    // refused before the proxy sees it, yet answered with an id as its answers are
+                    let id = request_id::keep_or_make(req.headers_mut());
+                    let mut resp = framing::refusal(&e);
+                    resp.headers_mut()
+                        .insert(request_id::X_REQUEST_ID.clone(), id);
+                    resp
                 }
             };
             Ok::<_, Infallible>(resp.map(|body| Guarded::new(body, in_flight)))

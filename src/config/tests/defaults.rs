@@ -28,6 +28,7 @@ fn a_file_with_only_listen_gets_every_default() {
     assert_eq!(c.timeouts.send, Duration::from_secs(60));
     assert_eq!(c.timeouts.shutdown, Duration::from_secs(30));
     assert_eq!(c.max_body_size, None);
+    assert_eq!(c.access_log, crate::config::AccessLog::default());
     assert!(c.upstreams.is_empty() && c.routes.is_empty());
 }
 
@@ -358,6 +359,48 @@ fn paths_settings_read_as_documented() {
         "{}",
         config.summary()
     );
+}
+
+/// `access_log` reads both documented settings; without it the log keeps no query and writes
+/// the client's address, and `check` says nothing of it; `/config` always shows it.
+#[test]
+fn access_log_settings_read_as_documented() {
+    use crate::config::{AccessLog, LogClient};
+    let default = ok("listen: 0.0.0.0:1\n").config;
+    assert_eq!(
+        default.access_log,
+        AccessLog {
+            query: false,
+            client: LogClient::Address,
+        }
+    );
+    assert!(!default.summary().contains("access_log"));
+    assert_eq!(
+        default.to_json()["access_log"],
+        serde_json::json!({"query": false, "client": "address"})
+    );
+    let text = "listen: 0.0.0.0:1\naccess_log: {query: true, client: hash}\n";
+    let config = ok(text).config;
+    assert_eq!(
+        config.access_log,
+        AccessLog {
+            query: true,
+            client: LogClient::Hash,
+        }
+    );
+    assert!(
+        config
+            .summary()
+            .contains("access_log: client hash, query kept"),
+        "{}",
+        config.summary()
+    );
+    assert_eq!(
+        config.to_json()["access_log"],
+        serde_json::json!({"query": true, "client": "hash"})
+    );
+    let address = ok("listen: 0.0.0.0:1\naccess_log: {client: address}\n").config;
+    assert_eq!(address.access_log, AccessLog::default());
 }
 
 /// The summary of a small memory-backed file: one route for every request, no limits.

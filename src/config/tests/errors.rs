@@ -67,8 +67,8 @@ fn unknown_key_without_a_close_match_lists_the_allowed_keys() {
         "listen: 0.0.0.0:8080\ncolour: blue\n",
         &[
             "proxy.yaml:2:1: colour: unknown key \"colour\"; expected listen, workers, tls, admin, \
-             store, trusted_proxies, rate_limit_headers, timeouts, max_body_size, paths, upstreams or \
-             routes",
+             store, trusted_proxies, rate_limit_headers, timeouts, max_body_size, paths, access_log, \
+             upstreams or routes",
         ],
     );
 }
@@ -534,6 +534,18 @@ fn upstream_protocol_and_tls_are_checked() {
             r#"proxy.yaml:5:15: upstreams.api.protocol: expected http1, http2 or auto, found "h2""#,
             r#"proxy.yaml:6:17: upstreams.api.tls.cert: a client certificate needs its key: set key too"#,
             r#"proxy.yaml:6:38: upstreams.api.tls.server_name: "a b" is not a DNS name or an IP address"#,
+        ],
+    );
+}
+
+/// An `access_log.client` that is not one of its names, and a `query` that is not a boolean.
+#[test]
+fn access_log_settings_outside_their_names_are_errors() {
+    assert_problems(
+        "listen: 0.0.0.0:8080\naccess_log:\n  client: ip\n  query: sometimes\n",
+        &[
+            r#"proxy.yaml:3:11: access_log.client: expected address or hash, found "ip""#,
+            r#"proxy.yaml:4:10: access_log.query: expected true or false, found "sometimes""#,
         ],
     );
 }
