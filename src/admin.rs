@@ -7,8 +7,13 @@
 //! | `GET /healthz` | 200 `ok`: the process is alive and serving |
 //! | `GET /readyz` | 200 `ready`, or 503 `not ready: <why>` while [`AdminState::ready`] says no |
 //! | `GET /config` | 200, [`AdminState::config_json`] as pretty-printed JSON |
+//! | `GET /api/stats` | 200, [`Api::stats`]: this instance's rates over the last minute |
 //! | any other path | 404 |
 //! | another method on one of the paths above | 405 with `Allow: GET, HEAD` |
+//!
+//! Every `/api/` call needs `Authorization: Bearer <token>` when [`AdminState::token`] gives
+//! one: 401 without it. The token is compared in constant time. `/api/` answers and errors
+//! are JSON.
 //!
 //! This module owns only the HTTP side. It uses nothing of the crate but [`Metrics`]: what
 //! "ready" means and what the effective configuration is (with its secrets redacted) are the
@@ -56,6 +61,17 @@ pub struct AdminState {
     /// active), else why not; called on every probe, and may ask the store (bounded by its
     /// timeout)
     pub ready: Arc<dyn Fn() -> Readiness + Send + Sync>,
+    /// the bearer token `/api/` calls need, if one is set; read on every call, so a reload
+    /// that changes it applies at once
+    pub token: Arc<dyn Fn() -> Option<Arc<str>> + Send + Sync>,
+    /// what `/api/` answers
+    pub api: Arc<dyn Api>,
+}
+
+/// The operator API behind `/api/`, supplied by the application.
+pub trait Api: Send + Sync {
+    /// `GET /api/stats`
+    fn stats(&self) -> serde_json::Value;
 }
 
 /// The answer of [`AdminState::ready`]: why the instance is not ready, if it is not.
@@ -181,6 +197,9 @@ fn readable(method: &Method) -> bool {
 /// takes one.
 fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
     let path = req.uri().path();
+    if let Some(call) = path.strip_prefix("/api/") {
+        return api(state, req, call);
+    }
     if !matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config") {
         return text(StatusCode::NOT_FOUND, "not found");
     }
@@ -217,6 +236,73 @@ fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
         "/config" => config(state),
         _ => unreachable!("/readyz is answered by `answer`"),
     }
+}
+
+/// One `/api/` call: `call` is the path after `/api/`.
+fn api<B>(state: &AdminState, req: &Request<B>, call: &str) -> Response<Full<Bytes>> {
+    if let Some(token) = (state.token)() {
+        if !bearer_matches(req, &token) {
+            let mut answer = api_error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "this call needs Authorization: Bearer <admin.token>",
+            );
+            answer.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
+            return answer;
+        }
+    }
+    match call {
+        "stats" if readable(req.method()) => json_answer(StatusCode::OK, &state.api.stats()),
+        "stats" => {
+            let mut answer = api_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "use GET",
+            );
+            answer
+                .headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+            answer
+        }
+        _ => api_error(StatusCode::NOT_FOUND, "not_found", "no such API call"),
+    }
+}
+
+/// Whether `req` carries `Authorization: Bearer <token>`, compared in constant time.
+fn bearer_matches<B>(req: &Request<B>, token: &str) -> bool {
+    let Some(given) = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+    else {
+        return false;
+    };
+    constant_time_eq(given.trim_ascii(), token.as_bytes())
+}
+
+/// `a == b`, in a time that depends on their lengths only, so a wrong token's answer tells
+/// nothing of how much of it was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
+/// A JSON error of the API: `{"error": code, "message": message}`.
+fn api_error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
+    json_answer(
+        status,
+        &serde_json::json!({"error": code, "message": message}),
+    )
+}
+
+fn json_answer(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+    let body = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    with_type(status, JSON, body.into())
 }
 
 fn config(state: &AdminState) -> Response<Full<Bytes>> {
@@ -294,7 +380,20 @@ mod tests {
         task: JoinHandle<()>,
     }
 
+    /// The API's answers in these tests: the HTTP side is what they test.
+    struct Figures;
+
+    impl Api for Figures {
+        fn stats(&self) -> serde_json::Value {
+            serde_json::json!({"scope": "this instance"})
+        }
+    }
+
     async fn start() -> Running {
+        start_with_token(None).await
+    }
+
+    async fn start_with_token(token: Option<&'static str>) -> Running {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let ready = Arc::new(AtomicBool::new(false));
@@ -315,6 +414,8 @@ mod tests {
                     }
                 })
             }),
+            token: Arc::new(move || token.map(Arc::from)),
+            api: Arc::new(Figures),
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(serve(listener, state, async move {
@@ -331,12 +432,24 @@ mod tests {
 
     /// Sends `method path` and returns the status, the content type and the body.
     async fn call(addr: SocketAddr, method: Method, path: &str) -> (StatusCode, String, String) {
+        call_with(addr, method, path, None).await
+    }
+
+    /// [`call`] with an `Authorization` header when `auth` is given.
+    async fn call_with(
+        addr: SocketAddr,
+        method: Method,
+        path: &str,
+        auth: Option<&str>,
+    ) -> (StatusCode, String, String) {
         let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(method)
-            .uri(format!("http://{addr}{path}"))
-            .body(Empty::new())
-            .unwrap();
+            .uri(format!("http://{addr}{path}"));
+        if let Some(auth) = auth {
+            req = req.header(http::header::AUTHORIZATION, auth);
+        }
+        let req = req.body(Empty::new()).unwrap();
         let resp = client.request(req).await.unwrap();
         let status = resp.status();
         let content_type = resp
@@ -459,6 +572,49 @@ mod tests {
         }
     }
 
+    /// `/api/` answers JSON; with a token set, only to a caller that shows it.
+    #[tokio::test]
+    async fn api_calls_need_the_token_when_one_is_set() {
+        let open = start().await;
+        let (status, kind, body) = call(open.addr, Method::GET, "/api/stats").await;
+        assert_eq!((status, kind.as_str()), (StatusCode::OK, JSON), "{body}");
+        assert_eq!(body, r#"{"scope":"this instance"}"#);
+        let (status, _, body) = call(open.addr, Method::GET, "/api/nothing").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body.contains(r#""error":"not_found""#), "{body}");
+
+        let shut = start_with_token(Some("s3cret")).await;
+        for auth in [
+            None,
+            Some("Bearer s3cre"),
+            Some("Bearer s3cret2"),
+            Some("s3cret"),
+        ] {
+            let (status, kind, body) = call_with(shut.addr, Method::GET, "/api/stats", auth).await;
+            assert_eq!(
+                (status, kind.as_str()),
+                (StatusCode::UNAUTHORIZED, JSON),
+                "{auth:?}"
+            );
+            assert!(body.contains(r#""error":"unauthorized""#), "{body}");
+        }
+        let (status, _, body) =
+            call_with(shut.addr, Method::GET, "/api/stats", Some("Bearer s3cret")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        // the other endpoints need no token
+        let (status, _, _) = call(shut.addr, Method::GET, "/healthz").await;
+        assert_eq!(status, StatusCode::OK);
+    }
+
+    /// Tokens are equal only when every byte is.
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"", b"a"));
+    }
+
     /// 405 names the allowed method.
     #[test]
     fn method_not_allowed_says_get() {
@@ -466,6 +622,8 @@ mod tests {
             metrics: Metrics::new(),
             config_json: Arc::new(|| serde_json::Value::Null),
             ready: Arc::new(|| Box::pin(async { Ok(()) })),
+            token: Arc::new(|| None),
+            api: Arc::new(Figures),
         };
         let req = Request::delete("/config").body(()).unwrap();
         let resp = respond(&s, &req);

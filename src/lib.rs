@@ -8,10 +8,13 @@
 //! * [`routing`]: the route table: normalised path, host, method, headers to a route.
 //! * [`identity`]: client identity (peer, trusted proxies, X-Forwarded-For) and limiter keys.
 //! * [`proxy`]: the request path as phases: identify, route, limit, pace, forward, respond.
-//! * [`tls`]: rustls configs: inbound termination (ALPN h2, http/1.1), the upstream connector.
+//! * [`tls`]: rustls configs: inbound termination (ALPN h2, http/1.1), and the client config
+//!   of the connections tollgate makes.
 //! * [`turns`]: the scheduling tricks that exist for throughput, and their one off switch.
 //! * [`metrics`]: one Prometheus registry, a cloneable handle passed down.
 //! * [`admin`]: the admin listener: `/metrics`, `/healthz`, `/readyz`, `/config`.
+//! * [`console`]: the operator console's figures: rates over the last minute, top refused
+//!   clients.
 //! * [`logging`]: the text form of log lines, the access log's above all.
 //! * `server`: serving connections: accept, TLS, HTTP/1 and HTTP/2, framing checks, deadlines,
 //!   the worker threads.
@@ -20,6 +23,7 @@
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod console;
 mod decimal;
 pub mod identity;
 pub mod limit;

@@ -22,6 +22,7 @@
 //! | `tollgate_deny_cache_hits_total` | |
 //! | `tollgate_store_leased_total` (tollgate's own) | |
 //! | `tollgate_upstream_errors_total` | `upstream`, `kind` |
+//! | `tollgate_upstream_responses_total` | `upstream` |
 //! | `tollgate_config_reloads_total` | `result` (ok, error) |
 //!
 //! A request that matched no route is recorded with the route label [`NO_ROUTE`] (`-`), which
@@ -196,6 +197,23 @@ impl DecisionSeries {
     }
 }
 
+/// An upstream's `tollgate_upstream_responses_total` series, kept by the upstream (see
+/// [`RouteSeries`]).
+pub struct UpstreamSeries {
+    upstream: Arc<str>,
+    responses: OnceLock<sharded::Counter>,
+}
+
+impl UpstreamSeries {
+    /// The series of upstream `upstream`.
+    pub fn new(upstream: Arc<str>) -> UpstreamSeries {
+        UpstreamSeries {
+            upstream,
+            responses: OnceLock::new(),
+        }
+    }
+}
+
 /// A handle to the process's metrics; clones share one registry.
 ///
 /// Every recording method is cheap on the hot path: a read lock and a hash lookup for a
@@ -220,6 +238,7 @@ struct Inner {
     deny_cache_hits: Counter,
     store_leased: Counter,
     upstream_errors: Family<UpstreamKind, Counter>,
+    upstream_responses: Family<UpstreamLabel, sharded::Counter>,
     config_reloads: Family<ResultLabel, Counter>,
     no_route: Arc<str>,
     /// A std mutex: taken once per scrape, never on the request path.
@@ -253,6 +272,7 @@ impl Metrics {
         let deny_cache_hits = Counter::default();
         let store_leased = Counter::default();
         let upstream_errors = Family::default();
+        let upstream_responses = Family::default();
         let config_reloads: Family<ResultLabel, Counter> = Family::default();
         // both results exist from the start, so `increase(...{result="error"})` has a series
         for result in ["ok", "error"] {
@@ -309,6 +329,11 @@ impl Metrics {
             upstream_errors.clone(),
         );
         r.register(
+            "tollgate_upstream_responses",
+            "Response heads received from upstreams, by upstream",
+            upstream_responses.clone(),
+        );
+        r.register(
             "tollgate_config_reloads",
             "Configuration reloads, by result",
             config_reloads.clone(),
@@ -326,6 +351,7 @@ impl Metrics {
                 deny_cache_hits,
                 store_leased,
                 upstream_errors,
+                upstream_responses,
                 config_reloads,
                 no_route: Arc::from(NO_ROUTE),
                 hooks: Mutex::new(Vec::new()),
@@ -403,6 +429,17 @@ impl Metrics {
                 decision,
             };
             self.inner.limit_decisions.get_or_create(&labels).clone()
+        });
+        counter.inc();
+    }
+
+    /// Records a response head from the upstream whose series `series` are.
+    pub fn upstream_responded(&self, series: &UpstreamSeries) {
+        let counter = series.responses.get_or_init(|| {
+            let labels = UpstreamLabel {
+                upstream: series.upstream.clone(),
+            };
+            self.inner.upstream_responses.get_or_create(&labels).clone()
         });
         counter.inc();
     }

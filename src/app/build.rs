@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{self, Backend, Config};
+use crate::console::Refusals;
 use crate::metrics::{Metrics, RouteSeries};
 use crate::proxy::{
     access, Dial, HeaderStyle, Limit, Pacer, Protocol, Proxy, Route, Settings, Targets, Upstream,
@@ -118,6 +119,7 @@ pub fn build_proxy(
     clients: UpstreamClients,
     metrics: Metrics,
     tunnels: TaskTracker,
+    refusals: Arc<Refusals>,
 ) -> anyhow::Result<Proxy> {
     let prefix = &config.store.key_prefix;
     let mut upstreams = HashMap::new();
@@ -131,6 +133,7 @@ pub fn build_proxy(
             targets: Targets::new(&u.targets, dial(u, &clients)?),
             preserve_host: u.preserve_host,
             pacer,
+            series: crate::metrics::UpstreamSeries::new(u.name.as_str().into()),
         };
         // its error series (and a paced one's delay histogram) exist from the start, at zero,
         // so `rate(...)` has one to read
@@ -180,9 +183,11 @@ pub fn build_proxy(
         config::HeaderStyle::Both => HeaderStyle::Both,
         config::HeaderStyle::None => HeaderStyle::None,
     };
+    refusals.keep_only(config);
     Ok(Proxy {
         metrics,
         tunnels,
+        refusals,
         routes: RouteTable::new(routes),
         store,
         clients,

@@ -21,6 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
+use crate::console::{Console, Refusals, Reloaded, StoreView, View};
 use crate::metrics::Metrics;
 use crate::proxy::{Http1Client, UpstreamClients};
 use crate::server::{accept_loop, http_builder, AcceptCtx, Live, Workers};
@@ -57,6 +58,12 @@ struct Shared {
     draining: AtomicBool,
     /// Upgraded (WebSocket) tunnels: hyper's graceful shutdown does not see them.
     tunnels: TaskTracker,
+    /// The clients each limit refused most, across reloads.
+    refusals: Arc<Refusals>,
+    /// The `/api/` token in force, read from the config at start and at each reload.
+    token: Mutex<Option<Arc<str>>>,
+    /// What the last reload did, if one was tried.
+    reloaded: Mutex<Option<Reloaded>>,
 }
 
 impl Server {
@@ -80,12 +87,15 @@ impl Server {
             tls::client_config(&tls::ClientAuth::default())?,
         );
         let tunnels = TaskTracker::new();
+        let refusals = Arc::new(Refusals::default());
+        let token = admin_token(&config)?;
         let proxy = build_proxy(
             &config,
             store.clone(),
             clients.clone(),
             metrics.clone(),
             tunnels.clone(),
+            refusals.clone(),
         )?;
         let mut listeners = Vec::with_capacity(config.listen.len());
         for addr in &config.listen {
@@ -115,6 +125,9 @@ impl Server {
             metrics,
             draining: AtomicBool::new(false),
             tunnels,
+            refusals,
+            token: Mutex::new(token),
+            reloaded: Mutex::new(None),
         });
         Ok(Server {
             shared,
@@ -235,10 +248,12 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// Pending connections the kernel may queue per listener.
 const LISTEN_BACKLOG: u32 = 4096;
 
-/// What the admin endpoints read: metrics, the config in force, readiness.
+/// What the admin endpoints read: metrics, the config in force, readiness, the console.
 fn admin_state(shared: &Arc<Shared>) -> AdminState {
     let for_config = shared.clone();
     let for_ready = shared.clone();
+    let for_token = shared.clone();
+    let sampler = crate::console::sample::Sampler::new(shared.metrics.clone());
     AdminState {
         metrics: shared.metrics.clone(),
         config_json: Arc::new(move || for_config.config().to_json()),
@@ -252,7 +267,69 @@ fn admin_state(shared: &Arc<Shared>) -> AdminState {
                 store.ready().await.map_err(|e| e.to_string())
             })
         }),
+        token: Arc::new(move || {
+            for_token
+                .token
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        }),
+        api: Arc::new(ConsoleApi {
+            console: Console::new(sampler, shared.refusals.clone()),
+            shared: shared.clone(),
+        }),
     }
+}
+
+/// The `/api/` calls, over the console and what is in force.
+struct ConsoleApi {
+    shared: Arc<Shared>,
+    console: Console,
+}
+
+impl admin::Api for ConsoleApi {
+    fn stats(&self) -> serde_json::Value {
+        let (config, store) = {
+            let current = self
+                .shared
+                .current
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            (current.0.clone(), current.1.clone())
+        };
+        let proxy = self.shared.live.proxy.load();
+        let backend = match &config.store.backend {
+            crate::config::Backend::Memory => "memory",
+            crate::config::Backend::Redis { .. } => "redis",
+            crate::config::Backend::Cluster { .. } => "cluster",
+        };
+        let reload = self
+            .shared
+            .reloaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        self.console.stats(&View {
+            config: &config,
+            proxy: &proxy,
+            store: StoreView {
+                backend,
+                breaker: store.breaker(),
+            },
+            reload,
+        })
+    }
+}
+
+/// The `/api/` token `config` sets, read from its file when it names one.
+fn admin_token(config: &Config) -> anyhow::Result<Option<Arc<str>>> {
+    let Some(token) = config.admin.as_ref().and_then(|a| a.token.as_ref()) else {
+        return Ok(None);
+    };
+    let token = token
+        .read()
+        .map_err(|why| anyhow::anyhow!("admin token: {why}"))?;
+    Ok(Some(token.into()))
 }
 
 impl Shared {

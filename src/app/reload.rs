@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{build_proxy, build_store, Shared};
+use super::{admin_token, build_proxy, build_store, Shared};
 use crate::config::{self, Config, ConfigError};
+use crate::console::Reloaded;
 
 mod watch;
 
@@ -49,12 +50,14 @@ impl Reloader {
             let workers = self.shared.clients.workers();
             build_store(&config.store, workers, &self.shared.metrics).await?
         };
+        let token = admin_token(&config)?;
         let proxy = build_proxy(
             &config,
             store.clone(),
             self.shared.clients.clone(),
             self.shared.metrics.clone(),
             self.shared.tunnels.clone(),
+            self.shared.refusals.clone(),
         )?;
         let mut current = self
             .shared
@@ -77,21 +80,25 @@ impl Reloader {
         if was.listen != config.listen
             || was.tls != config.tls
             || was.workers != config.workers
-            || was.admin != config.admin
+            || was.admin.as_ref().map(|a| a.listen) != config.admin.as_ref().map(|a| a.listen)
             || was.timeouts.upstream_connect != config.timeouts.upstream_connect
         {
             tracing::warn!(
-                "listen, tls, workers, admin and timeouts.upstream_connect changes take effect \
-                 at the next restart"
+                "listen, tls, workers, admin.listen and timeouts.upstream_connect changes take \
+                 effect at the next restart"
             );
         }
         // what is in force: those stay as they were at the start (so /config shows them, and a
-        // file put back to them is no change)
+        // file put back to them is no change); the admin token is the new one
+        let admin = was.admin.clone().map(|a| config::AdminConfig {
+            token: config.admin.as_ref().and_then(|new| new.token.clone()),
+            ..a
+        });
         let config = Config {
             listen: was.listen.clone(),
             tls: was.tls.clone(),
             workers: was.workers,
-            admin: was.admin.clone(),
+            admin,
             timeouts: config::Timeouts {
                 upstream_connect: was.timeouts.upstream_connect,
                 ..config.timeouts
@@ -100,6 +107,7 @@ impl Reloader {
         };
         self.shared.live.proxy.store(Arc::new(proxy));
         self.shared.live.timeouts.store(Arc::new(config.timeouts));
+        *self.shared.token.lock().unwrap_or_else(|e| e.into_inner()) = token;
         *current = (config, store);
         Ok(())
     }
@@ -130,6 +138,15 @@ impl Reloader {
             Ok(Err(e)) => Err(ReloadError::Config(e)),
         };
         self.shared.metrics.config_reload(result.is_ok());
+        let error = result.as_ref().err().map(ToString::to_string);
+        *self
+            .shared
+            .reloaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Reloaded {
+            at: std::time::SystemTime::now(),
+            error,
+        });
         match &result {
             Ok(()) => tracing::info!(path = %path.display(), "configuration reloaded"),
             Err(ReloadError::Config(ConfigError::Invalid(problems))) => {

@@ -41,8 +41,9 @@ use std::path::Path as FilePath;
 
 pub use problem::{ConfigError, Problem};
 pub use types::{
-    AccessLog, AdminConfig, Backend, ClientTls, Config, HeaderStyle, LimitConfig, LogClient, Mode,
-    OnError, Protocol, RouteConfig, StoreConfig, Timeouts, TlsConfig, UpstreamConfig,
+    AccessLog, AdminConfig, AdminToken, Backend, ClientTls, Config, HeaderStyle, LimitConfig,
+    LogClient, Mode, OnError, Protocol, RouteConfig, StoreConfig, Timeouts, TlsConfig,
+    UpstreamConfig,
 };
 
 use locate::Locator;

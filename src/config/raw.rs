@@ -84,6 +84,8 @@ pub(crate) struct RawTls {
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct RawAdmin {
     pub listen: Field<String>,
+    pub token: Field<String>,
+    pub token_file: Field<String>,
 }
 
 /// `store`

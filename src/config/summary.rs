@@ -5,8 +5,8 @@ use serde_json::{json, Value};
 
 use super::backend::redact_url;
 use super::types::{
-    AccessLog, Backend, ClientTls, Config, HeaderStyle, LimitConfig, LogClient, Mode, OnError,
-    Protocol, RouteConfig, UpstreamConfig,
+    AccessLog, AdminToken, Backend, ClientTls, Config, HeaderStyle, LimitConfig, LogClient, Mode,
+    OnError, Protocol, RouteConfig, UpstreamConfig,
 };
 use super::units::{format_duration, format_rate, format_size};
 use crate::identity::KeyPart;
@@ -24,7 +24,10 @@ impl Config {
         let tls = if self.tls.is_some() { " (tls)" } else { "" };
         out.push(format!("listen: {}{tls}", addrs.join(", ")));
         if let Some(admin) = &self.admin {
-            out.push(format!("admin: {}", admin.listen));
+            match admin.token {
+                Some(_) => out.push(format!("admin: {} (api token set)", admin.listen)),
+                None => out.push(format!("admin: {}", admin.listen)),
+            }
         }
         out.push(format!("store: {}", store_line(self)));
         if let Some(size) = self.max_body_size {
@@ -69,7 +72,14 @@ impl Config {
             // the threads in force (unset: one per core)
             "workers": self.worker_count(),
             "tls": self.tls.as_ref().map(|t| json!({"cert": t.cert, "key": t.key})),
-            "admin": self.admin.as_ref().map(|a| json!({"listen": a.listen.to_string()})),
+            "admin": self.admin.as_ref().map(|a| json!({
+                "listen": a.listen.to_string(),
+                "token": match &a.token {
+                    None => Value::Null,
+                    Some(AdminToken::Value(_)) => json!("<redacted>"),
+                    Some(AdminToken::File(path)) => json!(format!("<redacted: {}>", path.display())),
+                },
+            })),
             "store": store_json(self),
             "trusted_proxies": self.trusted_proxies.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "rate_limit_headers": header_style(self.rate_limit_headers),

@@ -74,6 +74,46 @@ pub struct TlsConfig {
 pub struct AdminConfig {
     /// `admin.listen`: keep it on loopback
     pub listen: SocketAddr,
+    /// `admin.token` or `admin.token_file`: the bearer token the `/api/` calls need
+    pub token: Option<AdminToken>,
+}
+
+/// Where the admin token comes from.
+#[derive(Clone, PartialEq, Eq)]
+pub enum AdminToken {
+    /// `admin.token`, written in the file or taken from the environment with `${VAR}`
+    Value(String),
+    /// `admin.token_file`: the file's first line, read at start and at every reload
+    File(PathBuf),
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminToken::Value(_) => f.write_str("Value(<redacted>)"),
+            AdminToken::File(path) => f.debug_tuple("File").field(path).finish(),
+        }
+    }
+}
+
+impl AdminToken {
+    /// The token: the value, or the first line of the file. An empty token is an error.
+    pub fn read(&self) -> Result<String, String> {
+        let token = match self {
+            AdminToken::Value(v) => v.trim().to_owned(),
+            AdminToken::File(path) => std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned(),
+        };
+        match token.is_empty() {
+            true => Err("the admin token is empty".to_owned()),
+            false => Ok(token),
+        }
+    }
 }
 
 /// `store`

@@ -12,13 +12,14 @@ use super::backend;
 use super::check::{check_name, parse_net, Checker};
 use super::problem::Path;
 use super::raw::{
-    Field, RawAccessLog, RawClientTls, RawConfig, RawEscapedSlashes, RawHeaderStyle, RawLogClient,
-    RawPace, RawPaths, RawProtocol, RawSegmentParams, RawTimeouts, RawUpstream, StrList,
+    Field, RawAccessLog, RawAdmin, RawClientTls, RawConfig, RawEscapedSlashes, RawHeaderStyle,
+    RawLogClient, RawPace, RawPaths, RawProtocol, RawSegmentParams, RawTimeouts, RawUpstream,
+    StrList,
 };
 use super::routes;
 use super::types::{
-    AccessLog, AdminConfig, ClientTls, Config, HeaderStyle, LogClient, Protocol, Timeouts,
-    TlsConfig, UpstreamConfig,
+    AccessLog, AdminConfig, AdminToken, ClientTls, Config, HeaderStyle, LogClient, Protocol,
+    Timeouts, TlsConfig, UpstreamConfig,
 };
 use super::units;
 use crate::limit::Pace;
@@ -46,7 +47,10 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
                 format!("{addr} is also a proxy listener's port; give admin its own port");
             chk.error(path.key("listen"), message);
         }
-        Some(AdminConfig { listen: addr })
+        Some(AdminConfig {
+            listen: addr,
+            token: admin_token(chk, a, &path),
+        })
     });
     let upstreams = upstreams(chk, raw);
     // Every name written under `upstreams`, valid or not: a route naming an upstream whose own
@@ -208,6 +212,30 @@ fn tls(chk: &mut Checker<'_>, cert: Field<String>, key: Field<String>) -> Option
         cert: cert?,
         key: key?,
     })
+}
+
+/// `admin.token` or `admin.token_file`, one of them; the file is read when files are.
+fn admin_token(chk: &mut Checker<'_>, raw: &RawAdmin, path: &Path) -> Option<AdminToken> {
+    let token = match (raw.token.get(), raw.token_file.get()) {
+        (Some(_), Some(_)) => {
+            let message = "set token or token_file, not both";
+            chk.key_error(path.key("token_file"), message);
+            return None;
+        }
+        (Some(value), None) if value.trim().is_empty() => {
+            chk.error(path.key("token"), "the admin token is empty");
+            return None;
+        }
+        (Some(value), None) => AdminToken::Value(value.clone()),
+        (None, Some(file)) => AdminToken::File(PathBuf::from(file)),
+        (None, None) => return None,
+    };
+    if chk.read_files && matches!(token, AdminToken::File(_)) {
+        if let Err(why) = token.read() {
+            chk.error(path.key("token_file"), why);
+        }
+    }
+    Some(token)
 }
 
 fn timeouts(chk: &mut Checker<'_>, raw: &RawTimeouts) -> Timeouts {

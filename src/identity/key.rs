@@ -141,6 +141,16 @@ pub fn push_key_head(out: &mut String, prefix: &str, route: &str, limit: &str) {
     out.push(':');
 }
 
+/// The length of what [`push_key_head`] appends: where the client part of a store key starts.
+pub fn key_head_len(prefix: &str, route: &str, limit: &str) -> usize {
+    let prefix = if prefix.is_empty() {
+        0
+    } else {
+        prefix.len() + 1
+    };
+    prefix + route.len() + 1 + limit.len() + 1
+}
+
 /// Replaces the client part of store key `key` (from byte `start`) by its SHA-1 digest in
 /// lowercase hex when it is longer than [`MAX_CLIENT_KEY_LEN`] bytes, so keys stay short
 /// whatever clients send.

@@ -188,6 +188,7 @@ pub(super) async fn check<'r, B>(
         count(proxy, limit, &decision, outcome);
         match (decision.allowed, limit.shadow) {
             (false, false) => {
+                noted_refusal(proxy, route, limit, &key);
                 // the limits before it, then its refusal, which the legacy headers state
                 let first = limit.shown(alg, decision);
                 let shown = match admitted.shown {
@@ -394,7 +395,10 @@ fn remembered_denial<'r>(
         let alg = limit_key(proxy, route, limit, ctx, key);
         if let Some(d) = proxy.store.cached_denial(key, alg) {
             match &mut found {
-                None => found = Some((limit, Showing::one(limit.shown(alg, d)))),
+                None => {
+                    noted_refusal(proxy, route, limit, key);
+                    found = Some((limit, Showing::one(limit.shown(alg, d))));
+                }
                 Some((_, shown)) => {
                     let longer = d.retry_after_ms > shown.legacy().decision.retry_after_ms;
                     let at = shown.push(limit.shown(alg, d));
@@ -409,6 +413,14 @@ fn remembered_denial<'r>(
     proxy.metrics.limit_decided(&first.series, Counted::Denied);
     let denied = respond::rate_limited(proxy.settings.headers, &first.name, &shown);
     Some((first, denied))
+}
+
+/// Counts a refusal by `limit` of the client whose store key is `key`, for the console's
+/// clients refused most.
+fn noted_refusal(proxy: &Proxy, route: &Route, limit: &Limit, key: &str) {
+    let head = identity::key_head_len(&proxy.settings.key_prefix, &route.name, &limit.name);
+    let client = key.get(head..).unwrap_or_default();
+    proxy.refusals.add(&route.name, &limit.name, client);
 }
 
 /// What the limits in `taken` (index, when they admitted, what they answered) took, with their

@@ -81,6 +81,8 @@ pub struct Upstream {
     pub preserve_host: bool,
     /// outbound pacing, if any
     pub pacer: Option<Pacer>,
+    /// its response metrics, found once
+    pub series: crate::metrics::UpstreamSeries,
 }
 
 /// Settings that apply to every request.
@@ -118,6 +120,19 @@ pub struct Proxy {
     /// upgraded connections (WebSocket tunnels), shared across reloads so shutdown waits
     /// for them too
     pub tunnels: TaskTracker,
+    /// the clients each limit refused most, for the console; shared across reloads
+    pub refusals: Arc<crate::console::Refusals>,
+}
+
+impl Proxy {
+    /// The upstream named `name`, when a route uses it.
+    pub fn upstream(&self, name: &str) -> Option<&Upstream> {
+        self.routes
+            .routes()
+            .iter()
+            .map(|(_, route)| &*route.upstream)
+            .find(|u| &*u.name == name)
+    }
 }
 
 /// Why tollgate answered instead of the upstream (rate limiting is not an error: see
@@ -531,6 +546,7 @@ impl Proxy {
             line.upstream_ttfb = sent.filter(|_| result.is_ok()).map(|s| s.elapsed());
         }
         let resp = result?;
+        self.metrics.upstream_responded(&route.upstream.series);
         if let Some(pacer) = &route.upstream.pacer {
             pacer
                 .back_pressure(&*self.store, resp.status(), resp.headers())

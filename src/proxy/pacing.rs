@@ -38,6 +38,8 @@ pub struct Pacer {
     pub key: String,
     /// permits for requests sleeping in this process (`max_waiting`); `None`: unbounded
     pub waiting: Option<Arc<Semaphore>>,
+    /// `max_waiting`, or 0 without it
+    max_waiting: usize,
     /// until when the upstream asked this instance to back off
     held: Held,
     /// slots left by clients that hung up, for the next requests
@@ -70,6 +72,7 @@ impl Pacer {
             pace,
             key,
             waiting: max_waiting.map(|n| Arc::new(Semaphore::new(n))),
+            max_waiting: max_waiting.unwrap_or(0),
             held: Held::new(),
             holes: Arc::new(Holes::default()),
         }
@@ -339,6 +342,19 @@ impl Held {
         until
             .checked_sub(self.base.elapsed())
             .filter(|rest| !rest.is_zero())
+    }
+}
+
+impl Pacer {
+    /// What is left of a back-off the upstream asked this instance for, if one holds.
+    pub fn hold_remaining(&self) -> Option<Duration> {
+        self.held.remaining()
+    }
+
+    /// Requests sleeping for a slot here now, when `max_waiting` counts them.
+    pub fn waiting_now(&self) -> Option<usize> {
+        let permits = self.waiting.as_ref()?;
+        Some(self.max_waiting.saturating_sub(permits.available_permits()))
     }
 }
 

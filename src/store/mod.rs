@@ -92,6 +92,11 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// The circuit breaker's state, `closed` or `open`, for a store behind one.
+    fn breaker(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Whether requests can be decided as configured, for `/readyz`: a shared store is asked
     /// (bounded by its timeout), so the answer does not wait for traffic to find out; an error
     /// only when the store is out and no fallback is configured.

@@ -217,6 +217,14 @@ impl GuardedStore {
 }
 
 impl Store for GuardedStore {
+    fn breaker(&self) -> Option<&'static str> {
+        Some(if self.breaker_open() {
+            "open"
+        } else {
+            "closed"
+        })
+    }
+
     fn ready(&self) -> ReadyFuture<'_> {
         Box::pin(async move {
             // with a fallback (allow or local) requests are served even while Redis is out
