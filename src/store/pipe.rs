@@ -114,8 +114,8 @@ pub(crate) struct Endpoint {
     pub(crate) db: i64,
     /// bounds connecting, with `AUTH` and `SELECT`
     pub(crate) connect_timeout: Duration,
-    /// over TLS (`rediss://`), with this configuration: a TCP address only
-    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+    /// over TLS (`rediss://`): a TCP address only
+    pub(crate) tls: Option<Tls>,
 }
 
 /// A TCP address or a unix socket path.
@@ -123,6 +123,14 @@ pub(crate) struct Endpoint {
 pub(crate) enum Addr {
     Tcp(String, u16),
     Unix(PathBuf),
+}
+
+/// How a TLS connection is made.
+#[derive(Debug, Clone)]
+pub(crate) struct Tls {
+    pub(crate) config: Arc<rustls::ClientConfig>,
+    /// the name to verify and send in SNI instead of the host connected to
+    pub(crate) server_name: Option<String>,
 }
 
 /// A handle on the connections, one per lane; each lane's driver task starts with the lane's
@@ -462,7 +470,7 @@ async fn drive(
     }
 }
 
-enum Stream {
+pub(crate) enum Stream {
     Tcp(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
     Unix(UnixStream),
@@ -470,76 +478,106 @@ enum Stream {
 
 /// Opens the socket and sends `AUTH` and `SELECT` as the URL asks.
 async fn connect(endpoint: &Endpoint) -> Result<Stream, RedisError> {
-    match &endpoint.addr {
-        Addr::Tcp(host, port) => {
-            let mut stream = TcpStream::connect((host.as_str(), *port)).await?;
-            stream.set_nodelay(true)?;
-            let sock = SockRef::from(&stream);
-            sock.set_tcp_keepalive(&keepalive())?;
-            sock.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
-            let Some(config) = &endpoint.tls else {
-                handshake(&mut stream, endpoint).await?;
-                return Ok(Stream::Tcp(stream));
-            };
-            let name = ServerName::try_from(host.clone()).map_err(|e| {
-                RedisError::from((
-                    ErrorKind::InvalidClientConfig,
-                    "not a TLS server name",
-                    e.to_string(),
-                ))
-            })?;
-            let connector = tokio_rustls::TlsConnector::from(config.clone());
-            let mut stream = connector.connect(name, stream).await?;
-            handshake(&mut stream, endpoint).await?;
-            Ok(Stream::Tls(Box::new(stream)))
-        }
-        Addr::Unix(path) => {
-            let mut stream = UnixStream::connect(path).await?;
-            handshake(&mut stream, endpoint).await?;
-            Ok(Stream::Unix(stream))
-        }
+    let mut stream = match &endpoint.addr {
+        Addr::Tcp(host, port) => tcp(host, *port, endpoint.tls.as_ref()).await?,
+        Addr::Unix(path) => Stream::Unix(UnixStream::connect(path).await?),
+    };
+    exchange(&mut stream, &handshake(endpoint)).await?;
+    Ok(stream)
+}
+
+/// A TCP connection (TLS over it with `tls`), with the socket options of every Redis
+/// connection.
+pub(crate) async fn tcp(host: &str, port: u16, tls: Option<&Tls>) -> Result<Stream, RedisError> {
+    let stream = TcpStream::connect((host, port)).await?;
+    stream.set_nodelay(true)?;
+    let sock = SockRef::from(&stream);
+    sock.set_tcp_keepalive(&keepalive())?;
+    sock.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
+    let Some(tls) = tls else {
+        return Ok(Stream::Tcp(stream));
+    };
+    let name = tls.server_name.as_deref().unwrap_or(host).to_owned();
+    let name = ServerName::try_from(name).map_err(|e| {
+        RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "not a TLS server name",
+            e.to_string(),
+        ))
+    })?;
+    let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+    Ok(Stream::Tls(Box::new(
+        connector.connect(name, stream).await?,
+    )))
+}
+
+/// One command's words, for the exchanges before a connection serves calls.
+pub(crate) type Words = Vec<Vec<u8>>;
+
+/// `AUTH` and `SELECT`, as the endpoint asks.
+fn handshake(endpoint: &Endpoint) -> Vec<Words> {
+    let mut commands = auth(endpoint.username.as_deref(), endpoint.password.as_deref());
+    if endpoint.db != 0 {
+        commands.push(words(&[b"SELECT", endpoint.db.to_string().as_bytes()]));
+    }
+    commands
+}
+
+/// `AUTH [username] password`, when there is a password.
+pub(crate) fn auth(username: Option<&str>, password: Option<&str>) -> Vec<Words> {
+    let Some(password) = password else {
+        return Vec::new();
+    };
+    let mut auth = vec![b"AUTH".to_vec()];
+    auth.extend(username.map(|u| u.as_bytes().to_vec()));
+    auth.push(password.as_bytes().to_vec());
+    vec![auth]
+}
+
+pub(crate) fn words(words: &[&[u8]]) -> Words {
+    words.iter().map(|w| w.to_vec()).collect()
+}
+
+/// Sends `commands` and reads a reply to each, before the connection serves calls; an error
+/// reply fails the whole exchange.
+pub(crate) async fn exchange(
+    stream: &mut Stream,
+    commands: &[Words],
+) -> Result<Vec<Value>, RedisError> {
+    match stream {
+        Stream::Tcp(s) => exchange_on(s, commands).await,
+        Stream::Tls(s) => exchange_on(&mut **s, commands).await,
+        Stream::Unix(s) => exchange_on(s, commands).await,
     }
 }
 
-/// `AUTH` and `SELECT`, each answered before the connection serves calls.
-async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+async fn exchange_on<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    endpoint: &Endpoint,
-) -> Result<(), RedisError> {
-    let mut commands: Vec<Vec<&[u8]>> = Vec::new();
-    if let Some(password) = &endpoint.password {
-        let mut auth: Vec<&[u8]> = vec![b"AUTH"];
-        auth.extend(endpoint.username.as_deref().map(str::as_bytes));
-        auth.push(password.as_bytes());
-        commands.push(auth);
-    }
-    let db = endpoint.db.to_string();
-    if endpoint.db != 0 {
-        commands.push(vec![b"SELECT", db.as_bytes()]);
-    }
+    commands: &[Words],
+) -> Result<Vec<Value>, RedisError> {
     if commands.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let mut out = Vec::new();
-    for words in &commands {
-        encode_command(&mut out, words);
+    for command in commands {
+        let words: Vec<&[u8]> = command.iter().map(Vec::as_slice).collect();
+        encode_command(&mut out, &words);
     }
     stream.write_all(&out).await?;
     let mut input = Vec::with_capacity(256);
-    let mut answered = 0;
-    while answered < commands.len() {
+    let mut replies = Vec::with_capacity(commands.len());
+    while replies.len() < commands.len() {
         if stream.read_buf(&mut input).await? == 0 {
             return Err(closed());
         }
         let mut at = 0;
         while let Some((value, used)) = parse(&input[at..])? {
             at += used;
-            answered += 1;
-            value.extract_error()?;
+            replies.push(value.extract_error()?);
         }
         input.drain(..at);
     }
-    Ok(())
+    Ok(replies)
 }
 
 /// Serves calls on an open connection until it breaks (returns true: connect again when the
