@@ -682,21 +682,25 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             io = socket => {
                 let error = match io {
                     Io::Read(Ok(0)) | Io::Wrote(Ok(0)) => closed(),
-                    Io::Read(Ok(_)) => match leases.with(|l| {
-                        deliver(&mut input, &mut waiting, &mut joins, l, &mut again)
-                    }) {
-                        Ok(end) => {
-                            if let Some(end) = end {
-                                alarm.set(end);
-                            }
-                            // sent again before the calls that came after them
-                            if !again.is_empty() {
-                                batch.splice(0..0, again.drain(..));
-                            }
-                            continue;
+                    Io::Read(Ok(_)) => {
+                        let delivered = leases.with(|l| {
+                            deliver(&mut input, &mut waiting, &mut joins, l, &mut again)
+                        });
+                        // sent again before the calls that came after them, on this
+                        // connection or the next (they ran nothing)
+                        if !again.is_empty() {
+                            batch.splice(0..0, again.drain(..));
                         }
-                        Err(e) => e,
-                    },
+                        match delivered {
+                            Ok(end) => {
+                                if let Some(end) = end {
+                                    alarm.set(end);
+                                }
+                                continue;
+                            }
+                            Err(e) => e,
+                        }
+                    }
                     Io::Wrote(Ok(n)) => {
                         written += n;
                         continue;
@@ -735,7 +739,9 @@ fn broken(waiting: &mut VecDeque<Waiting>, error: &RedisError) -> bool {
 
 /// Hands every complete reply in `input` to the call waiting longest, and drops those bytes.
 /// The checks of a joined call that was refused go into `again`, to be sent alone. Returns
-/// when the first lease taken ends, if one was.
+/// when the first lease taken ends, if one was; or, after handing them all out, an error when
+/// one was `READONLY`: the server is a replica now (a failover demoted it, or a DNS name moved
+/// on), so the connection is dropped and the next one finds the master.
 fn deliver(
     input: &mut Vec<u8>,
     waiting: &mut VecDeque<Waiting>,
@@ -745,6 +751,7 @@ fn deliver(
 ) -> Result<Option<Instant>, RedisError> {
     let mut at = 0;
     let mut end: Option<Instant> = None;
+    let mut readonly = None;
     let result = loop {
         let parsed = match parse_four(&input[at..]) {
             Some((four, used)) => Ok(Some((Reply::Four(four), used))),
@@ -753,6 +760,9 @@ fn deliver(
         match parsed {
             Ok(Some((reply, used))) => {
                 at += used;
+                if readonly.is_none() {
+                    readonly = read_only(&reply);
+                }
                 // the call may be late or given up: its reply is then dropped
                 match waiting.pop_front() {
                     Some(Waiting::One(mut slot)) => slot.reply(checked(reply)),
@@ -765,12 +775,26 @@ fn deliver(
                     None => break Err(protocol("a reply to no command")),
                 }
             }
-            Ok(None) => break Ok(end),
+            Ok(None) => break readonly.map_or(Ok(end), Err),
             Err(e) => break Err(e),
         }
     };
     input.drain(..at);
     result
+}
+
+/// A copy of the `READONLY` error `reply` is, if it is one.
+fn read_only(reply: &Reply) -> Option<RedisError> {
+    match reply {
+        Reply::Value(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::ReadOnly) => {
+            Some(RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ReadOnly),
+                "Redis is a read-only replica now",
+                e.details().unwrap_or_default().to_owned(),
+            )))
+        }
+        _ => None,
+    }
 }
 
 /// Fails every waiting call with (a copy of) `error`.
