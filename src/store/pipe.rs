@@ -65,8 +65,10 @@ use super::lease::{self, Leases};
 use super::reply::Reply;
 use super::resp::{encode_command, parse, parse_four, protocol};
 use batch::{answer_joined, answer_keys, queue};
+pub(crate) use sentinel::{Sentinel, Sentinels};
 
 mod batch;
+mod sentinel;
 
 /// Calls taken from the channel at a time.
 const BATCH: usize = 256;
@@ -112,17 +114,18 @@ pub(crate) struct Endpoint {
     pub(crate) password: Option<String>,
     /// `SELECT db` on connect, unless 0
     pub(crate) db: i64,
-    /// bounds connecting, with `AUTH` and `SELECT`
+    /// bounds connecting, with `AUTH` and `SELECT` (and asking the Sentinels)
     pub(crate) connect_timeout: Duration,
-    /// over TLS (`rediss://`): a TCP address only
+    /// over TLS (`rediss://`): TCP addresses only, the Sentinels' too
     pub(crate) tls: Option<Tls>,
 }
 
-/// A TCP address or a unix socket path.
+/// A TCP address, a unix socket path, or the master that Sentinels name.
 #[derive(Debug, Clone)]
 pub(crate) enum Addr {
     Tcp(String, u16),
     Unix(PathBuf),
+    Sentinel(Arc<Sentinels>),
 }
 
 /// How a TLS connection is made.
@@ -476,13 +479,25 @@ pub(crate) enum Stream {
     Unix(UnixStream),
 }
 
-/// Opens the socket and sends `AUTH` and `SELECT` as the URL asks.
+/// Opens the socket and sends `AUTH` and `SELECT` as the URL asks. For a master named by
+/// Sentinels, asks them where it is first, and makes sure it is the master (`ROLE`): a
+/// Sentinel that has not yet seen a failover may name a node that is now a replica.
 async fn connect(endpoint: &Endpoint) -> Result<Stream, RedisError> {
+    let mut commands = handshake(endpoint);
     let mut stream = match &endpoint.addr {
         Addr::Tcp(host, port) => tcp(host, *port, endpoint.tls.as_ref()).await?,
         Addr::Unix(path) => Stream::Unix(UnixStream::connect(path).await?),
+        Addr::Sentinel(sentinels) => {
+            let (host, port) = sentinels.master(endpoint).await?;
+            commands.push(words(&[b"ROLE"]));
+            let mut stream = tcp(&host, port, endpoint.tls.as_ref()).await?;
+            let replies = exchange(&mut stream, &commands).await?;
+            sentinel::check_role(replies.last(), &host, port)?;
+            sentinels.connected(&host, port);
+            return Ok(stream);
+        }
     };
-    exchange(&mut stream, &handshake(endpoint)).await?;
+    exchange(&mut stream, &commands).await?;
     Ok(stream)
 }
 

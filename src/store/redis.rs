@@ -1,8 +1,9 @@
 //! The Redis store: each check is one `EVALSHA` of the algorithm's script on the key's node.
 //!
 //! Multiplexed connections, so concurrent checks pipeline on them, reconnected after Redis
-//! restarts. On one Redis, over TCP, TLS (`rediss://`) or a unix socket, they are the store's
-//! own ([`super::pipe`]), made for this one command, one per worker thread. On a Cluster it is redis-rs's: the cluster client's per-node
+//! restarts. On one Redis, over TCP, TLS (`rediss://`) or a unix socket, and on the master that
+//! Sentinels name, they are the store's own ([`super::pipe`]), made for this one command, one
+//! per worker thread. On a Cluster it is redis-rs's: the cluster client's per-node
 //! connections. The conformance tests run through both connections to one Redis
 //! ([`Connection`]; the library's is one `ConnectionManager` shared by every worker). A `NOSCRIPT` answer (Redis
 //! restarted, failed over, or `SCRIPT FLUSH`) sends the call again with the script's body,
@@ -10,6 +11,7 @@
 //! On the store's own connection it comes from its driver, which keeps every call's deadline;
 //! on redis-rs's, from a timer of the call's own.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -20,7 +22,7 @@ use ::redis::{
     ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, TlsCertificates, TlsMode, Value,
 };
 
-use super::pipe::{self, Addr, Endpoint, Failure, Pipe};
+use super::pipe::{self, Addr, Endpoint, Failure, Pipe, Sentinel, Sentinels};
 use super::reply::{self, Reply};
 use super::scripts::{Call, Scripts};
 use super::{GiveBackFuture, HoldFuture, ReadyFuture, Store, StoreError, StoreFuture};
@@ -40,6 +42,62 @@ pub enum RedisTarget {
     Single(String),
     /// a Redis Cluster: seed node URLs
     Cluster(Vec<String>),
+    /// the master that Redis Sentinels name
+    Sentinel(SentinelTarget),
+}
+
+/// A master watched by Redis Sentinels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelTarget {
+    /// the name the Sentinels monitor it by
+    pub master_name: String,
+    /// the Sentinels: `redis://` or `rediss://` URLs, whose user and password are the
+    /// Sentinels' own; over `rediss://`, the master is reached over TLS too
+    pub nodes: Vec<String>,
+    /// the master's user, if any
+    pub username: Option<String>,
+    /// the master's password, if any
+    pub password: Option<String>,
+    /// the master's database
+    pub db: i64,
+}
+
+impl SentinelTarget {
+    /// The Sentinels, and whether they (and so the master) are reached over TLS.
+    fn nodes(&self) -> Result<(Vec<Sentinel>, bool), StoreError> {
+        let mut nodes = Vec::with_capacity(self.nodes.len());
+        let mut over_tls = false;
+        for url in &self.nodes {
+            let info = url.as_str().into_connection_info()?;
+            let (host, port) = match info.addr() {
+                ConnectionAddr::Tcp(host, port) => (host, port),
+                ConnectionAddr::TcpTls { host, port, .. } => {
+                    over_tls = true;
+                    (host, port)
+                }
+                _ => {
+                    return Err(StoreError::Redis(::redis::RedisError::from((
+                        ::redis::ErrorKind::InvalidClientConfig,
+                        "a Sentinel is reached over TCP: redis:// or rediss://",
+                    ))))
+                }
+            };
+            let settings = info.redis_settings();
+            nodes.push(Sentinel {
+                host: host.clone(),
+                port: *port,
+                username: settings.username().map(str::to_owned),
+                password: settings.password().map(str::to_owned),
+            });
+        }
+        if nodes.is_empty() {
+            return Err(StoreError::Redis(::redis::RedisError::from((
+                ::redis::ErrorKind::InvalidClientConfig,
+                "no Sentinel given",
+            ))));
+        }
+        Ok((nodes, over_tls))
+    }
 }
 
 /// Which connection reaches one Redis.
@@ -61,7 +119,7 @@ pub struct RedisStore {
 }
 
 enum Conn {
-    /// the store's own connection: one Redis over TCP, TLS or a unix socket
+    /// the store's own connection: one Redis over TCP, TLS or a unix socket; a Sentinel's master
     Pipe(Pipe),
     /// redis-rs: a Cluster, or [`Connection::Library`]
     Client(Client),
@@ -98,7 +156,8 @@ impl RedisStore {
         RedisStore::connect_with(target, &RedisTls::default(), timeout, lanes, connection)
     }
 
-    /// [`RedisStore::connect_over`], with `tls` for `rediss://` (`store.tls`).
+    /// [`RedisStore::connect_over`], with `tls` for `rediss://` (`store.tls`). A Sentinel's
+    /// master is always reached over the store's own connection.
     pub fn connect_with(
         target: &RedisTarget,
         tls: &RedisTls,
@@ -151,6 +210,21 @@ impl RedisStore {
                 timeout,
                 connect_timeout,
             )?)),
+            RedisTarget::Sentinel(sentinel) => {
+                let (nodes, over_tls) = sentinel.nodes()?;
+                let endpoint = Endpoint {
+                    addr: Addr::Sentinel(Arc::new(Sentinels::new(
+                        sentinel.master_name.clone(),
+                        nodes,
+                    ))),
+                    username: sentinel.username.clone(),
+                    password: sentinel.password.clone(),
+                    db: sentinel.db,
+                    connect_timeout,
+                    tls: over_tls.then(|| own_tls(tls, false)).transpose()?,
+                };
+                Conn::Pipe(Pipe::new(endpoint, lanes))
+            }
         };
         Ok(RedisStore {
             conn,
