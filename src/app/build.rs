@@ -15,8 +15,10 @@ use crate::proxy::{
 };
 use crate::routing::{PathMatch, RouteTable};
 use crate::store::{
-    GuardedStore, MemoryStore, RedisStore, RedisTarget, Store, StoreError, StoreObserver,
+    Connection, GuardedStore, MemoryStore, RedisStore, RedisTarget, RedisTls, SentinelTarget,
+    Store, StoreError, StoreObserver,
 };
+use crate::tls::Pem;
 
 /// Feeds the guarded store's calls into the metrics.
 struct StoreMetrics(Metrics);
@@ -53,8 +55,19 @@ pub async fn build_store(
         Backend::Memory => return Ok(Arc::new(MemoryStore::new(config.max_keys))),
         Backend::Redis { url } => RedisTarget::Single(url.clone()),
         Backend::Cluster { urls } => RedisTarget::Cluster(urls.clone()),
+        Backend::Sentinel(s) => RedisTarget::Sentinel(SentinelTarget {
+            master_name: s.master_name.clone(),
+            nodes: s.nodes.clone(),
+            username: s.username.clone(),
+            password: s.password.clone(),
+            db: s.db,
+        }),
     };
-    let redis = RedisStore::connect(&target, config.timeout, workers)
+    let tls = match &config.tls {
+        Some(tls) => redis_tls(tls).context("redis store: store.tls")?,
+        None => RedisTls::default(),
+    };
+    let redis = RedisStore::connect_with(&target, &tls, config.timeout, workers, Connection::Own)
         .context("redis store")?
         .with_leases(config.leases);
     // the error series of a shared store exist from the start, at zero
@@ -73,6 +86,32 @@ pub async fn build_store(
     )
     .with_observer(Arc::new(StoreMetrics(metrics.clone())));
     Ok(Arc::new(guarded))
+}
+
+/// `store.tls` with its files' contents: as read when the config was loaded, or read now when
+/// it was parsed without reading files.
+fn redis_tls(config: &config::StoreTls) -> anyhow::Result<RedisTls> {
+    let pem = |file: &config::PemFile, what| match &file.contents {
+        Some(bytes) => Ok(Pem {
+            path: file.path.clone(),
+            bytes: bytes.clone(),
+        }),
+        None => Pem::read(&file.path, what),
+    };
+    let identity = match &config.identity {
+        Some((cert, key)) => Some((pem(cert, "certificate")?, pem(key, "private key")?)),
+        None => None,
+    };
+    Ok(RedisTls {
+        ca: config
+            .ca
+            .as_ref()
+            .map(|ca| pem(ca, "root certificate"))
+            .transpose()?,
+        identity,
+        server_name: config.server_name.clone(),
+        verify: config.verify,
+    })
 }
 
 /// The proxy for `config`, over an existing store and upstream clients (both survive reloads).

@@ -28,6 +28,7 @@ mod locate;
 mod problem;
 mod raw;
 mod routes;
+mod store_tls;
 mod summary;
 mod tree;
 mod types;
@@ -41,8 +42,8 @@ use std::path::Path as FilePath;
 
 pub use problem::{ConfigError, Problem};
 pub use types::{
-    AdminConfig, Backend, Config, HeaderStyle, LimitConfig, Mode, OnError, RouteConfig,
-    StoreConfig, Timeouts, TlsConfig, UpstreamConfig,
+    AdminConfig, Backend, Config, HeaderStyle, LimitConfig, Mode, OnError, PemFile, RouteConfig,
+    SentinelConfig, StoreConfig, StoreTls, Timeouts, TlsConfig, UpstreamConfig,
 };
 
 use locate::Locator;
