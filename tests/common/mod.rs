@@ -5,6 +5,7 @@
 
 pub mod lenient;
 pub mod raw;
+pub mod sentinel;
 pub mod yaml;
 
 #[allow(unused_imports)] // (not every test binary writes a config)
