@@ -1,7 +1,8 @@
 //! `store.tls` against real TLS `redis-server` processes, with a CA, a server certificate and a
 //! client certificate made by the test: trust by `ca`, a client certificate for a Redis that
-//! asks for one, `server_name` for a certificate of another name, and `verify: false`. Without
-//! what a Redis needs, the connection is refused and `on_error` (`deny` here) answers.
+//! asks for one, `server_name` for a certificate of another name, and `verify: false`; on one
+//! Redis, a Cluster and Sentinels. Without what a Redis needs, the connection is refused and
+//! `on_error` (`deny` here) answers.
 
 mod common;
 
@@ -316,6 +317,24 @@ async fn a_cluster_over_tls_takes_the_ca_and_the_client_certificate() {
     store.ping().await.expect("the TLS cluster answers");
     let allowed: Vec<bool> = three_checks(&store, &bucket).await;
     assert_eq!(allowed, [true, true, false]);
+    // verification off (redis-rs's insecure mode): no ca needed
+    let unverified = RedisTls {
+        ca: None,
+        verify: false,
+        ..tls.clone()
+    };
+    let store = RedisStore::connect_with(
+        &target,
+        &unverified,
+        Duration::from_secs(2),
+        1,
+        tollgate::store::Connection::Own,
+    )
+    .unwrap();
+    store
+        .ping()
+        .await
+        .expect("an unverified TLS cluster answers");
     let without = RedisTls {
         identity: None,
         ..tls
@@ -337,4 +356,65 @@ async fn three_checks(store: &RedisStore, bucket: &tollgate::limit::Algorithm) -
         allowed.push(store.check("k", bucket, None).await.unwrap().allowed);
     }
     allowed
+}
+
+/// Sentinels over `rediss://`: tollgate asks them over TLS and reaches the master they name
+/// over TLS too, both verified for `server_name` against `ca`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_over_tls_lead_to_the_master_over_tls() {
+    let pki = Pki::new(&["redis.internal"]);
+    let master = TlsRedis::start(&pki, "server", false, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let conf = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port 0\ntls-port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+             tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients no\n\
+             tls-replication yes\nsentinel monitor tls-master 127.0.0.1 {} 1\n",
+            dir.path().display(),
+            pki.path("server.pem"),
+            pki.path("server.key"),
+            pki.path("ca.pem"),
+            master.port
+        ),
+    )
+    .unwrap();
+    let mut sentinel = Command::new("redis-server")
+        .arg(&conf)
+        .arg("--sentinel")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server is not installed: apt-get install redis-server redis-tools");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the TLS Sentinel did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let upstream = Upstream::start().await;
+    let store = format!(
+        "store: {{timeout: 2s, on_error: deny, key_prefix: tg, sentinel: {{master_name: \
+         tls-master, nodes: [\"rediss://127.0.0.1:{port}\"]}}, tls: {{ca: \"{}\", \
+         server_name: redis.internal}}}}",
+        pki.path("ca.pem")
+    );
+    let yaml = Yaml::to(&[upstream.url()])
+        .top(&store)
+        .route(
+            "api",
+            "/",
+            "limits: [{name: two, algorithm: token_bucket, rate: 1/h, burst: 2}]",
+        )
+        .build();
+    let proxy = Proxy::start(&yaml).await;
+    let statuses = three(&proxy).await;
+    let _ = sentinel.kill();
+    let _ = sentinel.wait();
+    assert_eq!(statuses, [200, 200, 429]);
+    assert_eq!(master.cli(&pki, &["--scan"]), "tg:api:two:127.0.0.1");
 }

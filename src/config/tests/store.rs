@@ -240,3 +240,28 @@ fn tls_files_are_read_and_checked_on_load() {
         "{problems:?}"
     );
 }
+
+/// A reload reads the files again: the same file gives the same store section, a renewed one
+/// a different section (so a new store is built with it).
+#[test]
+fn a_changed_file_changes_the_store_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    let write_ca = || {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["ca".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(&ca, cert.pem()).unwrap();
+    };
+    write_ca();
+    let text = with_store(&format!(
+        "{{url: \"rediss://a:6380\", tls: {{ca: \"{}\"}}}}",
+        ca.display()
+    ));
+    let first = read(&text).unwrap().config.store;
+    assert_eq!(read(&text).unwrap().config.store, first);
+    write_ca();
+    assert_ne!(read(&text).unwrap().config.store, first);
+}
