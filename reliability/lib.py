@@ -88,17 +88,18 @@ def _ping(port):
 
 
 class Redis:
-    def __init__(self, workdir, port=None):
+    def __init__(self, workdir, port=None, extra=()):
         self.port = port or free_port()
         self.dir = workdir.file(f"redis-{self.port}")
         os.makedirs(self.dir, exist_ok=True)
+        self.extra = list(extra)
         self.proc = None
 
     def start(self):
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir", self.dir,
-             "--enable-debug-command", "local"],
+             "--enable-debug-command", "local", *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: _ping(self.port), 10, f"redis on {self.port}")
         return self
@@ -122,6 +123,54 @@ class Redis:
 
     def pid(self):
         return self.proc.pid
+
+
+class Sentinel:
+    """A `redis-server --sentinel` watching the master `name` at `master_port`, quorum 2."""
+
+    def __init__(self, workdir, name, master_port, down_after_ms=500, failover_timeout_ms=2000):
+        self.port = free_port()
+        self.name = name
+        self.config = workdir.file(f"sentinel-{self.port}.conf")
+        with open(self.config, "w") as f:
+            f.write(f"port {self.port}\nbind 127.0.0.1\nprotected-mode no\n"
+                    f"dir {workdir.path}\n"
+                    f"sentinel monitor {name} 127.0.0.1 {master_port} 2\n"
+                    f"sentinel down-after-milliseconds {name} {down_after_ms}\n"
+                    f"sentinel failover-timeout {name} {failover_timeout_ms}\n")
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(["redis-server", self.config, "--sentinel"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: _ping(self.port), 10, f"sentinel on {self.port}")
+        return self
+
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}"
+
+    def cli(self, *args, timeout=10):
+        out = subprocess.run(["redis-cli", "-p", str(self.port), *args],
+                             capture_output=True, text=True, timeout=timeout)
+        return out.stdout.strip()
+
+    def master_port(self):
+        """The master's port as this Sentinel names it, or None."""
+        lines = self.cli("SENTINEL", "get-master-addr-by-name", self.name).splitlines()
+        return int(lines[1]) if len(lines) == 2 else None
+
+    def ready(self, sentinels, replicas):
+        """Whether it knows `sentinels` other Sentinels and `replicas` replicas."""
+        lines = self.cli("SENTINEL", "master", self.name).splitlines()
+        fields = dict(zip(lines[::2], lines[1::2]))
+        return (fields.get("num-other-sentinels") == str(sentinels)
+                and fields.get("num-slaves") == str(replicas))
+
+    def kill(self):
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
 
 
 class Upstream:

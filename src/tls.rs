@@ -1,7 +1,9 @@
 //! TLS, both ways: the listener's [`ServerConfig`] (PEM certificate chain and key, ALPN `h2`
 //! then `http/1.1`) and its [`TlsAcceptor`]; the [`client_config`] of the connections tollgate
-//! makes, to upstreams and to Redis, which verifies servers against the bundled and system
-//! roots and whatever an upstream's `tls` settings add.
+//! makes to upstreams, which verifies servers against the bundled and system roots and
+//! whatever an upstream's `tls` settings add; and the client config of the store's own
+//! `rediss://` connection ([`redis`]: `store.tls`'s extra roots, client certificate and
+//! `verify: false`).
 //!
 //! Every config here names the `ring` provider explicitly instead of relying on rustls's
 //! process-wide default, so nothing depends on which crypto features other crates turn on.
@@ -10,6 +12,12 @@
 //! acceptor into the listener, `proxy::pool` connects to upstreams with a [`client_config`],
 //! and `store::pipe` connects to Redis with [`redis_client_config`].
 //! A Redis Cluster over TLS goes through the redis crate, which brings its own rustls setup.
+
+mod redis;
+
+pub use redis::{
+    identity_problem, root_problem, server_name_problem, system_bundle_pem, Pem, RedisTls,
+};
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -241,8 +249,9 @@ pub fn client_problems(auth: &ClientAuth<'_>) -> Vec<TlsError> {
     problems
 }
 
-/// The TLS client config of the store's own `rediss://` connection: Redis's certificate is
-/// verified against the same roots as an upstream's, and no ALPN is offered.
+/// The TLS client config of the store's own `rediss://` connection without `store.tls`:
+/// Redis's certificate is verified against the same roots as an upstream's, and no ALPN is
+/// offered.
 pub fn redis_client_config() -> Arc<ClientConfig> {
     Arc::new(client_config(&ClientAuth::default()).expect("the defaults read no file"))
 }

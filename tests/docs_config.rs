@@ -233,6 +233,8 @@ fn discovery_reaches_every_known_level() {
         "tls",
         "admin",
         "store",
+        "store.sentinel",
+        "store.tls",
         "timeouts",
         "paths",
         "access_log",

@@ -1011,3 +1011,46 @@ async fn late_replies_are_dropped_and_later_calls_get_their_own() {
         assert_eq!(redis.cli(&["exists", key]), "1", "{key}");
     }
 }
+
+/// The ids of the clients connected to `redis`, but redis-cli's own.
+fn client_ids(redis: &common::Redis) -> Vec<String> {
+    redis
+        .cli(&["client", "list"])
+        .lines()
+        .filter(|l| !l.contains("cmd=client"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .next()?
+                .strip_prefix("id=")
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+/// A Redis made a replica under an open connection (a failover that did not close it, a DNS
+/// name that moved) answers `READONLY`: the store drops that connection, so the next call
+/// makes a new one, which finds the master again once there is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readonly_drops_the_connection() {
+    let redis = common::Redis::start();
+    let other = common::Redis::start();
+    let s = store(redis.url(), Duration::from_secs(2));
+    let alg = bucket(1.0, 10);
+    assert!(s.check("k", &alg, None).await.unwrap().allowed);
+    let before = client_ids(&redis);
+    assert_eq!(before.len(), 1, "{before:?}");
+    redis.cli(&["replicaof", "127.0.0.1", &other.port.to_string()]);
+    let refused = s.check("k", &alg, None).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("read only replica"),
+        "{refused}"
+    );
+    redis.cli(&["replicaof", "no", "one"]);
+    assert!(s.check("k2", &alg, None).await.unwrap().allowed);
+    let after = client_ids(&redis);
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_ne!(
+        before, after,
+        "the connection that met READONLY is still in use"
+    );
+}

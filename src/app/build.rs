@@ -17,9 +17,11 @@ use crate::proxy::{
 };
 use crate::routing::{PathMatch, RouteTable};
 use crate::store::{
-    GuardedStore, MemoryStore, RedisStore, RedisTarget, Store, StoreError, StoreObserver,
+    Connection, GuardedStore, MemoryStore, RedisStore, RedisTarget, RedisTls, SentinelTarget,
+    Store, StoreError, StoreObserver,
 };
 use rustls_pki_types::ServerName;
+use crate::tls::Pem;
 
 /// Feeds the guarded store's calls into the metrics.
 struct StoreMetrics(Metrics);
@@ -56,8 +58,19 @@ pub async fn build_store(
         Backend::Memory => return Ok(Arc::new(MemoryStore::new(config.max_keys))),
         Backend::Redis { url } => RedisTarget::Single(url.clone()),
         Backend::Cluster { urls } => RedisTarget::Cluster(urls.clone()),
+        Backend::Sentinel(s) => RedisTarget::Sentinel(SentinelTarget {
+            master_name: s.master_name.clone(),
+            nodes: s.nodes.clone(),
+            username: s.username.clone(),
+            password: s.password.clone(),
+            db: s.db,
+        }),
     };
-    let redis = RedisStore::connect(&target, config.timeout, workers)
+    let tls = match &config.tls {
+        Some(tls) => redis_tls(tls).context("redis store: store.tls")?,
+        None => RedisTls::default(),
+    };
+    let redis = RedisStore::connect_with(&target, &tls, config.timeout, workers, Connection::Own)
         .context("redis store")?
         .with_leases(config.leases);
     // the error series of a shared store exist from the start, at zero
@@ -110,6 +123,32 @@ fn access_log(log: config::AccessLog) -> access::LogSettings {
             config::LogClient::Hash => access::ClientField::Hash,
         },
     }
+}
+
+/// `store.tls` with its files' contents: as read when the config was loaded, or read now when
+/// it was parsed without reading files.
+fn redis_tls(config: &config::StoreTls) -> anyhow::Result<RedisTls> {
+    let pem = |file: &config::PemFile, what| match &file.contents {
+        Some(bytes) => Ok(Pem {
+            path: file.path.clone(),
+            bytes: bytes.clone(),
+        }),
+        None => Pem::read(&file.path, what),
+    };
+    let identity = match &config.identity {
+        Some((cert, key)) => Some((pem(cert, "certificate")?, pem(key, "private key")?)),
+        None => None,
+    };
+    Ok(RedisTls {
+        ca: config
+            .ca
+            .as_ref()
+            .map(|ca| pem(ca, "root certificate"))
+            .transpose()?,
+        identity,
+        server_name: config.server_name.clone(),
+        verify: config.verify,
+    })
 }
 
 /// The proxy for `config`, over an existing store and upstream clients (both survive reloads).

@@ -302,6 +302,7 @@ impl admin::Api for ConsoleApi {
             crate::config::Backend::Memory => "memory",
             crate::config::Backend::Redis { .. } => "redis",
             crate::config::Backend::Cluster { .. } => "cluster",
+            crate::config::Backend::Sentinel(_) => "sentinel",
         };
         let reload = self
             .shared

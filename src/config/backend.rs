@@ -1,12 +1,14 @@
-//! `store`: the backend (memory, one Redis server, or a Redis Cluster), its URLs, and the
-//! failure policy; and the redaction of passwords in Redis URLs for messages and summaries.
+//! `store`: the backend (memory, one Redis server, a Redis Cluster, or the master that Redis
+//! Sentinels name), its URLs, and the failure policy; and the redaction of passwords in Redis
+//! URLs for messages and summaries. `store.tls` is in [`super::store_tls`].
 
 use std::num::{NonZeroU32, NonZeroUsize};
 
 use super::check::Checker;
 use super::problem::Path;
-use super::raw::{RawBackend, RawOnError, RawStore, StrList};
-use super::types::{Backend, OnError, StoreConfig};
+use super::raw::{RawBackend, RawOnError, RawSentinel, RawStore, StrList};
+use super::store_tls;
+use super::types::{Backend, OnError, SentinelConfig, StoreConfig};
 
 /// Validates `store`; no `store` is the memory store with every default.
 pub(crate) fn store(chk: &mut Checker<'_>, raw: Option<&RawStore>) -> StoreConfig {
@@ -39,8 +41,10 @@ pub(crate) fn store(chk: &mut Checker<'_>, raw: Option<&RawStore>) -> StoreConfi
         .positive(&raw.max_keys, &path.key("max_keys"), "max_keys")
         .and_then(|n| NonZeroUsize::new(usize::try_from(n).unwrap_or(usize::MAX)))
         .unwrap_or(default.max_keys);
+    let backend = backend(chk, raw, &path);
     StoreConfig {
-        backend: backend(chk, raw, &path),
+        tls: store_tls::tls(chk, raw, &backend),
+        backend,
         key_prefix,
         timeout,
         on_error: match raw.on_error.get() {
@@ -54,68 +58,141 @@ pub(crate) fn store(chk: &mut Checker<'_>, raw: Option<&RawStore>) -> StoreConfi
     }
 }
 
-fn backend(chk: &mut Checker<'_>, raw: &RawStore, path: &Path) -> Backend {
-    let (has_url, has_cluster) = (raw.url.is_given(), raw.cluster.is_given());
-    // Without `backend`, a `url` or `cluster` says which one is meant; silently running on
-    // memory next to a configured Redis URL would be the worse reading.
-    let redis = match raw.backend.get() {
+/// The keys that each name a Redis backend; exactly one may be given.
+const REDIS_KEYS: [&str; 3] = ["url", "cluster", "sentinel"];
+
+/// Whether the file asks for Redis: `backend: redis`, or no `backend` and a Redis key.
+pub(crate) fn wants_redis(raw: &RawStore) -> bool {
+    match raw.backend.get() {
         Some(RawBackend::Redis) => true,
         Some(RawBackend::Memory) => false,
-        None => has_url || has_cluster,
-    };
-    if !redis {
-        for (given, key) in [(has_url, "url"), (has_cluster, "cluster")] {
-            if given {
-                chk.key_error(
-                    path.key(key),
-                    format!("{key} is only used with backend: redis"),
-                );
-            }
+        // silently running on memory next to a configured Redis would be the worse reading
+        None => !given_keys(raw).is_empty(),
+    }
+}
+
+fn given_keys(raw: &RawStore) -> Vec<&'static str> {
+    let given = [
+        raw.url.is_given(),
+        raw.cluster.is_given(),
+        raw.sentinel.is_given(),
+    ];
+    REDIS_KEYS
+        .into_iter()
+        .zip(given)
+        .filter_map(|(key, given)| given.then_some(key))
+        .collect()
+}
+
+fn backend(chk: &mut Checker<'_>, raw: &RawStore, path: &Path) -> Backend {
+    let given = given_keys(raw);
+    if !wants_redis(raw) {
+        for key in given {
+            chk.key_error(
+                path.key(key),
+                format!("{key} is only used with backend: redis"),
+            );
         }
         return Backend::Memory;
     }
-    match (has_url, has_cluster) {
-        (true, true) => {
-            chk.key_error(
-                path.key("cluster"),
-                "give either url (one server) or cluster, not both",
-            );
-            Backend::Memory
-        }
-        (false, false) => {
-            let message = "backend redis needs url (one server) or cluster (a list of nodes)";
+    match given.as_slice() {
+        [] => {
+            let message = "backend redis needs url (one server), cluster (a list of nodes) or \
+                           sentinel (a master watched by Sentinels)";
             chk.error(path.clone(), message);
             Backend::Memory
         }
-        (true, false) => chk
+        [first, second, ..] => {
+            chk.key_error(
+                path.key(second),
+                format!(
+                    "give one of url (one server), cluster or sentinel, not {first} and {second}"
+                ),
+            );
+            Backend::Memory
+        }
+        ["url"] => chk
             .parse(&raw.url, &path.key("url"), parse_redis_url)
             .map_or(Backend::Memory, |url| Backend::Redis { url }),
-        (false, true) => {
-            if raw.cluster.get().is_some_and(StrList::is_empty) {
-                chk.error(path.key("cluster"), "needs at least one node URL");
-            }
-            let urls = chk.parse_list(&raw.cluster, &path.key("cluster"), parse_cluster_url);
-            // the Cluster client signs in to every node with one user and password
-            let signs_in = |url: &String| {
-                let info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).ok()?;
-                let settings = info.redis_settings();
-                Some((
-                    settings.username().map(str::to_owned),
-                    settings.password().map(str::to_owned),
-                ))
-            };
-            if let Some(other) = urls.iter().position(|u| signs_in(u) != signs_in(&urls[0])) {
-                chk.error(
-                    path.key("cluster"),
-                    format!(
-                        "every node URL must give the same user and password (the Cluster client \
-                         signs in to all nodes with one): node {other} differs from node 0"
-                    ),
-                );
-            }
-            Backend::Cluster { urls }
+        ["cluster"] => cluster(chk, raw, path),
+        _ => raw
+            .sentinel
+            .get()
+            .and_then(|s| sentinel(chk, s, &path.key("sentinel")))
+            .map_or(Backend::Memory, Backend::Sentinel),
+    }
+}
+
+fn cluster(chk: &mut Checker<'_>, raw: &RawStore, path: &Path) -> Backend {
+    if raw.cluster.get().is_some_and(StrList::is_empty) {
+        chk.error(path.key("cluster"), "needs at least one node URL");
+    }
+    let urls = chk.parse_list(&raw.cluster, &path.key("cluster"), parse_cluster_url);
+    // the Cluster client signs in to every node with one user and password
+    let signs_in = |url: &String| {
+        let info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).ok()?;
+        let settings = info.redis_settings();
+        Some((
+            settings.username().map(str::to_owned),
+            settings.password().map(str::to_owned),
+        ))
+    };
+    if let Some(other) = urls.iter().position(|u| signs_in(u) != signs_in(&urls[0])) {
+        chk.error(
+            path.key("cluster"),
+            format!(
+                "every node URL must give the same user and password (the Cluster client \
+                 signs in to all nodes with one): node {other} differs from node 0"
+            ),
+        );
+    }
+    Backend::Cluster { urls }
+}
+
+/// `store.sentinel`: the master's name, the Sentinels, and how to sign in to the master.
+fn sentinel(chk: &mut Checker<'_>, raw: &RawSentinel, path: &Path) -> Option<SentinelConfig> {
+    let master_name = chk.required(&raw.master_name, path, "master_name").cloned();
+    if let Some(name) = &master_name {
+        if name.is_empty() || name.contains(char::is_whitespace) {
+            let message = format!("expected the name the Sentinels monitor, found {name:?}");
+            chk.error(path.key("master_name"), message);
         }
     }
+    chk.required(&raw.nodes, path, "nodes");
+    if raw.nodes.get().is_some_and(StrList::is_empty) {
+        chk.error(
+            path.key("nodes"),
+            "needs at least one Sentinel, such as redis://10.0.0.1:26379",
+        );
+    }
+    let nodes = chk.parse_list(&raw.nodes, &path.key("nodes"), parse_sentinel_url);
+    let over_tls = nodes.iter().filter(|u| u.starts_with("rediss://")).count();
+    if over_tls != 0 && over_tls != nodes.len() {
+        chk.error(
+            path.key("nodes"),
+            "every Sentinel URL must use the same scheme: tollgate reaches the master as it \
+             reaches them, over TLS with rediss:// or without it with redis://",
+        );
+    }
+    if raw.username.get().is_some() && !raw.password.is_given() {
+        chk.error(
+            path.key("username"),
+            "a username needs a password (Redis's AUTH takes both)",
+        );
+    }
+    let db = match raw.db.get() {
+        Some(&db) => i64::try_from(db)
+            .map_err(|_| chk.error(path.key("db"), format!("db must be at most {}", i64::MAX)))
+            .ok()?,
+        None => 0,
+    };
+    Some(SentinelConfig {
+        master_name: master_name?,
+        nodes,
+        username: raw.username.get().cloned(),
+        password: raw.password.get().cloned(),
+        db,
+    })
 }
 
 /// `redis://`, `rediss://`, `redis+unix://` or `unix://` followed by something.
@@ -130,6 +207,33 @@ fn parse_cluster_url(text: &str) -> Result<String, String> {
     if db != 0 {
         return Err(format!(
             "a Redis Cluster has only database 0; leave /{db} out of {:?}",
+            redact_url(&url)
+        ));
+    }
+    Ok(url)
+}
+
+/// A Sentinel's URL: `redis://` or `rediss://`, without a database (a Sentinel has none).
+fn parse_sentinel_url(text: &str) -> Result<String, String> {
+    let (url, db) = checked_url(text)?;
+    if !url.starts_with("redis://") && !url.starts_with("rediss://") {
+        return Err(format!(
+            "a Sentinel is reached over TCP: expected redis://HOST:PORT or rediss://HOST:PORT, \
+             found {:?}",
+            redact_url(&url)
+        ));
+    }
+    if db != 0 {
+        return Err(format!(
+            "a Sentinel has no databases: give the master's as sentinel.db, and leave /{db} out \
+             of {:?}",
+            redact_url(&url)
+        ));
+    }
+    if url.ends_with("#insecure") {
+        return Err(format!(
+            "#insecure does not apply to Sentinels; store.tls.verify: false turns verification \
+             off for them and the master: {:?}",
             redact_url(&url)
         ));
     }

@@ -28,6 +28,7 @@ mod locate;
 mod problem;
 mod raw;
 mod routes;
+mod store_tls;
 mod summary;
 mod tree;
 mod types;
@@ -42,8 +43,8 @@ use std::path::Path as FilePath;
 pub use problem::{ConfigError, Problem};
 pub use types::{
     AccessLog, AdminConfig, AdminToken, Backend, ClientTls, Config, HeaderStyle, LimitConfig,
-    LogClient, Mode, OnError, Protocol, RouteConfig, StoreConfig, Timeouts, TlsConfig,
-    UpstreamConfig,
+    LogClient, Mode, OnError, PemFile, Protocol, RouteConfig, SentinelConfig, StoreConfig,
+    StoreTls, Timeouts, TlsConfig, UpstreamConfig,
 };
 
 use locate::Locator;

@@ -101,6 +101,30 @@ pub(crate) struct RawStore {
     pub instances: Field<u64>,
     pub max_keys: Field<u64>,
     pub leases: Field<bool>,
+    pub sentinel: Field<RawSentinel>,
+    pub tls: Field<RawStoreTls>,
+}
+
+/// `store.sentinel`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawSentinel {
+    pub master_name: Field<String>,
+    pub nodes: Field<StrList>,
+    pub username: Field<String>,
+    pub password: Field<String>,
+    pub db: Field<u64>,
+}
+
+/// `store.tls`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawStoreTls {
+    pub ca: Field<String>,
+    pub cert: Field<String>,
+    pub key: Field<String>,
+    pub server_name: Field<String>,
+    pub verify: Field<bool>,
 }
 
 /// `store.backend`

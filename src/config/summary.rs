@@ -1,12 +1,12 @@
 //! The config told back: a short text for `tollgate check` and JSON for the admin `/config`
-//! endpoint. Both redact secrets (a Redis password in a URL).
+//! endpoint. Both redact secrets (a Redis password in a URL or in `store.sentinel`).
 
 use serde_json::{json, Value};
 
 use super::backend::redact_url;
 use super::types::{
     AccessLog, AdminToken, Backend, ClientTls, Config, HeaderStyle, LimitConfig, LogClient, Mode,
-    OnError, Protocol, RouteConfig, UpstreamConfig,
+    OnError, Protocol, RouteConfig, SentinelConfig, StoreTls, UpstreamConfig,
 };
 use super::units::{format_duration, format_rate, format_size};
 use crate::identity::KeyPart;
@@ -114,7 +114,53 @@ fn backend_text(backend: &Backend) -> String {
             let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
             format!("redis cluster {}", urls.join(", "))
         }
+        Backend::Sentinel(s) => {
+            let nodes: Vec<String> = s.nodes.iter().map(|u| redact_url(u)).collect();
+            let mut text = format!("redis sentinel {} via {}", s.master_name, nodes.join(", "));
+            if s.db != 0 {
+                text.push_str(&format!(", db {}", s.db));
+            }
+            text
+        }
     }
+}
+
+/// `tls ca /etc/ca.pem, client cert /etc/c.pem, server_name r.internal`, or `tls not verified`.
+fn tls_text(tls: &StoreTls) -> String {
+    let mut parts = vec!["tls".to_owned()];
+    if let Some(ca) = &tls.ca {
+        parts.push(format!("ca {}", ca.path.display()));
+    }
+    if let Some((cert, _)) = &tls.identity {
+        parts.push(format!("client cert {}", cert.path.display()));
+    }
+    if let Some(name) = &tls.server_name {
+        parts.push(format!("server_name {name}"));
+    }
+    if !tls.verify {
+        parts.push("NOT VERIFIED".to_owned());
+    }
+    parts.join(" ")
+}
+
+fn tls_json(tls: &StoreTls) -> Value {
+    json!({
+        "ca": tls.ca.as_ref().map(|f| &f.path),
+        "cert": tls.identity.as_ref().map(|(cert, _)| &cert.path),
+        "key": tls.identity.as_ref().map(|(_, key)| &key.path),
+        "server_name": tls.server_name,
+        "verify": tls.verify,
+    })
+}
+
+fn sentinel_json(s: &SentinelConfig) -> Value {
+    json!({
+        "master_name": s.master_name,
+        "nodes": s.nodes.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
+        "username": s.username,
+        "password": s.password.as_ref().map(|_| "***"),
+        "db": s.db,
+    })
 }
 
 fn store_line(config: &Config) -> String {
@@ -133,6 +179,9 @@ fn store_line(config: &Config) -> String {
         if !s.leases {
             line.push_str(", no leases");
         }
+        if let Some(tls) = &s.tls {
+            line.push_str(&format!(", {}", tls_text(tls)));
+        }
     }
     line.push_str(&format!(", max_keys {}", s.max_keys));
     line
@@ -140,18 +189,21 @@ fn store_line(config: &Config) -> String {
 
 fn store_json(config: &Config) -> Value {
     let s = &config.store;
-    let (backend, url, cluster) = match &s.backend {
-        Backend::Memory => ("memory", None, None),
-        Backend::Redis { url } => ("redis", Some(redact_url(url)), None),
+    let (backend, url, cluster, sentinel) = match &s.backend {
+        Backend::Memory => ("memory", None, None, None),
+        Backend::Redis { url } => ("redis", Some(redact_url(url)), None, None),
         Backend::Cluster { urls } => {
             let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
-            ("redis", None, Some(urls))
+            ("redis", None, Some(urls), None)
         }
+        Backend::Sentinel(sentinel) => ("redis", None, None, Some(sentinel_json(sentinel))),
     };
     json!({
         "backend": backend,
         "url": url,
         "cluster": cluster,
+        "sentinel": sentinel,
+        "tls": s.tls.as_ref().map(tls_json),
         "key_prefix": s.key_prefix,
         "timeout": format_duration(s.timeout),
         "on_error": on_error(s.on_error),

@@ -119,7 +119,7 @@ impl AdminToken {
 /// `store`
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreConfig {
-    /// `store.backend` with `url` or `cluster`
+    /// `store.backend` with `url`, `cluster` or `sentinel`
     pub backend: Backend,
     /// `store.key_prefix`: the first part of every key (default `tollgate`)
     pub key_prefix: String,
@@ -136,6 +136,39 @@ pub struct StoreConfig {
     /// on each worker (docs/algorithms.md, "Leases"; default true); false: every check is a
     /// Redis call
     pub leases: bool,
+    /// `store.tls`: how `rediss://` connections trust Redis and identify themselves
+    pub tls: Option<StoreTls>,
+}
+
+/// `store.tls`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreTls {
+    /// `ca`: certificates to trust beside the bundled and system roots
+    pub ca: Option<PemFile>,
+    /// `cert` and `key`: a client certificate chain and its private key
+    pub identity: Option<(PemFile, PemFile)>,
+    /// `server_name`: the name Redis's certificate must be valid for, also sent in SNI
+    pub server_name: Option<String>,
+    /// `verify` (default true); false: no verification of Redis's certificate at all
+    pub verify: bool,
+}
+
+/// A PEM file the configuration names, and what it held when the configuration was loaded.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PemFile {
+    /// as written
+    pub path: PathBuf,
+    /// the contents, read by [`super::load`]; `None` from [`super::parse`], which reads no
+    /// files. So a reload that finds a file changed builds a new store.
+    pub contents: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for PemFile {
+    // (a private key's bytes must not reach a log line)
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let read = self.contents.as_ref().map(Vec::len);
+        write!(f, "PemFile({}, read: {read:?})", self.path.display())
+    }
 }
 
 impl Default for StoreConfig {
@@ -149,6 +182,7 @@ impl Default for StoreConfig {
             instances: NonZeroU32::MIN,
             max_keys: NonZeroUsize::new(1_000_000).expect("a non-zero literal"),
             leases: true,
+            tls: None,
         }
     }
 }
@@ -168,6 +202,24 @@ pub enum Backend {
         /// the seed nodes
         urls: Vec<String>,
     },
+    /// the master that Redis Sentinels name
+    Sentinel(SentinelConfig),
+}
+
+/// `store.sentinel`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelConfig {
+    /// `master_name`: the name the Sentinels monitor the master by
+    pub master_name: String,
+    /// `nodes`: the Sentinels, `redis://` or `rediss://` (all alike); a URL's user and password
+    /// are the Sentinel's own
+    pub nodes: Vec<String>,
+    /// `username`: the master's user
+    pub username: Option<String>,
+    /// `password`: the master's password
+    pub password: Option<String>,
+    /// `db`: the master's database (default 0)
+    pub db: i64,
 }
 
 /// `store.on_error`: the store's own policy type, so config and store cannot drift apart.

@@ -2,8 +2,8 @@
 //! keeps the key's state; the proxy sees only this trait.
 //!
 //! * [`memory::MemoryStore`]: in process, sharded, bounded (least recently used evicted).
-//! * [`redis::RedisStore`]: the Lua scripts of `lua/` on Redis or Redis Cluster, shared by
-//!   every tollgate instance.
+//! * [`redis::RedisStore`]: the Lua scripts of `lua/` on Redis, Redis Cluster or the master
+//!   that Redis Sentinels name, shared by every tollgate instance.
 //!
 //! Rate limited is not an error (a [`Decision`]); a store that cannot answer is ([`StoreError`]),
 //! and the failure policy decides what that means.
@@ -26,7 +26,7 @@ use crate::limit::{Algorithm, Decision, Millis, Pace};
 
 pub use memory::MemoryStore;
 pub use policy::{GuardedStore, OnError};
-pub use redis::{Connection, RedisStore, RedisTarget};
+pub use redis::{Connection, RedisStore, RedisTarget, RedisTls, SentinelTarget};
 pub use reply::decode;
 pub use resp::{parse as parse_reply, parse_four as parse_counts};
 

@@ -65,8 +65,10 @@ use super::lease::{self, Leases};
 use super::reply::Reply;
 use super::resp::{encode_command, parse, parse_four, protocol};
 use batch::{answer_joined, answer_keys, queue};
+pub(crate) use sentinel::{Sentinel, Sentinels};
 
 mod batch;
+mod sentinel;
 
 /// Calls taken from the channel at a time.
 const BATCH: usize = 256;
@@ -112,17 +114,26 @@ pub(crate) struct Endpoint {
     pub(crate) password: Option<String>,
     /// `SELECT db` on connect, unless 0
     pub(crate) db: i64,
-    /// bounds connecting, with `AUTH` and `SELECT`
+    /// bounds connecting, with `AUTH` and `SELECT` (and asking the Sentinels)
     pub(crate) connect_timeout: Duration,
-    /// over TLS (`rediss://`), with this configuration: a TCP address only
-    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+    /// over TLS (`rediss://`): TCP addresses only, the Sentinels' too
+    pub(crate) tls: Option<Tls>,
 }
 
-/// A TCP address or a unix socket path.
+/// A TCP address, a unix socket path, or the master that Sentinels name.
 #[derive(Debug, Clone)]
 pub(crate) enum Addr {
     Tcp(String, u16),
     Unix(PathBuf),
+    Sentinel(Arc<Sentinels>),
+}
+
+/// How a TLS connection is made.
+#[derive(Debug, Clone)]
+pub(crate) struct Tls {
+    pub(crate) config: Arc<rustls::ClientConfig>,
+    /// the name to verify and send in SNI instead of the host connected to
+    pub(crate) server_name: Option<String>,
 }
 
 /// A handle on the connections, one per lane; each lane's driver task starts with the lane's
@@ -462,84 +473,126 @@ async fn drive(
     }
 }
 
-enum Stream {
+pub(crate) enum Stream {
     Tcp(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
     Unix(UnixStream),
 }
 
-/// Opens the socket and sends `AUTH` and `SELECT` as the URL asks.
+/// Opens the socket and sends `AUTH` and `SELECT` as the URL asks. For a master named by
+/// Sentinels, asks them where it is first, and makes sure it is the master (`ROLE`): a
+/// Sentinel that has not yet seen a failover may name a node that is now a replica.
 async fn connect(endpoint: &Endpoint) -> Result<Stream, RedisError> {
-    match &endpoint.addr {
-        Addr::Tcp(host, port) => {
-            let mut stream = TcpStream::connect((host.as_str(), *port)).await?;
-            stream.set_nodelay(true)?;
-            let sock = SockRef::from(&stream);
-            sock.set_tcp_keepalive(&keepalive())?;
-            sock.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
-            let Some(config) = &endpoint.tls else {
-                handshake(&mut stream, endpoint).await?;
-                return Ok(Stream::Tcp(stream));
-            };
-            let name = ServerName::try_from(host.clone()).map_err(|e| {
-                RedisError::from((
-                    ErrorKind::InvalidClientConfig,
-                    "not a TLS server name",
-                    e.to_string(),
-                ))
-            })?;
-            let connector = tokio_rustls::TlsConnector::from(config.clone());
-            let mut stream = connector.connect(name, stream).await?;
-            handshake(&mut stream, endpoint).await?;
-            Ok(Stream::Tls(Box::new(stream)))
+    let mut commands = handshake(endpoint);
+    let mut stream = match &endpoint.addr {
+        Addr::Tcp(host, port) => tcp(host, *port, endpoint.tls.as_ref()).await?,
+        Addr::Unix(path) => Stream::Unix(UnixStream::connect(path).await?),
+        Addr::Sentinel(sentinels) => {
+            let (host, port) = sentinels.master(endpoint).await?;
+            commands.push(words(&[b"ROLE"]));
+            let mut stream = tcp(&host, port, endpoint.tls.as_ref()).await?;
+            let replies = exchange(&mut stream, &commands).await?;
+            sentinel::check_role(replies.last(), &host, port)?;
+            sentinels.connected(&host, port);
+            return Ok(stream);
         }
-        Addr::Unix(path) => {
-            let mut stream = UnixStream::connect(path).await?;
-            handshake(&mut stream, endpoint).await?;
-            Ok(Stream::Unix(stream))
-        }
+    };
+    exchange(&mut stream, &commands).await?;
+    Ok(stream)
+}
+
+/// A TCP connection (TLS over it with `tls`), with the socket options of every Redis
+/// connection.
+pub(crate) async fn tcp(host: &str, port: u16, tls: Option<&Tls>) -> Result<Stream, RedisError> {
+    let stream = TcpStream::connect((host, port)).await?;
+    stream.set_nodelay(true)?;
+    let sock = SockRef::from(&stream);
+    sock.set_tcp_keepalive(&keepalive())?;
+    sock.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
+    let Some(tls) = tls else {
+        return Ok(Stream::Tcp(stream));
+    };
+    let name = tls.server_name.as_deref().unwrap_or(host).to_owned();
+    let name = ServerName::try_from(name).map_err(|e| {
+        RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "not a TLS server name",
+            e.to_string(),
+        ))
+    })?;
+    let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+    Ok(Stream::Tls(Box::new(
+        connector.connect(name, stream).await?,
+    )))
+}
+
+/// One command's words, for the exchanges before a connection serves calls.
+pub(crate) type Words = Vec<Vec<u8>>;
+
+/// `AUTH` and `SELECT`, as the endpoint asks.
+fn handshake(endpoint: &Endpoint) -> Vec<Words> {
+    let mut commands = auth(endpoint.username.as_deref(), endpoint.password.as_deref());
+    if endpoint.db != 0 {
+        commands.push(words(&[b"SELECT", endpoint.db.to_string().as_bytes()]));
+    }
+    commands
+}
+
+/// `AUTH [username] password`, when there is a password.
+pub(crate) fn auth(username: Option<&str>, password: Option<&str>) -> Vec<Words> {
+    let Some(password) = password else {
+        return Vec::new();
+    };
+    let mut auth = vec![b"AUTH".to_vec()];
+    auth.extend(username.map(|u| u.as_bytes().to_vec()));
+    auth.push(password.as_bytes().to_vec());
+    vec![auth]
+}
+
+pub(crate) fn words(words: &[&[u8]]) -> Words {
+    words.iter().map(|w| w.to_vec()).collect()
+}
+
+/// Sends `commands` and reads a reply to each, before the connection serves calls; an error
+/// reply fails the whole exchange.
+pub(crate) async fn exchange(
+    stream: &mut Stream,
+    commands: &[Words],
+) -> Result<Vec<Value>, RedisError> {
+    match stream {
+        Stream::Tcp(s) => exchange_on(s, commands).await,
+        Stream::Tls(s) => exchange_on(&mut **s, commands).await,
+        Stream::Unix(s) => exchange_on(s, commands).await,
     }
 }
 
-/// `AUTH` and `SELECT`, each answered before the connection serves calls.
-async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+async fn exchange_on<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    endpoint: &Endpoint,
-) -> Result<(), RedisError> {
-    let mut commands: Vec<Vec<&[u8]>> = Vec::new();
-    if let Some(password) = &endpoint.password {
-        let mut auth: Vec<&[u8]> = vec![b"AUTH"];
-        auth.extend(endpoint.username.as_deref().map(str::as_bytes));
-        auth.push(password.as_bytes());
-        commands.push(auth);
-    }
-    let db = endpoint.db.to_string();
-    if endpoint.db != 0 {
-        commands.push(vec![b"SELECT", db.as_bytes()]);
-    }
+    commands: &[Words],
+) -> Result<Vec<Value>, RedisError> {
     if commands.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let mut out = Vec::new();
-    for words in &commands {
-        encode_command(&mut out, words);
+    for command in commands {
+        let words: Vec<&[u8]> = command.iter().map(Vec::as_slice).collect();
+        encode_command(&mut out, &words);
     }
     stream.write_all(&out).await?;
     let mut input = Vec::with_capacity(256);
-    let mut answered = 0;
-    while answered < commands.len() {
+    let mut replies = Vec::with_capacity(commands.len());
+    while replies.len() < commands.len() {
         if stream.read_buf(&mut input).await? == 0 {
             return Err(closed());
         }
         let mut at = 0;
         while let Some((value, used)) = parse(&input[at..])? {
             at += used;
-            answered += 1;
-            value.extract_error()?;
+            replies.push(value.extract_error()?);
         }
         input.drain(..at);
     }
-    Ok(())
+    Ok(replies)
 }
 
 /// Serves calls on an open connection until it breaks (returns true: connect again when the
@@ -644,21 +697,25 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             io = socket => {
                 let error = match io {
                     Io::Read(Ok(0)) | Io::Wrote(Ok(0)) => closed(),
-                    Io::Read(Ok(_)) => match leases.with(|l| {
-                        deliver(&mut input, &mut waiting, &mut joins, l, &mut again)
-                    }) {
-                        Ok(end) => {
-                            if let Some(end) = end {
-                                alarm.set(end);
-                            }
-                            // sent again before the calls that came after them
-                            if !again.is_empty() {
-                                batch.splice(0..0, again.drain(..));
-                            }
-                            continue;
+                    Io::Read(Ok(_)) => {
+                        let delivered = leases.with(|l| {
+                            deliver(&mut input, &mut waiting, &mut joins, l, &mut again)
+                        });
+                        // sent again before the calls that came after them, on this
+                        // connection or the next (they ran nothing)
+                        if !again.is_empty() {
+                            batch.splice(0..0, again.drain(..));
                         }
-                        Err(e) => e,
-                    },
+                        match delivered {
+                            Ok(end) => {
+                                if let Some(end) = end {
+                                    alarm.set(end);
+                                }
+                                continue;
+                            }
+                            Err(e) => e,
+                        }
+                    }
                     Io::Wrote(Ok(n)) => {
                         written += n;
                         continue;
@@ -697,7 +754,9 @@ fn broken(waiting: &mut VecDeque<Waiting>, error: &RedisError) -> bool {
 
 /// Hands every complete reply in `input` to the call waiting longest, and drops those bytes.
 /// The checks of a joined call that was refused go into `again`, to be sent alone. Returns
-/// when the first lease taken ends, if one was.
+/// when the first lease taken ends, if one was; or, after handing them all out, an error when
+/// one was `READONLY`: the server is a replica now (a failover demoted it, or a DNS name moved
+/// on), so the connection is dropped and the next one finds the master.
 fn deliver(
     input: &mut Vec<u8>,
     waiting: &mut VecDeque<Waiting>,
@@ -707,6 +766,7 @@ fn deliver(
 ) -> Result<Option<Instant>, RedisError> {
     let mut at = 0;
     let mut end: Option<Instant> = None;
+    let mut readonly = None;
     let result = loop {
         let parsed = match parse_four(&input[at..]) {
             Some((four, used)) => Ok(Some((Reply::Four(four), used))),
@@ -715,6 +775,9 @@ fn deliver(
         match parsed {
             Ok(Some((reply, used))) => {
                 at += used;
+                if readonly.is_none() {
+                    readonly = read_only(&reply);
+                }
                 // the call may be late or given up: its reply is then dropped
                 match waiting.pop_front() {
                     Some(Waiting::One(mut slot)) => slot.reply(checked(reply)),
@@ -727,12 +790,26 @@ fn deliver(
                     None => break Err(protocol("a reply to no command")),
                 }
             }
-            Ok(None) => break Ok(end),
+            Ok(None) => break readonly.map_or(Ok(end), Err),
             Err(e) => break Err(e),
         }
     };
     input.drain(..at);
     result
+}
+
+/// A copy of the `READONLY` error `reply` is, if it is one.
+fn read_only(reply: &Reply) -> Option<RedisError> {
+    match reply {
+        Reply::Value(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::ReadOnly) => {
+            Some(RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ReadOnly),
+                "Redis is a read-only replica now",
+                e.details().unwrap_or_default().to_owned(),
+            )))
+        }
+        _ => None,
+    }
 }
 
 /// Fails every waiting call with (a copy of) `error`.

@@ -1,29 +1,33 @@
 //! The Redis store: each check is one `EVALSHA` of the algorithm's script on the key's node.
 //!
 //! Multiplexed connections, so concurrent checks pipeline on them, reconnected after Redis
-//! restarts. On one Redis, over TCP, TLS (`rediss://`) or a unix socket, they are the store's
-//! own ([`super::pipe`]), made for this one command, one per worker thread. On a Cluster, and
-//! for `rediss://` with `#insecure`, it is redis-rs's: the cluster client's per-node
-//! connections, or one `ConnectionManager` shared by every worker. The conformance tests run
-//! through both connections to one Redis ([`Connection`]). A `NOSCRIPT` answer (Redis
+//! restarts. On one Redis, over TCP, TLS (`rediss://`) or a unix socket, and on the master that
+//! Sentinels name, they are the store's own ([`super::pipe`]), made for this one command, one
+//! per worker thread. On a Cluster it is redis-rs's: the cluster client's per-node
+//! connections. The conformance tests run through both connections to one Redis
+//! ([`Connection`]; the library's is one `ConnectionManager` shared by every worker). A `NOSCRIPT` answer (Redis
 //! restarted, failed over, or `SCRIPT FLUSH`) sends the call again with the script's body,
 //! once. Every call is bounded by `timeout`; past it the caller gets [`StoreError::Timeout`].
 //! On the store's own connection it comes from its driver, which keeps every call's deadline;
 //! on redis-rs's, from a timer of the call's own.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::io::tcp::TcpSettings;
-use ::redis::{ConnectionAddr, IntoConnectionInfo, Value};
+use ::redis::{
+    ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, TlsCertificates, TlsMode, Value,
+};
 
-use super::pipe::{self, Addr, Endpoint, Failure, Pipe};
+use super::pipe::{self, Addr, Endpoint, Failure, Pipe, Sentinel, Sentinels};
 use super::reply::{self, Reply};
 use super::scripts::{Call, Scripts};
 use super::{GiveBackFuture, HoldFuture, ReadyFuture, Store, StoreError, StoreFuture};
 use crate::limit::{Algorithm, Millis, Pace};
+pub use crate::tls::RedisTls;
 
 /// Reconnection attempts wait at least this long before their second try (one retry): a refusal
 /// that comes back sooner than [`STALE_REFUSAL`] is the answer of an attempt made earlier.
@@ -38,6 +42,62 @@ pub enum RedisTarget {
     Single(String),
     /// a Redis Cluster: seed node URLs
     Cluster(Vec<String>),
+    /// the master that Redis Sentinels name
+    Sentinel(SentinelTarget),
+}
+
+/// A master watched by Redis Sentinels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelTarget {
+    /// the name the Sentinels monitor it by
+    pub master_name: String,
+    /// the Sentinels: `redis://` or `rediss://` URLs, whose user and password are the
+    /// Sentinels' own; over `rediss://`, the master is reached over TLS too
+    pub nodes: Vec<String>,
+    /// the master's user, if any
+    pub username: Option<String>,
+    /// the master's password, if any
+    pub password: Option<String>,
+    /// the master's database
+    pub db: i64,
+}
+
+impl SentinelTarget {
+    /// The Sentinels, and whether they (and so the master) are reached over TLS.
+    fn nodes(&self) -> Result<(Vec<Sentinel>, bool), StoreError> {
+        let mut nodes = Vec::with_capacity(self.nodes.len());
+        let mut over_tls = false;
+        for url in &self.nodes {
+            let info = url.as_str().into_connection_info()?;
+            let (host, port) = match info.addr() {
+                ConnectionAddr::Tcp(host, port) => (host, port),
+                ConnectionAddr::TcpTls { host, port, .. } => {
+                    over_tls = true;
+                    (host, port)
+                }
+                _ => {
+                    return Err(StoreError::Redis(::redis::RedisError::from((
+                        ::redis::ErrorKind::InvalidClientConfig,
+                        "a Sentinel is reached over TCP: redis:// or rediss://",
+                    ))))
+                }
+            };
+            let settings = info.redis_settings();
+            nodes.push(Sentinel {
+                host: host.clone(),
+                port: *port,
+                username: settings.username().map(str::to_owned),
+                password: settings.password().map(str::to_owned),
+            });
+        }
+        if nodes.is_empty() {
+            return Err(StoreError::Redis(::redis::RedisError::from((
+                ::redis::ErrorKind::InvalidClientConfig,
+                "no Sentinel given",
+            ))));
+        }
+        Ok((nodes, over_tls))
+    }
 }
 
 /// Which connection reaches one Redis.
@@ -59,9 +119,9 @@ pub struct RedisStore {
 }
 
 enum Conn {
-    /// the store's own connection: one Redis, plain TCP or unix socket
+    /// the store's own connection: one Redis over TCP, TLS or a unix socket; a Sentinel's master
     Pipe(Pipe),
-    /// redis-rs: TLS, Cluster
+    /// redis-rs: a Cluster, or [`Connection::Library`]
     Client(Client),
 }
 
@@ -77,7 +137,7 @@ impl RedisStore {
     /// Connects lazily: the store is usable at once, and calls fail with a [`StoreError`]
     /// until Redis answers. `timeout` bounds every call. On one Redis, the store keeps `lanes`
     /// connections of its own: one per worker thread (see [`super::set_worker`]). On a
-    /// Cluster, and for `rediss://…#insecure`, it uses redis-rs's, one per node.
+    /// Cluster it uses redis-rs's, one per node.
     pub fn connect(
         target: &RedisTarget,
         timeout: Duration,
@@ -93,65 +153,77 @@ impl RedisStore {
         lanes: usize,
         connection: Connection,
     ) -> Result<RedisStore, StoreError> {
+        RedisStore::connect_with(target, &RedisTls::default(), timeout, lanes, connection)
+    }
+
+    /// [`RedisStore::connect_over`], with `tls` for `rediss://` (`store.tls`). A Sentinel's
+    /// master is always reached over the store's own connection.
+    pub fn connect_with(
+        target: &RedisTarget,
+        tls: &RedisTls,
+        timeout: Duration,
+        lanes: usize,
+        connection: Connection,
+    ) -> Result<RedisStore, StoreError> {
         // `rediss://` goes through rustls's process-wide provider: make it ring, the only one
         // built in (an error only means a provider was installed already).
         let _ = rustls::crypto::ring::default_provider().install_default();
         // Connecting may take longer than one call may wait; give it at least a second.
         let connect_timeout = timeout.max(Duration::from_secs(1));
-        // keepalive and TCP_USER_TIMEOUT as on the store's own connection (see `pipe`)
-        let tcp = TcpSettings::default()
-            .set_nodelay(true)
-            .set_keepalive(pipe::keepalive())
-            .set_user_timeout(pipe::USER_TIMEOUT);
         let conn = match target {
             RedisTarget::Single(url) => {
                 let info = url.as_str().into_connection_info()?;
-                let addr = match info.addr() {
+                let settings = info.redis_settings();
+                let own = |addr, tls| Endpoint {
+                    addr,
+                    username: settings.username().map(str::to_owned),
+                    password: settings.password().map(str::to_owned),
+                    db: settings.db(),
+                    connect_timeout,
+                    tls,
+                };
+                let endpoint = match info.addr() {
                     _ if connection == Connection::Library => None,
-                    ConnectionAddr::Tcp(host, port) => Some((Addr::Tcp(host.clone(), *port), None)),
+                    ConnectionAddr::Tcp(host, port) => {
+                        Some(own(Addr::Tcp(host.clone(), *port), None))
+                    }
                     ConnectionAddr::TcpTls {
                         host,
                         port,
-                        insecure: false,
-                        tls_params: None,
-                    } => {
-                        let tls = crate::tls::redis_client_config();
-                        Some((Addr::Tcp(host.clone(), *port), Some(tls)))
-                    }
-                    ConnectionAddr::Unix(path) => Some((Addr::Unix(path.clone()), None)),
+                        insecure,
+                        ..
+                    } => Some(own(
+                        Addr::Tcp(host.clone(), *port),
+                        Some(own_tls(tls, *insecure)?),
+                    )),
+                    ConnectionAddr::Unix(path) => Some(own(Addr::Unix(path.clone()), None)),
                     _ => None,
                 };
-                if let Some((addr, tls)) = addr {
-                    let settings = info.redis_settings();
-                    let endpoint = Endpoint {
-                        addr,
-                        username: settings.username().map(str::to_owned),
-                        password: settings.password().map(str::to_owned),
-                        db: settings.db(),
-                        connect_timeout,
-                        tls,
-                    };
-                    Conn::Pipe(Pipe::new(endpoint, lanes))
-                } else {
-                    Conn::Client(Client::Single(managed(
-                        info.set_tcp_settings(tcp),
-                        connect_timeout,
-                    )?))
+                match endpoint {
+                    Some(endpoint) => Conn::Pipe(Pipe::new(endpoint, lanes)),
+                    None => Conn::Client(Client::Single(managed(info, tls, connect_timeout)?)),
                 }
             }
-            RedisTarget::Cluster(urls) => {
-                let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
-                    .tcp_settings(tcp)
-                    .connection_timeout(connect_timeout)
-                    .response_timeout(timeout)
-                    .retries(2)
-                    .build()?;
-                let config = ClusterConfig::new()
-                    .set_connection_timeout(connect_timeout)
-                    .set_response_timeout(timeout);
-                Conn::Client(Client::Cluster(
-                    client.get_pending_async_connection_with_config(config),
-                ))
+            RedisTarget::Cluster(urls) => Conn::Client(Client::Cluster(cluster(
+                urls,
+                tls,
+                timeout,
+                connect_timeout,
+            )?)),
+            RedisTarget::Sentinel(sentinel) => {
+                let (nodes, over_tls) = sentinel.nodes()?;
+                let endpoint = Endpoint {
+                    addr: Addr::Sentinel(Arc::new(Sentinels::new(
+                        sentinel.master_name.clone(),
+                        nodes,
+                    ))),
+                    username: sentinel.username.clone(),
+                    password: sentinel.password.clone(),
+                    db: sentinel.db,
+                    connect_timeout,
+                    tls: over_tls.then(|| own_tls(tls, false)).transpose()?,
+                };
+                Conn::Pipe(Pipe::new(endpoint, lanes))
             }
         };
         Ok(RedisStore {
@@ -250,12 +322,116 @@ impl RedisStore {
     }
 }
 
-/// redis-rs's reconnecting connection to one Redis: `rediss://…#insecure`, or [`Connection::Library`].
+/// The store's own TLS settings from `tls`; `insecure` (a `#insecure` URL) turns verification
+/// off as `verify: false` does.
+fn own_tls(tls: &RedisTls, insecure: bool) -> Result<pipe::Tls, StoreError> {
+    let config = if insecure && tls.verify {
+        RedisTls {
+            verify: false,
+            ..tls.clone()
+        }
+        .client_config()
+    } else {
+        tls.client_config()
+    };
+    Ok(pipe::Tls {
+        config: config.map_err(tls_error)?,
+        server_name: tls.server_name.clone(),
+    })
+}
+
+fn tls_error(e: crate::tls::TlsError) -> StoreError {
+    StoreError::Redis(::redis::RedisError::from((
+        ::redis::ErrorKind::InvalidClientConfig,
+        "store.tls",
+        e.to_string(),
+    )))
+}
+
+/// `tls` as redis-rs takes it: PEM roots, which replace the system's (so the system bundle is
+/// added to `ca`), and the client certificate and key. `None` when there is neither.
+fn library_certs(tls: &RedisTls) -> Option<TlsCertificates> {
+    let root_cert = tls.ca.as_ref().map(|ca| {
+        let mut roots = crate::tls::system_bundle_pem().unwrap_or_default();
+        roots.push(b'\n');
+        roots.extend_from_slice(&ca.bytes);
+        roots
+    });
+    let client_tls = tls.identity.as_ref().map(|(cert, key)| ClientTlsConfig {
+        client_cert: cert.bytes.clone(),
+        client_key: key.bytes.clone(),
+    });
+    (root_cert.is_some() || client_tls.is_some()).then_some(TlsCertificates {
+        client_tls,
+        root_cert,
+    })
+}
+
+/// keepalive and TCP_USER_TIMEOUT as on the store's own connection (see `pipe`)
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(pipe::keepalive())
+        .set_user_timeout(pipe::USER_TIMEOUT)
+}
+
+/// redis-rs's connections to a Cluster. It cannot verify a node's certificate for another name
+/// than the node's own (`server_name`); `verify: false` is its `TlsMode::Insecure`.
+fn cluster(
+    urls: &[String],
+    tls: &RedisTls,
+    timeout: Duration,
+    connect_timeout: Duration,
+) -> Result<ClusterConnection, StoreError> {
+    if tls.server_name.is_some() {
+        return Err(StoreError::Redis(::redis::RedisError::from((
+            ::redis::ErrorKind::InvalidClientConfig,
+            "a Redis Cluster's client verifies each node by its own host: it takes no server_name",
+        ))));
+    }
+    let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+        .tcp_settings(tcp_settings())
+        .connection_timeout(connect_timeout)
+        .response_timeout(timeout)
+        .retries(2);
+    if !tls.verify {
+        builder = builder.tls(TlsMode::Insecure);
+    }
+    if let Some(certs) = library_certs(tls) {
+        builder = builder.certs(certs);
+    }
+    let client = builder.build()?;
+    let config = ClusterConfig::new()
+        .set_connection_timeout(connect_timeout)
+        .set_response_timeout(timeout);
+    Ok(client.get_pending_async_connection_with_config(config))
+}
+
+/// redis-rs's reconnecting connection to one Redis ([`Connection::Library`]).
 fn managed(
     info: ::redis::ConnectionInfo,
+    tls: &RedisTls,
     connect_timeout: Duration,
 ) -> Result<ConnectionManager, StoreError> {
-    let client = ::redis::Client::open(info)?;
+    let info = match info.addr().clone() {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure,
+            tls_params,
+        } => info.set_addr(ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: insecure || !tls.verify,
+            tls_params,
+        }),
+        _ => info,
+    }
+    .set_tcp_settings(tcp_settings());
+    let client = match library_certs(tls) {
+        Some(certs) => ::redis::Client::build_with_tls(info, certs)?,
+        None => ::redis::Client::open(info)?,
+    };
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(connect_timeout))
         // `invoke` bounds every call itself; a second timer per call inside the client would

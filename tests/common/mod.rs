@@ -6,6 +6,7 @@
 pub mod lenient;
 pub mod pki;
 pub mod raw;
+pub mod sentinel;
 pub mod yaml;
 
 #[allow(unused_imports)] // (not every test binary writes a config)

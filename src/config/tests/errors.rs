@@ -336,12 +336,12 @@ fn store_backend_problems() {
     );
     assert_problems(
         "listen: 0.0.0.0:1\nstore:\n  url: redis://a\n  cluster: [redis://b]\n",
-        &["proxy.yaml:4:3: store.cluster: give either url (one server) or cluster, not both"],
+        &["proxy.yaml:4:3: store.cluster: give one of url (one server), cluster or sentinel, not url and cluster"],
     );
     assert_problems(
         "listen: 0.0.0.0:1\nstore:\n  backend: redis\n  timeout: 0s\n",
         &[
-            "proxy.yaml:3:3: store: backend redis needs url (one server) or cluster (a list of nodes)",
+            "proxy.yaml:3:3: store: backend redis needs url (one server), cluster (a list of nodes) or sentinel (a master watched by Sentinels)",
             "proxy.yaml:4:12: store.timeout: must be greater than zero",
         ],
     );

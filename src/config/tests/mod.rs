@@ -14,6 +14,7 @@ mod defaults;
 mod env;
 mod errors;
 mod formats;
+mod store;
 mod warnings;
 
 /// The documented example `proxy.yaml`, which sets every key (see docs/configuration.md).
