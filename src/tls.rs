@@ -1,22 +1,20 @@
 //! TLS, both ways: the listener's [`ServerConfig`] (PEM certificate chain and key, ALPN `h2`
-//! then `http/1.1`) and its [`TlsAcceptor`]; the [`client_config`] of the connections tollgate
-//! makes to upstreams, which verifies servers against the bundled and system roots and
-//! whatever an upstream's `tls` settings add; and the client config of the store's own
-//! `rediss://` connection ([`redis`]: `store.tls`'s extra roots, client certificate and
-//! `verify: false`).
+//! then `http/1.1`) and its [`TlsAcceptor`]; and the client config of every connection
+//! tollgate makes, to upstreams and to Redis ([`ClientTls`]), which verifies servers against
+//! the bundled and system roots and whatever their `tls` settings add.
 //!
 //! Every config here names the `ring` provider explicitly instead of relying on rustls's
 //! process-wide default, so nothing depends on which crypto features other crates turn on.
 //!
 //! Does not own the accept loop, the HTTP serving, or the Redis connection: `app` wires the
-//! acceptor into the listener, `proxy::pool` connects to upstreams with a [`client_config`],
-//! and `store::pipe` connects to Redis with [`redis_client_config`].
+//! acceptor into the listener, and `proxy::pool` and `store::pipe` connect with the client
+//! configs made here.
 //! A Redis Cluster over TLS goes through the redis crate, which brings its own rustls setup.
 
-mod redis;
+mod client;
 
-pub use redis::{
-    identity_problem, root_problem, server_name_problem, system_bundle_pem, Pem, RedisTls,
+pub use client::{
+    identity_problem, root_problem, server_name_problem, system_bundle_pem, ClientTls, Pem,
 };
 
 use std::io;
@@ -27,7 +25,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::client::{verify_server_name, WebPkiServerVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::server::ParsedCertificate;
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
+use rustls::{DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::net::TcpStream;
@@ -164,97 +162,10 @@ pub fn negotiated_h2(conn: &tokio_rustls::server::TlsStream<TcpStream>) -> bool 
     conn.get_ref().1.alpn_protocol() == Some(b"h2".as_slice())
 }
 
-/// What a TLS connection tollgate makes trusts and shows: an upstream's `tls` settings, or the
-/// defaults. The defaults verify the server against the bundled Mozilla roots (webpki-roots)
-/// plus the system CA bundle when one loads (`SSL_CERT_FILE`, else the first of the usual Linux
-/// bundle paths that parses), and show no client certificate.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientAuth<'a> {
-    /// PEM certificates trusted beside the default roots
-    pub ca: Option<&'a Path>,
-    /// a certificate chain and its private key, shown to servers that ask (mTLS)
-    pub identity: Option<(&'a Path, &'a Path)>,
-    /// check the server's certificate; `false` accepts any
-    pub verify: bool,
-}
-
-impl Default for ClientAuth<'_> {
-    fn default() -> Self {
-        ClientAuth {
-            ca: None,
-            identity: None,
-            verify: true,
-        }
-    }
-}
-
 /// The ALPN id of HTTP/2 (RFC 9113 §3.2).
 pub const ALPN_H2: &[u8] = b"h2";
 /// The ALPN id of HTTP/1.1.
 pub const ALPN_HTTP1: &[u8] = b"http/1.1";
-
-/// A client config for `auth`, offering no ALPN: the caller sets the protocols it speaks.
-/// Reads the files `auth` names.
-pub fn client_config(auth: &ClientAuth<'_>) -> Result<ClientConfig, TlsError> {
-    let mut trust = default_trust();
-    if let Some(ca) = auth.ca {
-        for cert in read_certs(ca, "root certificate")? {
-            trust
-                .anchors
-                .add(cert.clone())
-                .map_err(|source| TlsError::BadRoot {
-                    path: ca.to_path_buf(),
-                    source,
-                })?;
-            trust.held.push(cert);
-        }
-    }
-    let verifier: Arc<dyn ServerCertVerifier> = if auth.verify {
-        Arc::new(UpstreamVerifier::new(trust))
-    } else {
-        Arc::new(NoVerification(provider()))
-    };
-    let builder = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .expect("the ring provider supports TLS 1.2 and 1.3")
-        .dangerous()
-        .with_custom_certificate_verifier(verifier);
-    match auth.identity {
-        None => Ok(builder.with_no_client_auth()),
-        Some((cert, key)) => {
-            let chain = read_certs(cert, "certificate")?;
-            builder
-                .with_client_auth_cert(chain, read_key(key)?)
-                .map_err(|e| key_error(e, cert, key))
-        }
-    }
-}
-
-/// Every problem of the files `auth` names (for `tollgate check`), each file read on its own.
-pub fn client_problems(auth: &ClientAuth<'_>) -> Vec<TlsError> {
-    let mut problems: Vec<TlsError> = auth
-        .ca
-        .and_then(|ca| read_certs(ca, "root certificate").err())
-        .into_iter()
-        .collect();
-    if let Some((cert, key)) = auth.identity {
-        match (read_certs(cert, "certificate"), read_key(key)) {
-            (Ok(_), Ok(_)) => problems.extend(client_config(auth).err()),
-            (chain, private_key) => {
-                problems.extend(chain.err());
-                problems.extend(private_key.err());
-            }
-        }
-    }
-    problems
-}
-
-/// The TLS client config of the store's own `rediss://` connection without `store.tls`:
-/// Redis's certificate is verified against the same roots as an upstream's, and no ALPN is
-/// offered.
-pub fn redis_client_config() -> Arc<ClientConfig> {
-    Arc::new(client_config(&ClientAuth::default()).expect("the defaults read no file"))
-}
 
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -271,48 +182,6 @@ fn key_error(e: rustls::Error, cert: &Path, key: &Path) -> TlsError {
             path: key.to_path_buf(),
             source: other,
         },
-    }
-}
-
-/// `verify: false`: any certificate is taken for any name. The handshake's signatures are
-/// still checked, so the peer holds the key of the certificate it showed.
-#[derive(Debug)]
-struct NoVerification(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.0.signature_verification_algorithms;
-        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.0.signature_verification_algorithms;
-        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
@@ -491,6 +360,7 @@ mod tests {
     use hyper::service::service_fn;
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use hyper_util::server::conn::auto;
+    use rustls::ClientConfig;
     use rustls_pki_types::ServerName;
     use tokio::net::TcpListener;
     use tokio_rustls::TlsConnector;
@@ -663,11 +533,11 @@ mod tests {
 
     /// A client config trusting `ca` beside the defaults.
     fn trusting(ca: &Path) -> ClientConfig {
-        let auth = ClientAuth {
-            ca: Some(ca),
-            ..ClientAuth::default()
+        let tls = ClientTls {
+            ca: Some(Pem::read(ca, "root certificate").unwrap()),
+            ..ClientTls::default()
         };
-        client_config(&auth).unwrap()
+        (*tls.client_config().unwrap()).clone()
     }
 
     /// With the server's certificate as an extra root, the server is verified and answers.
@@ -686,7 +556,7 @@ mod tests {
         let pems = self_signed();
         let other = self_signed();
         let addr = tls_server(&pems).await;
-        let defaults = client_config(&ClientAuth::default()).unwrap();
+        let defaults = (*ClientTls::default().client_config().unwrap()).clone();
         for config in [defaults, trusting(&other.cert)] {
             let chain = fetch_with(addr, config).await.unwrap_err();
             assert!(
@@ -694,11 +564,12 @@ mod tests {
                 "expected a certificate refusal, got: {chain}"
             );
         }
-        let unchecked = ClientAuth {
+        let unchecked = ClientTls {
             verify: false,
-            ..ClientAuth::default()
+            ..ClientTls::default()
         };
-        let body = fetch_with(addr, client_config(&unchecked).unwrap()).await;
+        let unchecked = (*unchecked.client_config().unwrap()).clone();
+        let body = fetch_with(addr, unchecked).await;
         assert_eq!(body.unwrap(), "HTTP/1.1 alpn_h2=false");
     }
 
@@ -761,11 +632,7 @@ mod tests {
                 .starts_with(&format!("cannot read private key {}: ", missing.display())),
             "{err}"
         );
-        let auth = ClientAuth {
-            ca: Some(&missing),
-            ..ClientAuth::default()
-        };
-        let err = client_config(&auth).unwrap_err();
+        let err = Pem::read(&missing, "root certificate").unwrap_err();
         assert!(matches!(
             err,
             TlsError::Read {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tollgate::store::{RedisStore, RedisTarget, RedisTls, Store};
+use tollgate::store::{ClientTls, RedisStore, RedisTarget, Store};
 use tollgate::tls::Pem;
 
 /// A CA, a server certificate for `names` and a client certificate, both signed by the CA, and
@@ -301,10 +301,10 @@ async fn a_cluster_over_tls_takes_the_ca_and_the_client_certificate() {
         )
         .unwrap(),
     );
-    let tls = RedisTls {
+    let tls = ClientTls {
         ca: Some(pki.pem("ca.pem")),
         identity: Some((pki.pem("client.pem"), pki.pem("client.key"))),
-        ..RedisTls::default()
+        ..ClientTls::default()
     };
     let store = RedisStore::connect_with(
         &target,
@@ -318,7 +318,7 @@ async fn a_cluster_over_tls_takes_the_ca_and_the_client_certificate() {
     let allowed: Vec<bool> = three_checks(&store, &bucket).await;
     assert_eq!(allowed, [true, true, false]);
     // verification off (redis-rs's insecure mode): no ca needed
-    let unverified = RedisTls {
+    let unverified = ClientTls {
         ca: None,
         verify: false,
         ..tls.clone()
@@ -335,7 +335,7 @@ async fn a_cluster_over_tls_takes_the_ca_and_the_client_certificate() {
         .ping()
         .await
         .expect("an unverified TLS cluster answers");
-    let without = RedisTls {
+    let without = ClientTls {
         identity: None,
         ..tls
     };

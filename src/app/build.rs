@@ -17,11 +17,11 @@ use crate::proxy::{
 };
 use crate::routing::{PathMatch, RouteTable};
 use crate::store::{
-    Connection, GuardedStore, MemoryStore, RedisStore, RedisTarget, RedisTls, SentinelTarget,
-    Store, StoreError, StoreObserver,
+    Connection, GuardedStore, MemoryStore, RedisStore, RedisTarget, SentinelTarget, Store,
+    StoreError, StoreObserver,
 };
+use crate::tls::{ClientTls, Pem};
 use rustls_pki_types::ServerName;
-use crate::tls::Pem;
 
 /// Feeds the guarded store's calls into the metrics.
 struct StoreMetrics(Metrics);
@@ -67,8 +67,8 @@ pub async fn build_store(
         }),
     };
     let tls = match &config.tls {
-        Some(tls) => redis_tls(tls).context("redis store: store.tls")?,
-        None => RedisTls::default(),
+        Some(tls) => client_tls(tls).context("redis store: store.tls")?,
+        None => ClientTls::default(),
     };
     let redis = RedisStore::connect_with(&target, &tls, config.timeout, workers, Connection::Own)
         .context("redis store")?
@@ -102,7 +102,8 @@ fn dial(u: &config::UpstreamConfig, clients: &UpstreamClients) -> anyhow::Result
     let Some(tls) = &u.tls else {
         return Ok(clients.default_dial(protocol));
     };
-    let config = crate::tls::client_config(&tls.auth())
+    let config = client_tls(tls)
+        .and_then(|tls| Ok(tls.client_config()?))
         .with_context(|| format!("upstream {}: tls", u.name))?;
     let server_name = match &tls.server_name {
         Some(name) => Some(
@@ -111,7 +112,11 @@ fn dial(u: &config::UpstreamConfig, clients: &UpstreamClients) -> anyhow::Result
         ),
         None => None,
     };
-    Ok(Arc::new(Dial::new(protocol, config, server_name)))
+    Ok(Arc::new(Dial::new(
+        protocol,
+        (*config).clone(),
+        server_name,
+    )))
 }
 
 /// The access log's settings for the proxy.
@@ -125,9 +130,9 @@ fn access_log(log: config::AccessLog) -> access::LogSettings {
     }
 }
 
-/// `store.tls` with its files' contents: as read when the config was loaded, or read now when
-/// it was parsed without reading files.
-fn redis_tls(config: &config::StoreTls) -> anyhow::Result<RedisTls> {
+/// A `tls` section with its files' contents: as read when the config was loaded, or read now
+/// when it was parsed without reading files.
+fn client_tls(config: &config::ClientTls) -> anyhow::Result<ClientTls> {
     let pem = |file: &config::PemFile, what| match &file.contents {
         Some(bytes) => Ok(Pem {
             path: file.path.clone(),
@@ -139,7 +144,7 @@ fn redis_tls(config: &config::StoreTls) -> anyhow::Result<RedisTls> {
         Some((cert, key)) => Some((pem(cert, "certificate")?, pem(key, "private key")?)),
         None => None,
     };
-    Ok(RedisTls {
+    Ok(ClientTls {
         ca: config
             .ca
             .as_ref()

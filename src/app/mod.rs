@@ -84,7 +84,7 @@ impl Server {
             config.timeouts.upstream_connect,
             config.timeouts.idle,
             http1,
-            tls::client_config(&tls::ClientAuth::default())?,
+            (*tls::ClientTls::default().client_config()?).clone(),
         );
         let tunnels = TaskTracker::new();
         let refusals = Arc::new(Refusals::default());

@@ -1,13 +1,13 @@
 //! `store`: the backend (memory, one Redis server, a Redis Cluster, or the master that Redis
 //! Sentinels name), its URLs, and the failure policy; and the redaction of passwords in Redis
-//! URLs for messages and summaries. `store.tls` is in [`super::store_tls`].
+//! URLs for messages and summaries. `store.tls` is in [`super::client_tls`].
 
 use std::num::{NonZeroU32, NonZeroUsize};
 
 use super::check::Checker;
+use super::client_tls;
 use super::problem::Path;
 use super::raw::{RawBackend, RawOnError, RawSentinel, RawStore, StrList};
-use super::store_tls;
 use super::types::{Backend, OnError, SentinelConfig, StoreConfig};
 
 /// Validates `store`; no `store` is the memory store with every default.
@@ -43,7 +43,7 @@ pub(crate) fn store(chk: &mut Checker<'_>, raw: Option<&RawStore>) -> StoreConfi
         .unwrap_or(default.max_keys);
     let backend = backend(chk, raw, &path);
     StoreConfig {
-        tls: store_tls::tls(chk, raw, &backend),
+        tls: client_tls::store(chk, raw, &backend),
         backend,
         key_prefix,
         timeout,

@@ -21,6 +21,7 @@
 
 mod backend;
 mod check;
+mod client_tls;
 mod de;
 mod env;
 mod limits;
@@ -28,7 +29,6 @@ mod locate;
 mod problem;
 mod raw;
 mod routes;
-mod store_tls;
 mod summary;
 mod tree;
 mod types;
@@ -44,7 +44,7 @@ pub use problem::{ConfigError, Problem};
 pub use types::{
     AccessLog, AdminConfig, AdminToken, Backend, ClientTls, Config, HeaderStyle, LimitConfig,
     LogClient, Mode, OnError, PemFile, Protocol, RouteConfig, SentinelConfig, StoreConfig,
-    StoreTls, Timeouts, TlsConfig, UpstreamConfig,
+    Timeouts, TlsConfig, UpstreamConfig,
 };
 
 use locate::Locator;

@@ -102,7 +102,7 @@ pub(crate) struct RawStore {
     pub max_keys: Field<u64>,
     pub leases: Field<bool>,
     pub sentinel: Field<RawSentinel>,
-    pub tls: Field<RawStoreTls>,
+    pub tls: Field<RawClientTls>,
 }
 
 /// `store.sentinel`
@@ -114,17 +114,6 @@ pub(crate) struct RawSentinel {
     pub username: Field<String>,
     pub password: Field<String>,
     pub db: Field<u64>,
-}
-
-/// `store.tls`
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub(crate) struct RawStoreTls {
-    pub ca: Field<String>,
-    pub cert: Field<String>,
-    pub key: Field<String>,
-    pub server_name: Field<String>,
-    pub verify: Field<bool>,
 }
 
 /// `store.backend`
@@ -227,7 +216,7 @@ pub(crate) enum RawProtocol {
     Auto,
 }
 
-/// `upstreams.NAME.tls`: how tollgate checks the server and shows itself as a client
+/// `upstreams.NAME.tls` and `store.tls`: how tollgate checks a server and shows itself to it
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct RawClientTls {

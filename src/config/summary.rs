@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use super::backend::redact_url;
 use super::types::{
     AccessLog, AdminToken, Backend, ClientTls, Config, HeaderStyle, LimitConfig, LogClient, Mode,
-    OnError, Protocol, RouteConfig, SentinelConfig, StoreTls, UpstreamConfig,
+    OnError, Protocol, RouteConfig, SentinelConfig, UpstreamConfig,
 };
 use super::units::{format_duration, format_rate, format_size};
 use crate::identity::KeyPart;
@@ -126,7 +126,7 @@ fn backend_text(backend: &Backend) -> String {
 }
 
 /// `tls ca /etc/ca.pem, client cert /etc/c.pem, server_name r.internal`, or `tls not verified`.
-fn tls_text(tls: &StoreTls) -> String {
+fn tls_text(tls: &ClientTls) -> String {
     let mut parts = vec!["tls".to_owned()];
     if let Some(ca) = &tls.ca {
         parts.push(format!("ca {}", ca.path.display()));
@@ -143,7 +143,7 @@ fn tls_text(tls: &StoreTls) -> String {
     parts.join(" ")
 }
 
-fn tls_json(tls: &StoreTls) -> Value {
+fn tls_json(tls: &ClientTls) -> Value {
     json!({
         "ca": tls.ca.as_ref().map(|f| &f.path),
         "cert": tls.identity.as_ref().map(|(cert, _)| &cert.path),
@@ -263,7 +263,7 @@ fn upstream_line(u: &UpstreamConfig) -> String {
         line.push_str(&format!(" ({})", u.protocol.as_str()));
     }
     if let Some(tls) = &u.tls {
-        line.push_str(&format!(" (tls: {})", client_tls_text(tls)));
+        line.push_str(&format!(" ({})", tls_text(tls)));
     }
     if let Some(pace) = &u.pace {
         line.push_str(&format!("; pace {}", format_rate(pace.rate)));
@@ -283,44 +283,12 @@ fn upstream_json(u: &UpstreamConfig) -> Value {
         "targets": u.targets.iter().map(target_text).collect::<Vec<_>>(),
         "preserve_host": u.preserve_host,
         "protocol": u.protocol.as_str(),
-        "tls": u.tls.as_ref().map(client_tls_json),
+        "tls": u.tls.as_ref().map(tls_json),
         "pace": u.pace.map(|p| json!({
             "rate": format_rate(p.rate),
             "max_delay": p.max_delay_ms.map(format_ms),
             "max_waiting": u.max_waiting.map(|n| n.get()),
         })),
-    })
-}
-
-/// A connection's `tls` settings in a few words: `ca ca.pem, cert client.pem, no verify`.
-pub(crate) fn client_tls_text(tls: &ClientTls) -> String {
-    let mut parts = Vec::new();
-    if let Some(ca) = &tls.ca {
-        parts.push(format!("ca {}", ca.display()));
-    }
-    if let Some(id) = &tls.identity {
-        parts.push(format!("cert {}", id.cert.display()));
-    }
-    if let Some(name) = &tls.server_name {
-        parts.push(format!("server_name {name}"));
-    }
-    if !tls.verify {
-        parts.push("NOT VERIFIED".to_owned());
-    }
-    if parts.is_empty() {
-        parts.push("defaults".to_owned());
-    }
-    parts.join(", ")
-}
-
-/// A connection's `tls` settings for `/config`: file paths, never their contents.
-pub(crate) fn client_tls_json(tls: &ClientTls) -> Value {
-    json!({
-        "ca": tls.ca.as_ref().map(|p| p.display().to_string()),
-        "cert": tls.identity.as_ref().map(|id| id.cert.display().to_string()),
-        "key": tls.identity.as_ref().map(|id| id.key.display().to_string()),
-        "server_name": tls.server_name,
-        "verify": tls.verify,
     })
 }
 

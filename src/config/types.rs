@@ -137,19 +137,20 @@ pub struct StoreConfig {
     /// Redis call
     pub leases: bool,
     /// `store.tls`: how `rediss://` connections trust Redis and identify themselves
-    pub tls: Option<StoreTls>,
+    pub tls: Option<ClientTls>,
 }
 
-/// `store.tls`
+/// `tls` of a connection tollgate makes, `store.tls` or `upstreams.<name>.tls`: which servers it
+/// trusts and how it shows itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreTls {
+pub struct ClientTls {
     /// `ca`: certificates to trust beside the bundled and system roots
     pub ca: Option<PemFile>,
     /// `cert` and `key`: a client certificate chain and its private key
     pub identity: Option<(PemFile, PemFile)>,
-    /// `server_name`: the name Redis's certificate must be valid for, also sent in SNI
+    /// `server_name`: the name the server's certificate must be valid for, also sent in SNI
     pub server_name: Option<String>,
-    /// `verify` (default true); false: no verification of Redis's certificate at all
+    /// `verify` (default true); false: no verification of the server's certificate at all
     pub verify: bool,
 }
 
@@ -328,34 +329,6 @@ impl Protocol {
             Protocol::Http1 => "http1",
             Protocol::Http2 => "http2",
             Protocol::Auto => "auto",
-        }
-    }
-}
-
-/// `tls` of a connection tollgate makes: which servers it trusts and how it shows itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientTls {
-    /// `ca`: PEM certificates trusted beside the bundled and system roots
-    pub ca: Option<PathBuf>,
-    /// `cert` and `key`: a client certificate chain and its key, for servers that ask (mTLS)
-    pub identity: Option<TlsConfig>,
-    /// `server_name`: the name checked in the server's certificate and sent in SNI, instead
-    /// of the target's host
-    pub server_name: Option<String>,
-    /// `verify`: check the server's certificate (default true)
-    pub verify: bool,
-}
-
-impl ClientTls {
-    /// What the TLS layer is told of these settings.
-    pub fn auth(&self) -> crate::tls::ClientAuth<'_> {
-        crate::tls::ClientAuth {
-            ca: self.ca.as_deref(),
-            identity: self
-                .identity
-                .as_ref()
-                .map(|id| (id.cert.as_path(), id.key.as_path())),
-            verify: self.verify,
         }
     }
 }

@@ -10,16 +10,16 @@ use std::path::PathBuf;
 
 use super::backend;
 use super::check::{check_name, parse_net, Checker};
+use super::client_tls;
 use super::problem::Path;
 use super::raw::{
-    Field, RawAccessLog, RawAdmin, RawClientTls, RawConfig, RawEscapedSlashes, RawHeaderStyle,
-    RawLogClient, RawPace, RawPaths, RawProtocol, RawSegmentParams, RawTimeouts, RawUpstream,
-    StrList,
+    Field, RawAccessLog, RawAdmin, RawConfig, RawEscapedSlashes, RawHeaderStyle, RawLogClient,
+    RawPace, RawPaths, RawProtocol, RawSegmentParams, RawTimeouts, RawUpstream, StrList,
 };
 use super::routes;
 use super::types::{
-    AccessLog, AdminConfig, AdminToken, ClientTls, Config, HeaderStyle, LogClient, Protocol,
-    Timeouts, TlsConfig, UpstreamConfig,
+    AccessLog, AdminConfig, AdminToken, Config, HeaderStyle, LogClient, Protocol, Timeouts,
+    TlsConfig, UpstreamConfig,
 };
 use super::units;
 use crate::limit::Pace;
@@ -310,7 +310,7 @@ fn upstream(
         Some(RawProtocol::Http2) => Protocol::Http2,
         Some(RawProtocol::Auto) | None => Protocol::Auto,
     };
-    let tls = raw.tls.get().map(|t| client_tls(chk, t, &path.key("tls")));
+    let tls = (raw.tls.get()).map(|t| client_tls::upstream(chk, t, &path.key("tls")));
     if tls.is_some() && !targets.iter().any(|t| t.scheme() == Some(&Scheme::HTTPS)) {
         let message = "tls applies to https:// targets only, and this upstream has none";
         chk.warn(path.key("tls"), message);
@@ -324,82 +324,6 @@ fn upstream(
         protocol,
         tls,
     })
-}
-
-/// The `tls` settings of a connection tollgate makes, at `path`. Their files are read here,
-/// so that `check` and a reload report a missing or malformed one.
-pub(crate) fn client_tls(chk: &mut Checker<'_>, raw: &RawClientTls, path: &Path) -> ClientTls {
-    let mut file = |field: &Field<String>, name: &str| -> Option<PathBuf> {
-        match field.get()? {
-            text if text.is_empty() => {
-                chk.error(path.key(name), "expected a file path, found \"\"");
-                None
-            }
-            text => Some(PathBuf::from(text)),
-        }
-    };
-    let (ca, cert, key) = (
-        file(&raw.ca, "ca"),
-        file(&raw.cert, "cert"),
-        file(&raw.key, "key"),
-    );
-    let identity = match (cert, key) {
-        (Some(cert), Some(key)) => Some(TlsConfig { cert, key }),
-        (None, None) => None,
-        (Some(_), None) => {
-            chk.error(
-                path.key("cert"),
-                "a client certificate needs its key: set key too",
-            );
-            None
-        }
-        (None, Some(_)) => {
-            chk.error(
-                path.key("key"),
-                "a client key needs its certificate: set cert too",
-            );
-            None
-        }
-    };
-    let server_name = raw.server_name.get().and_then(|name| {
-        match rustls_pki_types::ServerName::try_from(name.as_str()) {
-            Ok(_) => Some(name.clone()),
-            Err(_) => {
-                let message = format!("{name:?} is not a DNS name or an IP address");
-                chk.error(path.key("server_name"), message);
-                None
-            }
-        }
-    });
-    let verify = raw.verify.get().copied().unwrap_or(true);
-    if !verify {
-        let message = "verify: false: the server's certificate is not checked, so anyone on \
-                       the network path can pose as the server and read the traffic";
-        chk.warn(path.key("verify"), message);
-    }
-    let settings = ClientTls {
-        ca,
-        identity,
-        server_name,
-        verify,
-    };
-    if chk.read_files {
-        for e in crate::tls::client_problems(&settings.auth()) {
-            let name = match &e {
-                crate::tls::TlsError::BadRoot { .. } => "ca",
-                crate::tls::TlsError::Read { what, .. }
-                | crate::tls::TlsError::Pem { what, .. }
-                    if *what == "root certificate" =>
-                {
-                    "ca"
-                }
-                e if e.is_about_key() => "key",
-                _ => "cert",
-            };
-            chk.error(path.key(name), e.to_string());
-        }
-    }
-    settings
 }
 
 type PaceParts = (Option<Pace>, Option<NonZeroUsize>);

@@ -26,7 +26,7 @@ use crate::limit::{Algorithm, Decision, Millis, Pace};
 
 pub use memory::MemoryStore;
 pub use policy::{GuardedStore, OnError};
-pub use redis::{Connection, RedisStore, RedisTarget, RedisTls, SentinelTarget};
+pub use redis::{ClientTls, Connection, RedisStore, RedisTarget, SentinelTarget};
 pub use reply::decode;
 pub use resp::{parse as parse_reply, parse_four as parse_counts};
 

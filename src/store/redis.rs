@@ -27,7 +27,7 @@ use super::reply::{self, Reply};
 use super::scripts::{Call, Scripts};
 use super::{GiveBackFuture, HoldFuture, ReadyFuture, Store, StoreError, StoreFuture};
 use crate::limit::{Algorithm, Millis, Pace};
-pub use crate::tls::RedisTls;
+pub use crate::tls::ClientTls;
 
 /// Reconnection attempts wait at least this long before their second try (one retry): a refusal
 /// that comes back sooner than [`STALE_REFUSAL`] is the answer of an attempt made earlier.
@@ -153,14 +153,14 @@ impl RedisStore {
         lanes: usize,
         connection: Connection,
     ) -> Result<RedisStore, StoreError> {
-        RedisStore::connect_with(target, &RedisTls::default(), timeout, lanes, connection)
+        RedisStore::connect_with(target, &ClientTls::default(), timeout, lanes, connection)
     }
 
     /// [`RedisStore::connect_over`], with `tls` for `rediss://` (`store.tls`). A Sentinel's
     /// master is always reached over the store's own connection.
     pub fn connect_with(
         target: &RedisTarget,
-        tls: &RedisTls,
+        tls: &ClientTls,
         timeout: Duration,
         lanes: usize,
         connection: Connection,
@@ -324,9 +324,9 @@ impl RedisStore {
 
 /// The store's own TLS settings from `tls`; `insecure` (a `#insecure` URL) turns verification
 /// off as `verify: false` does.
-fn own_tls(tls: &RedisTls, insecure: bool) -> Result<pipe::Tls, StoreError> {
+fn own_tls(tls: &ClientTls, insecure: bool) -> Result<pipe::Tls, StoreError> {
     let config = if insecure && tls.verify {
-        RedisTls {
+        ClientTls {
             verify: false,
             ..tls.clone()
         }
@@ -350,7 +350,7 @@ fn tls_error(e: crate::tls::TlsError) -> StoreError {
 
 /// `tls` as redis-rs takes it: PEM roots, which replace the system's (so the system bundle is
 /// added to `ca`), and the client certificate and key. `None` when there is neither.
-fn library_certs(tls: &RedisTls) -> Option<TlsCertificates> {
+fn library_certs(tls: &ClientTls) -> Option<TlsCertificates> {
     let root_cert = tls.ca.as_ref().map(|ca| {
         let mut roots = crate::tls::system_bundle_pem().unwrap_or_default();
         roots.push(b'\n');
@@ -379,7 +379,7 @@ fn tcp_settings() -> TcpSettings {
 /// than the node's own (`server_name`); `verify: false` is its `TlsMode::Insecure`.
 fn cluster(
     urls: &[String],
-    tls: &RedisTls,
+    tls: &ClientTls,
     timeout: Duration,
     connect_timeout: Duration,
 ) -> Result<ClusterConnection, StoreError> {
@@ -410,7 +410,7 @@ fn cluster(
 /// redis-rs's reconnecting connection to one Redis ([`Connection::Library`]).
 fn managed(
     info: ::redis::ConnectionInfo,
-    tls: &RedisTls,
+    tls: &ClientTls,
     connect_timeout: Duration,
 ) -> Result<ConnectionManager, StoreError> {
     let info = match info.addr().clone() {

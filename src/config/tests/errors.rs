@@ -532,8 +532,8 @@ fn upstream_protocol_and_tls_are_checked() {
         &text,
         &[
             r#"proxy.yaml:5:15: upstreams.api.protocol: expected http1, http2 or auto, found "h2""#,
-            r#"proxy.yaml:6:17: upstreams.api.tls.cert: a client certificate needs its key: set key too"#,
-            r#"proxy.yaml:6:38: upstreams.api.tls.server_name: "a b" is not a DNS name or an IP address"#,
+            r#"proxy.yaml:6:10: upstreams.api.tls: missing required key "key": a client certificate (cert) needs its private key"#,
+            r#"proxy.yaml:6:38: upstreams.api.tls.server_name: expected a DNS name or an IP address, found "a b""#,
         ],
     );
 }

@@ -304,8 +304,8 @@ fn load_reads_the_file_and_names_it_in_problems() {
     assert!(err.to_string().contains("directory"), "{err}");
 }
 
-/// `load` reads the files an upstream's `tls` names: one missing, or a key that does not
-/// parse, is an error at its key.
+/// `load` reads the files an upstream's `tls` names: a missing one is an error at its key, and
+/// so is a key that does not go with its certificate.
 #[test]
 fn load_reads_upstream_tls_files() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -329,7 +329,7 @@ fn load_reads_upstream_tls_files() {
     let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
     let at =
         |place: &str, key: &str| format!("{}:{place}: upstreams.api.tls.{key}: ", path.display());
-    assert_eq!(problems.len(), 3, "{problems:#?}");
+    assert_eq!(problems.len(), 2, "{problems:#?}");
     assert!(problems[0].starts_with(&at("6:11", "ca")), "{problems:#?}");
     assert!(
         problems[0].contains("cannot read root certificate"),
@@ -339,9 +339,28 @@ fn load_reads_upstream_tls_files() {
         problems[1].starts_with(&at("7:13", "cert")),
         "{problems:#?}"
     );
-    assert!(problems[2].starts_with(&at("8:12", "key")), "{problems:#?}");
+    // with the certificate there, the junk key is what is wrong
+    let cert = dir.path().join("cert.pem");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["tollgate".to_owned()]).unwrap();
+    std::fs::write(&cert, params.self_signed(&key).unwrap().pem()).expect("write");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (ca_line, cert_line) = (
+        format!("ca: {}", missing.display()),
+        format!("cert: {}", missing.display()),
+    );
+    let text = text.replace(&cert_line, &format!("cert: {}", cert.display()));
+    assert!(text.contains(&ca_line));
+    std::fs::write(&path, text).expect("write");
+    let Err(ConfigError::Invalid(problems)) = super::load(&path) else {
+        panic!("expected problems");
+    };
+    let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    assert_eq!(problems.len(), 2, "{problems:#?}");
+    assert!(problems[0].starts_with(&at("6:11", "ca")), "{problems:#?}");
+    assert!(problems[1].starts_with(&at("8:12", "key")), "{problems:#?}");
     assert!(
-        problems[2].contains("no private key found"),
+        problems[1].contains("no private key found"),
         "{problems:#?}"
     );
 }

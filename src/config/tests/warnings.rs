@@ -254,7 +254,7 @@ fn unverified_or_unused_upstream_tls_is_a_warning() {
     assert_eq!(
         warnings(&text),
         [
-            "proxy.yaml:5:19: upstreams.api.tls.verify: verify: false: the server's certificate is not checked, so anyone on the network path can pose as the server and read the traffic",
+            "proxy.yaml:5:19: upstreams.api.tls.verify: the upstream's certificate is not verified: anyone on the way to it can pose as it and read the traffic; use this only to try things out",
             "proxy.yaml:7:5: upstreams.plain: upstream \"plain\" is not used by any route",
             "proxy.yaml:8:10: upstreams.plain.tls: tls applies to https:// targets only, and this upstream has none",
         ]

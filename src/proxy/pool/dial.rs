@@ -78,9 +78,10 @@ impl Dial {
     /// `auto` with the default TLS setup, for unit tests.
     #[cfg(test)]
     pub(crate) fn for_tests() -> Arc<Dial> {
-        let tls = crate::tls::client_config(&crate::tls::ClientAuth::default())
+        let tls = crate::tls::ClientTls::default()
+            .client_config()
             .expect("the defaults read no file");
-        Arc::new(Dial::new(Protocol::Auto, tls, None))
+        Arc::new(Dial::new(Protocol::Auto, (*tls).clone(), None))
     }
 
     /// The HTTP version spoken.

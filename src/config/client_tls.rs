@@ -1,28 +1,51 @@
-//! `store.tls`: the roots, client certificate and server name of the store's `rediss://`
-//! connections, and `verify: false`. The files are read here when the loader asks
-//! ([`Checker::read_files`]), so `tollgate check` and a reload report a missing or unusable one
-//! and a reload that finds one changed builds a new store.
+//! `tls` of a connection tollgate makes, `store.tls` and `upstreams.<name>.tls`: the roots,
+//! client certificate and server name, and `verify: false`. The files are read here when the
+//! loader asks ([`Checker::read_files`]), so `tollgate check` and a reload report a missing or
+//! unusable one, and a reload that finds one changed builds the connections anew.
 
 use std::path::PathBuf;
 
 use super::backend::{redact_url, wants_redis};
 use super::check::Checker;
 use super::problem::Path;
-use super::raw::{Field, RawStore, RawStoreTls};
-use super::types::{Backend, PemFile, StoreTls};
+use super::raw::{Field, RawClientTls, RawStore};
+use super::types::{Backend, ClientTls, PemFile};
 use crate::tls::{self, Pem};
 
-/// The warning of every way of turning verification off.
+/// The warning of every way of turning verification of Redis off.
 const UNVERIFIED: &str = "the certificate of Redis is not verified: anyone on the way to \
                           Redis can pose as it and read every key; use this only to try \
                           things out";
 
+/// The warning of `verify: false` on an upstream.
+const UPSTREAM_UNVERIFIED: &str = "the upstream's certificate is not verified: anyone on the \
+                                   way to it can pose as it and read the traffic; use this \
+                                   only to try things out";
+
 /// Validates `store.tls` against the backend it serves; also warns of a `#insecure` URL.
-pub(crate) fn tls(chk: &mut Checker<'_>, raw: &RawStore, backend: &Backend) -> Option<StoreTls> {
+pub(crate) fn store(chk: &mut Checker<'_>, raw: &RawStore, backend: &Backend) -> Option<ClientTls> {
     let store = Path::root().key("store");
     insecure_urls(chk, raw, &store);
     let raw_tls = raw.tls.get()?;
     let path = store.key("tls");
+    let tls = client_tls(chk, raw_tls, &path, UNVERIFIED);
+    applies(chk, raw, raw_tls, backend, &path);
+    Some(tls)
+}
+
+/// Validates an upstream's `tls` at `path`.
+pub(crate) fn upstream(chk: &mut Checker<'_>, raw_tls: &RawClientTls, path: &Path) -> ClientTls {
+    client_tls(chk, raw_tls, path, UPSTREAM_UNVERIFIED)
+}
+
+/// Validates a `tls` mapping at `path`; `unverified` is the warning of `verify: false`.
+fn client_tls(
+    chk: &mut Checker<'_>,
+    raw_tls: &RawClientTls,
+    path: &Path,
+    unverified: &str,
+) -> ClientTls {
+    let path = path.clone();
     let ca = file(chk, &raw_tls.ca, &path, "ca", "root certificate");
     let cert = file(chk, &raw_tls.cert, &path, "cert", "certificate");
     let key = file(chk, &raw_tls.key, &path, "key", "private key");
@@ -48,15 +71,14 @@ pub(crate) fn tls(chk: &mut Checker<'_>, raw: &RawStore, backend: &Backend) -> O
     }
     let verify = raw_tls.verify.get().copied().unwrap_or(true);
     if !verify {
-        chk.warn(path.key("verify"), UNVERIFIED);
+        chk.warn(path.key("verify"), unverified);
     }
-    applies(chk, raw, raw_tls, backend, &path);
-    Some(StoreTls {
+    ClientTls {
         ca,
         identity,
         server_name,
         verify,
-    })
+    }
 }
 
 /// A file key: its path, and its contents when the loader reads files.
@@ -120,7 +142,7 @@ fn check_contents(
 fn applies(
     chk: &mut Checker<'_>,
     raw: &RawStore,
-    raw_tls: &RawStoreTls,
+    raw_tls: &RawClientTls,
     backend: &Backend,
     path: &Path,
 ) {

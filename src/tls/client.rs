@@ -1,6 +1,7 @@
-//! The client side of TLS to Redis (`store.tls`): extra roots to trust, a client certificate
-//! for Redis's `tls-auth-clients`, and verification turned off when asked. The files arrive
-//! already read ([`Pem`]), so a configuration's files are read once, when it is loaded.
+//! The client side of the TLS connections tollgate makes, to upstreams (`upstreams.<name>.tls`)
+//! and to Redis (`store.tls`): extra roots to trust, a client certificate for servers that ask
+//! for one, and verification turned off when asked. The files arrive already read ([`Pem`]),
+//! so a configuration's files are read once, when it is loaded.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -72,24 +73,24 @@ impl Pem {
     }
 }
 
-/// How the store's TLS connections to Redis trust and identify themselves.
+/// How a TLS connection tollgate makes trusts the server and identifies itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisTls {
+pub struct ClientTls {
     /// certificates to trust beside the bundled Mozilla roots and the system bundle
     pub ca: Option<Pem>,
     /// a client certificate chain and its private key
     pub identity: Option<(Pem, Pem)>,
-    /// the name Redis's certificate must be valid for, also sent in SNI; `None`: the host
-    /// connected to
+    /// the name the server's certificate must be valid for, also sent in SNI; `None`: the
+    /// host connected to
     pub server_name: Option<String>,
-    /// false: no verification of Redis's certificate at all
+    /// false: no verification of the server's certificate at all
     pub verify: bool,
 }
 
-impl Default for RedisTls {
+impl Default for ClientTls {
     /// Verified against the bundled and system roots, no client certificate.
-    fn default() -> RedisTls {
-        RedisTls {
+    fn default() -> ClientTls {
+        ClientTls {
             ca: None,
             identity: None,
             server_name: None,
@@ -98,8 +99,8 @@ impl Default for RedisTls {
     }
 }
 
-impl RedisTls {
-    /// The rustls client config: no ALPN (Redis speaks RESP only).
+impl ClientTls {
+    /// The rustls client config, offering no ALPN: a caller that speaks HTTP sets its own.
     pub fn client_config(&self) -> Result<Arc<ClientConfig>, TlsError> {
         let verifier: Arc<dyn ServerCertVerifier> = if self.verify {
             let mut trust = default_trust();
@@ -145,10 +146,10 @@ pub fn root_problem(ca: &Pem) -> Option<TlsError> {
 
 /// Why `cert` and `key` cannot serve as a client certificate, if they cannot.
 pub fn identity_problem(cert: &Pem, key: &Pem) -> Option<TlsError> {
-    let tls = RedisTls {
+    let tls = ClientTls {
         identity: Some((cert.clone(), key.clone())),
         verify: false,
-        ..RedisTls::default()
+        ..ClientTls::default()
     };
     tls.client_config().err()
 }
@@ -300,7 +301,7 @@ mod tests {
     fn client_configs_build() {
         let dir = tempfile::tempdir().unwrap();
         let (ca, leaf, key) = ca_and_leaf();
-        let tls = RedisTls {
+        let tls = ClientTls {
             ca: Some(pem(dir.path(), "ca.pem", &ca)),
             identity: Some((
                 pem(dir.path(), "leaf.pem", &leaf),
@@ -312,9 +313,9 @@ mod tests {
         let config = tls.client_config().unwrap();
         assert!(config.client_auth_cert_resolver.has_certs());
         assert!(config.alpn_protocols.is_empty());
-        let off = RedisTls {
+        let off = ClientTls {
             verify: false,
-            ..RedisTls::default()
+            ..ClientTls::default()
         };
         assert!(!off
             .client_config()
