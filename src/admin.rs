@@ -8,12 +8,16 @@
 //! | `GET /readyz` | 200 `ready`, or 503 `not ready: <why>` while [`AdminState::ready`] says no |
 //! | `GET /config` | 200, [`AdminState::config_json`] as pretty-printed JSON |
 //! | `GET /api/stats` | 200, [`Api::stats`]: this instance's rates over the last minute |
+//! | `GET /api/limits/<route>/<limit>?key=<client>` | [`Api::limit`]: that client's state |
+//! | `DELETE /api/limits/<route>/<limit>?key=<client>` | [`Api::reset`]: forget that state |
+//! | `DELETE /api/upstreams/<name>/hold` | [`Api::lift_hold`]: lift the upstream's hold |
 //! | any other path | 404 |
 //! | another method on one of the paths above | 405 with `Allow: GET, HEAD` |
 //!
 //! Every `/api/` call needs `Authorization: Bearer <token>` when [`AdminState::token`] gives
-//! one: 401 without it. The token is compared in constant time. `/api/` answers and errors
-//! are JSON.
+//! one: 401 without it. The token is compared in constant time. Without a token, the calls
+//! that change state get 403: nobody may reset limits on an open listener. `/api/` answers
+//! and errors are JSON.
 //!
 //! This module owns only the HTTP side. It uses nothing of the crate but [`Metrics`]: what
 //! "ready" means and what the effective configuration is (with its secrets redacted) are the
@@ -22,6 +26,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +77,51 @@ pub struct AdminState {
 pub trait Api: Send + Sync {
     /// `GET /api/stats`
     fn stats(&self) -> serde_json::Value;
+
+    /// `GET /api/limits/<route>/<limit>?key=<client>`
+    fn limit<'a>(&'a self, call: LimitCall<'a>) -> ApiFuture<'a>;
+
+    /// `DELETE /api/limits/<route>/<limit>?key=<client>`, asked by `peer`
+    fn reset<'a>(&'a self, call: LimitCall<'a>, peer: SocketAddr) -> ApiFuture<'a>;
+
+    /// `DELETE /api/upstreams/<name>/hold`, asked by `peer`
+    fn lift_hold<'a>(&'a self, upstream: &'a str, peer: SocketAddr) -> ApiFuture<'a>;
 }
+
+/// One client of one limit, as a `/api/limits/` call names it.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitCall<'a> {
+    pub route: &'a str,
+    pub limit: &'a str,
+    /// the client, as `overrides` name one: `192.0.2.7`, `a b`, `192.0.2.7|gold`
+    pub key: &'a str,
+}
+
+/// An `/api/` answer: its status and JSON body.
+#[derive(Debug)]
+pub struct ApiAnswer {
+    pub status: StatusCode,
+    pub body: serde_json::Value,
+}
+
+impl ApiAnswer {
+    /// 200 with `body`.
+    pub fn ok(body: serde_json::Value) -> ApiAnswer {
+        ApiAnswer {
+            status: StatusCode::OK,
+            body,
+        }
+    }
+
+    /// An error: `{"error": code, "message": message}`.
+    pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> ApiAnswer {
+        let body = serde_json::json!({"error": code, "message": message.into()});
+        ApiAnswer { status, body }
+    }
+}
+
+/// The future of an `/api/` call.
+pub type ApiFuture<'a> = Pin<Box<dyn Future<Output = ApiAnswer> + Send + 'a>>;
 
 /// The answer of [`AdminState::ready`]: why the instance is not ready, if it is not.
 pub type Readiness = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
@@ -115,7 +164,7 @@ pub async fn serve(
         let state = state.clone();
         let service = service_fn(move |req| {
             let state = state.clone();
-            async move { Ok::<_, Infallible>(answer(&state, &req).await) }
+            async move { Ok::<_, Infallible>(answer(&state, &req, peer).await) }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), service);
         let conn = graceful.watch(conn.into_owned());
@@ -173,7 +222,14 @@ fn asks_for_openmetrics<B>(req: &Request<B>) -> bool {
 
 /// The answer to one admin request: `/readyz` waits for [`AdminState::ready`], the others are
 /// answered at once.
-async fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
+async fn answer<B>(
+    state: &AdminState,
+    req: &Request<B>,
+    peer: SocketAddr,
+) -> Response<Full<Bytes>> {
+    if let Some(call) = req.uri().path().strip_prefix("/api/") {
+        return api(state, req, call, peer).await;
+    }
     if req.uri().path() != "/readyz" || !readable(req.method()) {
         return respond(state, req);
     }
@@ -197,9 +253,6 @@ fn readable(method: &Method) -> bool {
 /// takes one.
 fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
     let path = req.uri().path();
-    if let Some(call) = path.strip_prefix("/api/") {
-        return api(state, req, call);
-    }
     if !matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config") {
         return text(StatusCode::NOT_FOUND, "not found");
     }
@@ -239,14 +292,20 @@ fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
 }
 
 /// One `/api/` call: `call` is the path after `/api/`.
-fn api<B>(state: &AdminState, req: &Request<B>, call: &str) -> Response<Full<Bytes>> {
-    if let Some(token) = (state.token)() {
-        if !bearer_matches(req, &token) {
-            let mut answer = api_error(
+async fn api<B>(
+    state: &AdminState,
+    req: &Request<B>,
+    call: &str,
+    peer: SocketAddr,
+) -> Response<Full<Bytes>> {
+    let token = (state.token)();
+    if let Some(token) = &token {
+        if !bearer_matches(req, token) {
+            let mut answer = api_error(ApiAnswer::error(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 "this call needs Authorization: Bearer <admin.token>",
-            );
+            ));
             answer.headers_mut().insert(
                 http::header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer"),
@@ -254,21 +313,110 @@ fn api<B>(state: &AdminState, req: &Request<B>, call: &str) -> Response<Full<Byt
             return answer;
         }
     }
-    match call {
-        "stats" if readable(req.method()) => json_answer(StatusCode::OK, &state.api.stats()),
-        "stats" => {
-            let mut answer = api_error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "use GET",
-            );
-            answer
-                .headers_mut()
-                .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
-            answer
+    let parts: Vec<&str> = call.split('/').collect();
+    let method = req.method();
+    let writes = *method == Method::DELETE;
+    let allowed = match parts.as_slice() {
+        ["stats"] => "GET, HEAD",
+        ["limits", _, _] => "GET, HEAD, DELETE",
+        ["upstreams", _, "hold"] => "DELETE",
+        _ => {
+            let answer = ApiAnswer::error(StatusCode::NOT_FOUND, "not_found", "no such API call");
+            return api_error(answer);
         }
-        _ => api_error(StatusCode::NOT_FOUND, "not_found", "no such API call"),
+    };
+    let fits = allowed.split(", ").any(|m| m == method.as_str());
+    if !fits {
+        let mut answer = api_error(ApiAnswer::error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("use {allowed}"),
+        ));
+        answer
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static(allowed));
+        return answer;
     }
+    if writes && token.is_none() {
+        return api_error(ApiAnswer::error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "changes need a token: set admin.token, then send it as Authorization: Bearer",
+        ));
+    }
+    let answer = match parts.as_slice() {
+        ["stats"] => ApiAnswer::ok(state.api.stats()),
+        ["limits", route, limit] => {
+            let (Some(route), Some(limit)) = (percent_decoded(route), percent_decoded(limit))
+            else {
+                let answer = ApiAnswer::error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_path",
+                    "the route or limit is not valid percent-encoded UTF-8",
+                );
+                return api_error(answer);
+            };
+            let key = match client_key(req.uri().query()) {
+                Ok(key) => key,
+                Err(why) => {
+                    return api_error(ApiAnswer::error(StatusCode::BAD_REQUEST, "bad_key", why))
+                }
+            };
+            let call = LimitCall {
+                route: &route,
+                limit: &limit,
+                key: &key,
+            };
+            if writes {
+                state.api.reset(call, peer).await
+            } else {
+                state.api.limit(call).await
+            }
+        }
+        ["upstreams", name, "hold"] => match percent_decoded(name) {
+            Some(name) => state.api.lift_hold(&name, peer).await,
+            None => ApiAnswer::error(
+                StatusCode::BAD_REQUEST,
+                "bad_path",
+                "the upstream is not valid percent-encoded UTF-8",
+            ),
+        },
+        _ => unreachable!("every other call was answered above"),
+    };
+    json_answer(answer.status, &answer.body)
+}
+
+/// The `key` query parameter: the client, percent-decoded (`+` a space, as forms write it).
+fn client_key(query: Option<&str>) -> Result<String, &'static str> {
+    let value = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("key="))
+        .ok_or("name the client: ?key=<client>, as overrides name one")?;
+    let key = percent_decoded(&value.replace('+', " "))
+        .ok_or("the key is not valid percent-encoded UTF-8")?;
+    if key.is_empty() {
+        return Err("the key is empty");
+    }
+    Ok(key)
+}
+
+/// `text` with its `%XX` escapes decoded; `None` when they are malformed or not UTF-8.
+fn percent_decoded(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Whether `req` carries `Authorization: Bearer <token>`, compared in constant time.
@@ -292,12 +440,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
-/// A JSON error of the API: `{"error": code, "message": message}`.
-fn api_error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
-    json_answer(
-        status,
-        &serde_json::json!({"error": code, "message": message}),
-    )
+/// An error of the API as a response.
+fn api_error(answer: ApiAnswer) -> Response<Full<Bytes>> {
+    json_answer(answer.status, &answer.body)
 }
 
 fn json_answer(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
@@ -386,6 +531,22 @@ mod tests {
     impl Api for Figures {
         fn stats(&self) -> serde_json::Value {
             serde_json::json!({"scope": "this instance"})
+        }
+
+        fn limit<'a>(&'a self, call: LimitCall<'a>) -> ApiFuture<'a> {
+            let body =
+                serde_json::json!({"route": call.route, "limit": call.limit, "key": call.key});
+            Box::pin(async move { ApiAnswer::ok(body) })
+        }
+
+        fn reset<'a>(&'a self, call: LimitCall<'a>, _peer: SocketAddr) -> ApiFuture<'a> {
+            let body = serde_json::json!({"reset": call.key});
+            Box::pin(async move { ApiAnswer::ok(body) })
+        }
+
+        fn lift_hold<'a>(&'a self, upstream: &'a str, _peer: SocketAddr) -> ApiFuture<'a> {
+            let body = serde_json::json!({"lifted": upstream});
+            Box::pin(async move { ApiAnswer::ok(body) })
         }
     }
 
@@ -604,6 +765,52 @@ mod tests {
         // the other endpoints need no token
         let (status, _, _) = call(shut.addr, Method::GET, "/healthz").await;
         assert_eq!(status, StatusCode::OK);
+    }
+
+    /// The limit calls take the client from `key`, percent-decoded; a change needs a token,
+    /// and each call its own methods.
+    #[tokio::test]
+    async fn limit_calls_read_their_client_and_changes_need_a_token() {
+        let open = start().await;
+        let path = "/api/limits/api/per-client?key=192.0.2.7%7Cgold";
+        let (status, _, body) = call(open.addr, Method::GET, path).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            body,
+            r#"{"key":"192.0.2.7|gold","limit":"per-client","route":"api"}"#
+        );
+        let (status, _, body) = call(open.addr, Method::GET, "/api/limits/api/l?key=a+b").await;
+        assert!(body.contains(r#""key":"a b""#), "{status} {body}");
+        for (path, code) in [
+            ("/api/limits/api/l", "bad_key"),
+            ("/api/limits/api/l?key=", "bad_key"),
+            ("/api/limits/api/l?key=%zz", "bad_key"),
+        ] {
+            let (status, _, body) = call(open.addr, Method::GET, path).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+            assert!(body.contains(code), "{path}: {body}");
+        }
+        let (status, _, body) = call(open.addr, Method::DELETE, path).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        assert!(body.contains("admin.token"), "{body}");
+        let (status, _, _) = call(open.addr, Method::POST, path).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+        let (status, _, _) = call(open.addr, Method::GET, "/api/upstreams/api/hold").await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+
+        let shut = start_with_token(Some("t")).await;
+        let bearer = Some("Bearer t");
+        let (status, _, body) = call_with(shut.addr, Method::DELETE, path, bearer).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::OK, r#"{"reset":"192.0.2.7|gold"}"#)
+        );
+        let hold = "/api/upstreams/api/hold";
+        let (status, _, body) = call_with(shut.addr, Method::DELETE, hold, bearer).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::OK, r#"{"lifted":"api"}"#)
+        );
     }
 
     /// Tokens are equal only when every byte is.

@@ -97,3 +97,140 @@ async fn the_token_guards_the_api_and_stays_secret() {
     assert!(config.contains("<redacted"), "{config}");
     proxy.shutdown().await;
 }
+
+async fn call(
+    proxy: &Proxy,
+    method: http::Method,
+    path: &str,
+    token: Option<&str>,
+) -> common::Answer {
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(admin_url(proxy, path));
+    if let Some(token) = token {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    common::send(req.body(common::full("")).unwrap()).await
+}
+
+/// One client's state is read without taking anything, and a reset through one instance lets
+/// the client through on another at once: that instance forgets the refusal it remembered.
+/// Unknown names are 404s; a change without the token is 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_through_one_instance_holds_on_every_instance() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    // two limits, so that each instance remembers refusals (the deny cache)
+    let limits = "limits:\n  - {name: per-client, algorithm: token_bucket, key: header:x-client, \
+                  rate: 1/h, burst: 2}\n  - {name: wide, algorithm: fixed_window, key: \
+                  header:x-client, limit: 1000, window: 1h}";
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("admin: {listen: 127.0.0.1:0, token: s3cret}")
+        .redis(&redis, "timeout: 500ms")
+        .route("api", "/", limits)
+        .build();
+    let (a, b) = (Proxy::start(&yaml).await, Proxy::start(&yaml).await);
+    let greedy = [("x-client", "greedy")];
+    let statuses = |proxy: &Proxy| {
+        let url = proxy.url("/");
+        async move { get(&url, &greedy).await.status }
+    };
+    assert_eq!(statuses(&a).await, 200);
+    assert_eq!(statuses(&b).await, 200);
+    assert_eq!(statuses(&b).await, 429);
+    assert_eq!(statuses(&b).await, 429, "remembered by b");
+
+    let path = "/api/limits/api/per-client?key=greedy";
+    let state = call(&a, http::Method::GET, path, Some("s3cret")).await;
+    assert_eq!(state.status, 200, "{}", state.body);
+    let json: Value = serde_json::from_str(&state.body).unwrap();
+    assert_eq!(json["algorithm"], "token_bucket");
+    assert_eq!(json["allowed_now"], false, "{json}");
+    assert!(json["retry_after_ms"].as_u64().unwrap() > 1000, "{json}");
+    assert_eq!(
+        json["deny_cached_here"], false,
+        "a never refused it: {json}"
+    );
+    let again = call(&a, http::Method::GET, path, Some("s3cret")).await;
+    let again: Value = serde_json::from_str(&again.body).unwrap();
+    assert_eq!(
+        again["remaining"], json["remaining"],
+        "reading takes nothing"
+    );
+    assert!(again["retry_after_ms"].as_u64() <= json["retry_after_ms"].as_u64());
+    let on_b = call(&b, http::Method::GET, path, Some("s3cret")).await;
+    let on_b: Value = serde_json::from_str(&on_b.body).unwrap();
+    assert_eq!(on_b["deny_cached_here"], true, "{on_b}");
+
+    let refused = call(&a, http::Method::DELETE, path, None).await;
+    assert_eq!(refused.status, 401);
+    let reset = call(&a, http::Method::DELETE, path, Some("s3cret")).await;
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    let json: Value = serde_json::from_str(&reset.body).unwrap();
+    assert_eq!(
+        (&json["reset"], &json["held_state"]),
+        (&true.into(), &true.into())
+    );
+    // b hears of the reset within its next reading of the count, twice a second
+    eventually(Duration::from_secs(5), || async {
+        statuses(&b).await == 200
+    })
+    .await;
+    assert_eq!(statuses(&a).await, 200, "the bucket was full again");
+
+    for (path, code) in [
+        ("/api/limits/nope/per-client?key=x", "unknown_route"),
+        ("/api/limits/api/nope?key=x", "unknown_limit"),
+        ("/api/upstreams/nope/hold", "unknown_upstream"),
+    ] {
+        let method = if path.ends_with("hold") {
+            http::Method::DELETE
+        } else {
+            http::Method::GET
+        };
+        let answer = call(&a, method, path, Some("s3cret")).await;
+        assert_eq!(answer.status, 404, "{path}");
+        assert!(answer.body.contains(code), "{path}: {}", answer.body);
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// An upstream's 429 with `Retry-After` holds its pacing on every instance; lifting the hold
+/// through one instance sends requests to it again from both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifting_a_hold_lets_requests_go_again_everywhere() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("admin: {listen: 127.0.0.1:0, token: s3cret}")
+        .redis(&redis, "timeout: 500ms")
+        .upstream("pace: {rate: 100/s, max_delay: 2s}")
+        .route("api", "/", "")
+        .build();
+    let (a, b) = (Proxy::start(&yaml).await, Proxy::start(&yaml).await);
+    // the upstream asks for an hour's rest
+    let held = get(&a.url("/status/429?retry_after=3600"), &[]).await;
+    assert_eq!(held.status, 429);
+    for proxy in [&a, &b] {
+        let refused = get(&proxy.url("/"), &[]).await;
+        assert_eq!(refused.status, 503, "held: {}", refused.body);
+    }
+    let lifted = call(
+        &b,
+        http::Method::DELETE,
+        "/api/upstreams/api/hold",
+        Some("s3cret"),
+    )
+    .await;
+    assert_eq!(lifted.status, 200, "{}", lifted.body);
+    for proxy in [&b, &a] {
+        let url = proxy.url("/");
+        eventually(Duration::from_secs(5), || async {
+            get(&url, &[]).await.status == 200
+        })
+        .await;
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -1054,3 +1054,46 @@ async fn readonly_drops_the_connection() {
         "the connection that met READONLY is still in use"
     );
 }
+
+/// `peek` tells what the next check would answer and takes nothing; `forget` makes the key new
+/// again. Through Redis and in memory alike, for all five algorithms.
+#[tokio::test]
+async fn peek_takes_nothing_and_forget_starts_afresh() {
+    let redis = common::Redis::start();
+    let shared: Arc<dyn Store> = store(redis.url(), Duration::from_secs(2));
+    let memory: Arc<dyn Store> = Arc::new(tollgate::store::MemoryStore::new(
+        std::num::NonZeroUsize::new(100).unwrap(),
+    ));
+    for store in [shared, memory] {
+        for (i, alg) in all_five().into_iter().enumerate() {
+            let key = format!("peek:{i}");
+            let fresh = store.peek(&key, &alg).await.unwrap();
+            assert!(fresh.allowed, "{alg:?}");
+            // (the leaky bucket admits 5 at once within its second of max_delay)
+            let taken = if i == 1 { 3 } else { 10 };
+            for _ in 0..taken {
+                store.check(&key, &alg, None).await.unwrap();
+            }
+            let before = store.peek(&key, &alg).await.unwrap();
+            let again = store.peek(&key, &alg).await.unwrap();
+            assert_eq!(before.allowed, again.allowed, "{alg:?}");
+            assert_eq!(
+                before.remaining, again.remaining,
+                "peek takes nothing: {alg:?}"
+            );
+            let next = store.check(&key, &alg, None).await.unwrap();
+            assert_eq!(
+                before.allowed, next.allowed,
+                "peek foretold the check: {alg:?}"
+            );
+            if i != 1 {
+                assert!(!next.allowed, "the limit is spent: {alg:?}");
+                assert_eq!(before.remaining, next.remaining, "{alg:?}");
+            }
+            assert!(store.forget(&key).await.unwrap(), "{alg:?}");
+            assert!(!store.forget(&key).await.unwrap(), "nothing left: {alg:?}");
+            let after = store.check(&key, &alg, None).await.unwrap();
+            assert!(after.allowed, "a new client again: {alg:?}");
+        }
+    }
+}

@@ -5,6 +5,7 @@
 //! read the port), then [`Server::run`] serves until the `shutdown` future completes.
 
 mod build;
+mod console;
 mod reload;
 
 use std::future::Future;
@@ -21,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
-use crate::console::{Console, Refusals, Reloaded, StoreView, View};
+use crate::console::{Console, Refusals, Reloaded};
 use crate::metrics::Metrics;
 use crate::proxy::{Http1Client, UpstreamClients};
 use crate::server::{accept_loop, http_builder, AcceptCtx, Live, Workers};
@@ -185,6 +186,7 @@ impl Server {
             );
             accepting.push(tokio::spawn(loop_));
         }
+        let resets = tokio::spawn(console::watch_resets(self.shared.clone()));
         let (admin_stop, admin_stopped) = watch::channel(false);
         let admin = self.admin.map(|listener| {
             if let Ok(addr) = listener.local_addr() {
@@ -197,6 +199,7 @@ impl Server {
             }))
         });
         shutdown.await;
+        resets.abort();
         tracing::info!("shutting down: draining in-flight requests");
         self.shared.draining.store(true, Ordering::Release);
         let _ = stop_tx.send(true);
@@ -274,51 +277,10 @@ fn admin_state(shared: &Arc<Shared>) -> AdminState {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone()
         }),
-        api: Arc::new(ConsoleApi {
-            console: Console::new(sampler, shared.refusals.clone()),
-            shared: shared.clone(),
-        }),
-    }
-}
-
-/// The `/api/` calls, over the console and what is in force.
-struct ConsoleApi {
-    shared: Arc<Shared>,
-    console: Console,
-}
-
-impl admin::Api for ConsoleApi {
-    fn stats(&self) -> serde_json::Value {
-        let (config, store) = {
-            let current = self
-                .shared
-                .current
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            (current.0.clone(), current.1.clone())
-        };
-        let proxy = self.shared.live.proxy.load();
-        let backend = match &config.store.backend {
-            crate::config::Backend::Memory => "memory",
-            crate::config::Backend::Redis { .. } => "redis",
-            crate::config::Backend::Cluster { .. } => "cluster",
-            crate::config::Backend::Sentinel(_) => "sentinel",
-        };
-        let reload = self
-            .shared
-            .reloaded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        self.console.stats(&View {
-            config: &config,
-            proxy: &proxy,
-            store: StoreView {
-                backend,
-                breaker: store.breaker(),
-            },
-            reload,
-        })
+        api: Arc::new(console::ConsoleApi::new(
+            shared.clone(),
+            Console::new(sampler, shared.refusals.clone()),
+        )),
     }
 }
 

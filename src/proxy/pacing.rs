@@ -351,6 +351,11 @@ impl Pacer {
         self.held.remaining()
     }
 
+    /// Ends the back-off the upstream asked this instance for: an operator lifted it.
+    pub fn lift_hold(&self) {
+        self.held.until_ms.store(0, Ordering::Relaxed);
+    }
+
     /// Requests sleeping for a slot here now, when `max_waiting` counts them.
     pub fn waiting_now(&self) -> Option<usize> {
         let permits = self.waiting.as_ref()?;

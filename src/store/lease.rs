@@ -139,6 +139,12 @@ impl Leases {
         }
     }
 
+    /// Drops every lease, its tokens unused: their buckets were reset, and tokens given back
+    /// to a bucket made anew would be tokens it never had.
+    pub(crate) fn clear(&mut self) {
+        self.held.clear();
+    }
+
     /// Whether any lease holds tokens.
     fn holding(&self) -> bool {
         self.held.iter().any(|h| h.tokens > 0)

@@ -122,6 +122,23 @@ impl MemoryStore {
         })
     }
 
+    /// What a request for `key` under `alg` would get now; the state stays as it is.
+    pub fn look(&self, key: &str, alg: &Algorithm) -> Decision {
+        self.with_state(key, None, |state, now| {
+            let mut copy = state.clone();
+            (apply(alg, &mut copy, now).0, None)
+        })
+    }
+
+    /// Forgets `key`; whether it held a live state.
+    pub fn remove(&self, key: &str) -> bool {
+        let shards = &*self.shards;
+        let now = shards.clock.now();
+        let mut map = shards.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        map.pop(key)
+            .is_some_and(|e| e.state.is_some() && e.expires_at > now)
+    }
+
     /// Runs `step` on the key's live state (`None` when new or expired) under its shard's lock;
     /// `step` returns its answer and, when it wrote the state, the state's time to live.
     fn with_state<R>(
@@ -254,6 +271,14 @@ impl Store for MemoryStore {
         now: Option<Millis>,
     ) -> GiveBackFuture<'a> {
         Box::pin(std::future::ready(Ok(self.undo(key, alg, age_ms, now))))
+    }
+
+    fn peek<'a>(&'a self, key: &'a str, alg: &'a Algorithm) -> StoreFuture<'a> {
+        Box::pin(std::future::ready(Ok(self.look(key, alg))))
+    }
+
+    fn forget<'a>(&'a self, key: &'a str) -> GiveBackFuture<'a> {
+        Box::pin(std::future::ready(Ok(self.remove(key))))
     }
 }
 

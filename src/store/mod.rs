@@ -92,6 +92,25 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// What a request for `key` under `alg` would get now, without taking anything: the
+    /// operator console's look at one client. The decision is the algorithm's on the key's
+    /// state as it is.
+    fn peek<'a>(&'a self, key: &'a str, alg: &'a Algorithm) -> StoreFuture<'a>;
+
+    /// Forgets `key`, so that its next request is decided as a new client's. True when the
+    /// key held something.
+    fn forget<'a>(&'a self, key: &'a str) -> GiveBackFuture<'a>;
+
+    /// The count of resets made through the console, shared by the instances of one store;
+    /// with `bump`, one more is counted first. A store of one instance counts none.
+    fn resets<'a>(&'a self, _key: &'a str, _bump: bool) -> HoldFuture<'a> {
+        Box::pin(std::future::ready(Ok(0)))
+    }
+
+    /// Forgets every refusal this instance remembers and every token it leased ahead: a
+    /// reset made elsewhere is in force here from the next request.
+    fn forget_local(&self) {}
+
     /// The circuit breaker's state, `closed` or `open`, for a store behind one.
     fn breaker(&self) -> Option<&'static str> {
         None

@@ -351,6 +351,13 @@ impl Pipe {
         }
     }
 
+    /// Drops every lane's leases ([`super::lease::Leases::clear`]).
+    pub(crate) fn forget_leases(&self) {
+        for lane in &self.lanes {
+            lane.leases.with(|leases| leases.clear());
+        }
+    }
+
     /// Whether the lanes take leases (they do unless told not to).
     pub(crate) fn set_leases(&self, on: bool) {
         for lane in &self.lanes {

@@ -253,6 +253,28 @@ impl Store for GuardedStore {
         self.remembered(key, alg)
     }
 
+    fn peek<'a>(&'a self, key: &'a str, alg: &'a Algorithm) -> StoreFuture<'a> {
+        Box::pin(self.through_breaker(self.primary.peek(key, alg), false))
+    }
+
+    fn forget<'a>(&'a self, key: &'a str) -> GiveBackFuture<'a> {
+        Box::pin(async move {
+            // the fallback's state and this instance's refusal go too, whatever Redis says
+            self.deny_cache.remove(key);
+            self.local.remove(key);
+            self.through_breaker(self.primary.forget(key), false).await
+        })
+    }
+
+    fn resets<'a>(&'a self, key: &'a str, bump: bool) -> HoldFuture<'a> {
+        Box::pin(self.through_breaker(self.primary.resets(key, bump), false))
+    }
+
+    fn forget_local(&self) {
+        self.deny_cache.clear();
+        self.primary.forget_local();
+    }
+
     fn give_back<'a>(
         &'a self,
         key: &'a str,
@@ -496,6 +518,24 @@ impl DenyCache {
     fn shard(&self, key: &str) -> &DenyShard {
         use std::hash::BuildHasher;
         &self.shards[self.hasher.hash_one(key) as usize % Self::SHARDS]
+    }
+
+    /// Forgets `key`'s refusal.
+    fn remove(&self, key: &str) {
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        if shard.pop(key).is_some() {
+            self.entries.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets every refusal.
+    fn clear(&self) {
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            let n = shard.len();
+            shard.clear();
+            self.entries.fetch_sub(n, Ordering::Relaxed);
+        }
     }
 
     /// Whether nothing is cached (then [`DenyCache::get`] has nothing to find).

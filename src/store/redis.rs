@@ -242,6 +242,13 @@ impl RedisStore {
         self
     }
 
+    /// Drops the tokens this instance leased ahead ([`super::lease`]).
+    fn forget_leases(&self) {
+        if let Conn::Pipe(pipe) = &self.conn {
+            pipe.forget_leases();
+        }
+    }
+
     /// Sends `PING` (bounded by the timeout): for readiness checks and tests.
     pub async fn ping(&self) -> Result<(), StoreError> {
         match &self.conn {
@@ -524,6 +531,52 @@ impl Store for RedisStore {
 
     fn ready(&self) -> ReadyFuture<'_> {
         Box::pin(self.ping())
+    }
+
+    fn peek<'a>(&'a self, key: &'a str, alg: &'a Algorithm) -> StoreFuture<'a> {
+        Box::pin(async move {
+            let value = match self.invoke(self.scripts.peek(key)).await? {
+                Reply::Value(value) => value,
+                other => {
+                    return Err(StoreError::Reply {
+                        script: "peek",
+                        detail: format!("expected an array, got {other:?}"),
+                    })
+                }
+            };
+            let (now, mut state) = reply::decode_peek(alg, &value)?;
+            // the tokens this instance leased ahead are taken already, as the store knows
+            Ok(crate::limit::apply(alg, &mut state, now).0)
+        })
+    }
+
+    fn forget<'a>(&'a self, key: &'a str) -> GiveBackFuture<'a> {
+        Box::pin(async move {
+            self.forget_leases();
+            match self.invoke(self.scripts.forget(key)).await? {
+                Reply::Value(Value::Int(n)) => Ok(n > 0),
+                other => Err(StoreError::Reply {
+                    script: "forget",
+                    detail: format!("expected an integer, got {other:?}"),
+                }),
+            }
+        })
+    }
+
+    fn resets<'a>(&'a self, key: &'a str, bump: bool) -> HoldFuture<'a> {
+        Box::pin(async move {
+            match self.invoke(self.scripts.resets(key, bump)).await? {
+                Reply::Value(Value::Int(n)) => Ok(u64::try_from(n).unwrap_or(0)),
+                other => Err(StoreError::Reply {
+                    script: "resets",
+                    detail: format!("expected an integer, got {other:?}"),
+                }),
+            }
+        })
+    }
+
+    fn forget_local(&self) {
+        self.forget_leases();
     }
 }
 

@@ -3,7 +3,7 @@
 use ::redis::Value;
 
 use super::StoreError;
-use crate::limit::{Algorithm, Decision};
+use crate::limit::{Algorithm, Decision, Millis, State};
 
 /// A script's reply as the store's own connection reads it: the counting scripts' four integers
 /// kept inline (no allocation on the way from the socket to the decision, nor when a joined
@@ -106,6 +106,78 @@ pub(super) fn micros(v: &Value) -> Option<u64> {
         frac.parse::<u64>().ok()? * 10u64.pow(3 - frac.len() as u32)
     };
     whole.checked_mul(1000)?.checked_add(frac)
+}
+
+/// Decodes `lua/peek.lua`'s reply for a key of `alg`: the server's clock, and the state as the
+/// algorithm keeps it (`None`: no key, or one of another type).
+pub(crate) fn decode_peek(
+    alg: &Algorithm,
+    value: &Value,
+) -> Result<(Millis, Option<State>), StoreError> {
+    let bad = |detail: String| StoreError::Reply {
+        script: "peek",
+        detail,
+    };
+    let Value::Array(items) = value else {
+        return Err(bad(format!("expected an array, got {value:?}")));
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let number = |v: &Value| -> Result<Option<f64>, StoreError> {
+        match text(v) {
+            Some(t) if t.is_empty() => Ok(None),
+            Some(t) => t
+                .parse()
+                .map(Some)
+                .map_err(|_| bad(format!("expected a number, got {t:?}"))),
+            None => Err(bad(format!("expected a string, got {v:?}"))),
+        }
+    };
+    let (now, kind) = match items.as_slice() {
+        [now, kind, ..] => (number(now)?, text(kind)),
+        _ => {
+            return Err(bad(format!(
+                "expected at least 2 items, got {}",
+                items.len()
+            )))
+        }
+    };
+    let now = now.ok_or_else(|| bad("no clock".to_owned()))?;
+    let rest = &items[2..];
+    let count = |v: Option<f64>| v.map_or(0, |n| n.max(0.0) as u64);
+    let state = match (alg, kind.as_deref(), rest) {
+        (Algorithm::TokenBucket(_) | Algorithm::LeakyBucket(_), Some("string"), [at]) => {
+            number(at)?.map(State::At)
+        }
+        (Algorithm::FixedWindow(_), Some("hash"), [w, c, _]) => match number(w)? {
+            Some(start) => Some(State::Fixed {
+                start,
+                count: count(number(c)?),
+            }),
+            None => None,
+        },
+        (Algorithm::SlidingWindowCounter(_), Some("hash"), [w, c, p]) => match number(w)? {
+            Some(start) => Some(State::Counter {
+                start,
+                curr: count(number(c)?),
+                prev: count(number(p)?),
+            }),
+            None => None,
+        },
+        (Algorithm::SlidingWindow(_), Some("zset"), times) => {
+            let mut log = std::collections::VecDeque::with_capacity(times.len());
+            for t in times {
+                log.extend(number(t)?);
+            }
+            Some(State::Log(log))
+        }
+        // no key, or one another algorithm wrote: the check would start it afresh
+        _ => None,
+    };
+    Ok((now, state))
 }
 
 #[cfg(test)]

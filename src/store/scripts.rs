@@ -46,6 +46,9 @@ pub(crate) struct Scripts {
     sliding_window_counter: Lua,
     pace_defer: Lua,
     give_back: Lua,
+    peek: Lua,
+    forget: Lua,
+    resets: Lua,
 }
 
 /// One argument, written in Rust's shortest round-trip form for numbers, so the script's
@@ -87,6 +90,9 @@ impl Scripts {
             sliding_window_counter: Lua::new(include_str!("../../lua/sliding_window_counter.lua")),
             pace_defer: Lua::new(include_str!("../../lua/pace_defer.lua")),
             give_back: Lua::new(include_str!("../../lua/give_back.lua")),
+            peek: Lua::new(include_str!("../../lua/peek.lua")),
+            forget: Lua::new(include_str!("../../lua/forget.lua")),
+            resets: Lua::new(include_str!("../../lua/resets.lua")),
         }
     }
 
@@ -171,6 +177,23 @@ impl Scripts {
             call = call.arg(Arg::Num(now));
         }
         call
+    }
+}
+
+impl Scripts {
+    /// The call of `lua/peek.lua`, which reads `key` and changes nothing.
+    pub(crate) fn peek<'a>(&'a self, key: &'a str) -> Call<'a> {
+        Call::new(&self.peek, key)
+    }
+
+    /// The call of `lua/forget.lua`, which deletes `key`.
+    pub(crate) fn forget<'a>(&'a self, key: &'a str) -> Call<'a> {
+        Call::new(&self.forget, key)
+    }
+
+    /// The call of `lua/resets.lua` on the counter at `key`, counting one more with `bump`.
+    pub(crate) fn resets<'a>(&'a self, key: &'a str, bump: bool) -> Call<'a> {
+        Call::new(&self.resets, key).arg(if bump { Arg::Word("bump") } else { Arg::Empty })
     }
 }
 

@@ -201,6 +201,14 @@ impl Store for Fake {
     ) -> HoldFuture<'a> {
         Box::pin(async { Err(timeout()) })
     }
+
+    fn peek<'a>(&'a self, _key: &'a str, _alg: &'a Algorithm) -> StoreFuture<'a> {
+        Box::pin(async { Err(timeout()) })
+    }
+
+    fn forget<'a>(&'a self, _key: &'a str) -> GiveBackFuture<'a> {
+        Box::pin(async { Err(timeout()) })
+    }
 }
 
 fn guarded(

@@ -1,0 +1,246 @@
+//! The operator API's calls, over the config, the proxy and the store in force, and the watch
+//! that makes a reset made through any instance hold on this one.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::json;
+
+use super::Shared;
+use crate::admin::{self, ApiAnswer, ApiFuture, LimitCall};
+use crate::config::{Backend, Config};
+use crate::console::{Console, StoreView, View};
+use crate::identity;
+
+/// How often an instance reads the fleet's counts of resets and lifted holds.
+const WATCH_EVERY: Duration = Duration::from_millis(500);
+
+/// The `/api/` calls.
+pub(super) struct ConsoleApi {
+    shared: Arc<Shared>,
+    console: Console,
+}
+
+impl ConsoleApi {
+    pub(super) fn new(shared: Arc<Shared>, console: Console) -> ConsoleApi {
+        ConsoleApi { shared, console }
+    }
+}
+
+/// The counter that counts the console's resets of limits, and the one of lifted holds.
+fn counters(prefix: &str) -> [String; 2] {
+    [
+        format!("{prefix}:console:resets"),
+        format!("{prefix}:console:lifts"),
+    ]
+}
+
+/// A limit's client named by `call`, found in `config`: its algorithm and its store key.
+fn find<'c>(
+    config: &'c Config,
+    call: &LimitCall<'_>,
+) -> Result<(&'c crate::limit::Algorithm, String), ApiAnswer> {
+    let route = config
+        .routes
+        .iter()
+        .find(|r| r.name == call.route)
+        .ok_or_else(|| {
+            let message = format!("no route named {:?}", call.route);
+            ApiAnswer::error(StatusCode::NOT_FOUND, "unknown_route", message)
+        })?;
+    let limit = route
+        .limits
+        .iter()
+        .find(|l| l.name == call.limit)
+        .ok_or_else(|| {
+            let message = format!("route {:?} has no limit named {:?}", call.route, call.limit);
+            ApiAnswer::error(StatusCode::NOT_FOUND, "unknown_limit", message)
+        })?;
+    let alg = limit
+        .overrides
+        .iter()
+        .find(|(client, _)| client == call.key)
+        .map_or(&limit.algorithm, |(_, alg)| alg);
+    let mut key = String::new();
+    identity::push_key_head(&mut key, &config.store.key_prefix, &route.name, &limit.name);
+    let start = key.len();
+    key.push_str(call.key);
+    identity::shorten_client(&mut key, start);
+    Ok((alg, key))
+}
+
+fn store_failed(e: crate::store::StoreError) -> ApiAnswer {
+    ApiAnswer::error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        format!("the store did not answer: {e}"),
+    )
+}
+
+impl admin::Api for ConsoleApi {
+    fn stats(&self) -> serde_json::Value {
+        let (config, store) = {
+            let current = self
+                .shared
+                .current
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            (current.0.clone(), current.1.clone())
+        };
+        let proxy = self.shared.live.proxy.load();
+        let backend = match &config.store.backend {
+            Backend::Memory => "memory",
+            Backend::Redis { .. } => "redis",
+            Backend::Cluster { .. } => "cluster",
+            Backend::Sentinel(_) => "sentinel",
+        };
+        let reload = self
+            .shared
+            .reloaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        self.console.stats(&View {
+            config: &config,
+            proxy: &proxy,
+            store: StoreView {
+                backend,
+                breaker: store.breaker(),
+            },
+            reload,
+        })
+    }
+
+    fn limit<'a>(&'a self, call: LimitCall<'a>) -> ApiFuture<'a> {
+        Box::pin(async move {
+            let (config, store) = {
+                let current = self
+                    .shared
+                    .current
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                (current.0.clone(), current.1.clone())
+            };
+            let (alg, key) = match find(&config, &call) {
+                Ok(found) => found,
+                Err(answer) => return answer,
+            };
+            let deny_cached = store.cached_denial(&key, alg).is_some();
+            match store.peek(&key, alg).await {
+                Ok(d) => ApiAnswer::ok(json!({
+                    "route": call.route,
+                    "limit": call.limit,
+                    "key": call.key,
+                    "algorithm": alg.name(),
+                    "allowed_now": d.allowed,
+                    "remaining": d.remaining,
+                    "retry_after_ms": d.retry_after_ms,
+                    "full_in_ms": d.reset_ms,
+                    "deny_cached_here": deny_cached,
+                })),
+                Err(e) => store_failed(e),
+            }
+        })
+    }
+
+    fn reset<'a>(&'a self, call: LimitCall<'a>, peer: SocketAddr) -> ApiFuture<'a> {
+        Box::pin(async move {
+            let (config, store) = {
+                let current = self
+                    .shared
+                    .current
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                (current.0.clone(), current.1.clone())
+            };
+            let (_, key) = match find(&config, &call) {
+                Ok(found) => found,
+                Err(answer) => return answer,
+            };
+            let held = match store.forget(&key).await {
+                Ok(held) => held,
+                Err(e) => return store_failed(e),
+            };
+            let [resets, _] = counters(&config.store.key_prefix);
+            // the other instances forget their refusals when they see the count move
+            if let Err(e) = store.resets(&resets, true).await {
+                tracing::warn!(error = %e, "console: the other instances were not told of a reset");
+            }
+            tracing::info!(target: "tollgate::console", %peer, route = call.route,
+                limit = call.limit, key = call.key, held, "limit state reset");
+            ApiAnswer::ok(json!({
+                "reset": true,
+                "route": call.route,
+                "limit": call.limit,
+                "key": call.key,
+                "held_state": held,
+            }))
+        })
+    }
+
+    fn lift_hold<'a>(&'a self, upstream: &'a str, peer: SocketAddr) -> ApiFuture<'a> {
+        Box::pin(async move {
+            let proxy = self.shared.live.proxy.load();
+            let store = self.shared.store().1;
+            let Some(pacer) = proxy.upstream(upstream).and_then(|u| u.pacer.as_ref()) else {
+                let message = format!("no paced upstream named {upstream:?} is in use");
+                return ApiAnswer::error(StatusCode::NOT_FOUND, "unknown_upstream", message);
+            };
+            pacer.lift_hold();
+            // the shared schedule, which the hold pushed, starts again from now
+            let held = match store.forget(&pacer.key).await {
+                Ok(held) => held,
+                Err(e) => return store_failed(e),
+            };
+            let [_, lifts] = counters(&proxy.settings.key_prefix);
+            if let Err(e) = store.resets(&lifts, true).await {
+                tracing::warn!(error = %e, "console: the other instances were not told of a lifted hold");
+            }
+            tracing::info!(target: "tollgate::console", %peer, upstream, held, "upstream hold lifted");
+            ApiAnswer::ok(json!({"lifted": true, "upstream": upstream}))
+        })
+    }
+}
+
+/// Reads the fleet's counts of resets and lifted holds twice a second while the server runs:
+/// when one moves, this instance forgets the refusals and leases it keeps, or lifts the holds
+/// of its upstreams. The first reading counts as a move: forgetting what a new instance keeps
+/// costs nothing, and a reset made while it started is not missed.
+pub(super) async fn watch_resets(shared: Arc<Shared>) {
+    let mut seen: [Option<u64>; 2] = [None, None];
+    loop {
+        tokio::time::sleep(WATCH_EVERY).await;
+        if shared.draining.load(Ordering::Acquire) {
+            return;
+        }
+        let (prefix, store) = {
+            let current = shared.current.lock().unwrap_or_else(|e| e.into_inner());
+            (current.0.store.key_prefix.clone(), current.1.clone())
+        };
+        for (i, counter) in counters(&prefix).iter().enumerate() {
+            let Ok(count) = store.resets(counter, false).await else {
+                continue;
+            };
+            let moved = seen[i] != Some(count);
+            seen[i] = Some(count);
+            if !moved {
+                continue;
+            }
+            if i == 0 {
+                store.forget_local();
+                tracing::debug!("console: a reset was made; refusals remembered here forgotten");
+            } else {
+                let proxy = shared.live.proxy.load();
+                for (_, route) in proxy.routes.routes() {
+                    if let Some(pacer) = &route.upstream.pacer {
+                        pacer.lift_hold();
+                    }
+                }
+                tracing::debug!("console: a hold was lifted; this instance's holds lifted");
+            }
+        }
+    }
+}
