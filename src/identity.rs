@@ -16,7 +16,7 @@ use ipnet::IpNet;
 
 pub use key::{
     client_key, escape_key_value, key_head_len, override_key, push_ip, push_key_head,
-    shorten_client, KeyContext, MAX_CLIENT_KEY_LEN,
+    shorten_client, written_key, KeyContext, MAX_CLIENT_KEY_LEN,
 };
 
 /// One part of a limit's `key`.

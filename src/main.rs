@@ -1,7 +1,8 @@
 //! `tollgate`: command line, logging, configuration loading, and exit codes.
 //!
 //! Exit status: 0 normal end (also after a SIGTERM/SIGINT drain), 2 configuration error, 1 any
-//! other start-up failure, with a one-line message naming the cause.
+//! other start-up failure, with a one-line message naming the cause. `tollgate limits` has its
+//! own ([`LimitArgs`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +44,41 @@ struct Cli {
 enum Command {
     /// validate the configuration, print a summary, exit 0 (or 2 with every problem)
     Check,
+    /// read or reset one client's limit through a running tollgate's admin listener
+    Limits {
+        #[command(subcommand)]
+        action: LimitsAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum LimitsAction {
+    /// print the client's state as JSON: what its next request would get
+    Show(LimitArgs),
+    /// forget the client's state on every instance sharing the store
+    Reset(LimitArgs),
+}
+
+/// Which client of which limit, and where to ask. Exit status: 0 done, 1 the admin listener
+/// could not be asked, 2 a malformed request, 3 no such route or limit, 4 the token is missing
+/// or wrong, 5 the store did not answer.
+#[derive(clap::Args)]
+struct LimitArgs {
+    /// the admin listener
+    #[arg(long, env = "TOLLGATE_ADMIN", default_value = "http://127.0.0.1:9901")]
+    admin: String,
+    /// the route's name
+    #[arg(long)]
+    route: String,
+    /// the limit's name
+    #[arg(long)]
+    limit: String,
+    /// the client, as `overrides` name one: 192.0.2.7, "a b", 192.0.2.7|gold
+    #[arg(long)]
+    key: String,
+    /// the admin token
+    #[arg(long, env = "TOLLGATE_ADMIN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, ValueEnum)]
@@ -53,6 +89,9 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Limits { action }) = cli.command {
+        return limits(action);
+    }
     init_logging(cli.log_format);
     let checking = matches!(cli.command, Some(Command::Check));
     // the proxy's own lines stay JSON with `--log-format json`, its last words too; `check`
@@ -84,6 +123,49 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             say.error(&format!("tollgate: {}", tollgate::error_line(err.as_ref())));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `tollgate limits show|reset`: asks the admin listener, prints its JSON answer.
+fn limits(action: LimitsAction) -> ExitCode {
+    use tollgate::console::client::{ask, encoded, exit_status, Ask};
+    let (method, args) = match action {
+        LimitsAction::Show(args) => (http::Method::GET, args),
+        LimitsAction::Reset(args) => (http::Method::DELETE, args),
+    };
+    let path = format!(
+        "/api/limits/{}/{}?key={}",
+        encoded(&args.route),
+        encoded(&args.limit),
+        encoded(&args.key)
+    );
+    let asked = Ask {
+        admin: &args.admin,
+        method,
+        path,
+        token: args.token.as_deref(),
+    };
+    let answer = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|runtime| runtime.block_on(ask(asked)));
+    match answer {
+        Ok((status, body)) => {
+            let pretty = serde_json::from_str::<serde_json::Value>(&body)
+                .and_then(|v| serde_json::to_string_pretty(&v))
+                .unwrap_or(body);
+            if status.is_success() {
+                println!("{pretty}");
+            } else {
+                eprintln!("tollgate: {status}: {pretty}");
+            }
+            ExitCode::from(exit_status(status))
+        }
+        Err(why) => {
+            eprintln!("tollgate: {why}");
             ExitCode::from(1)
         }
     }

@@ -234,3 +234,78 @@ async fn lifting_a_hold_lets_requests_go_again_everywhere() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// `tollgate limits show|reset`, as a script runs it: JSON on stdout, and an exit status for
+/// each outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_reads_and_resets_a_limit() {
+    let upstream = Upstream::start().await;
+    let limit = "limits: [{name: per-client, algorithm: fixed_window, key: header:x-client, \
+                 limit: 1, window: 1h}]";
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("admin: {listen: 127.0.0.1:0, token: s3cret}")
+        .route("api", "/", limit)
+        .build();
+    let proxy = Proxy::start(&yaml).await;
+    let client = [("x-client", "a b")];
+    assert_eq!(get(&proxy.url("/"), &client).await.status, 200);
+    assert_eq!(get(&proxy.url("/"), &client).await.status, 429);
+    let admin = admin_url(&proxy, "");
+    let run = |args: &'static [&'static str], token: Option<&'static str>| {
+        let admin = admin.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"));
+            cmd.arg("limits").args(args).args(["--admin", &admin]);
+            cmd.env_remove("TOLLGATE_ADMIN_TOKEN");
+            if let Some(token) = token {
+                cmd.env("TOLLGATE_ADMIN_TOKEN", token);
+            }
+            let out = cmd.output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            (out.status.code(), stdout)
+        })
+    };
+    const SHOW: &[&str] = &[
+        "show",
+        "--route",
+        "api",
+        "--limit",
+        "per-client",
+        "--key",
+        "a b",
+    ];
+    const RESET: &[&str] = &[
+        "reset",
+        "--route",
+        "api",
+        "--limit",
+        "per-client",
+        "--key",
+        "a b",
+    ];
+    const NOWHERE: &[&str] = &[
+        "show",
+        "--route",
+        "nope",
+        "--limit",
+        "per-client",
+        "--key",
+        "x",
+    ];
+    let (code, out) = run(SHOW, Some("s3cret")).await.unwrap();
+    assert_eq!(code, Some(0), "{out}");
+    let json: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&json["key"], &json["allowed_now"]),
+        (&"a b".into(), &false.into())
+    );
+    assert_eq!(run(SHOW, None).await.unwrap().0, Some(4), "no token");
+    assert_eq!(run(RESET, Some("wrong")).await.unwrap().0, Some(4));
+    assert_eq!(run(NOWHERE, Some("s3cret")).await.unwrap().0, Some(3));
+    let (code, out) = run(RESET, Some("s3cret")).await.unwrap();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(get(&proxy.url("/"), &client).await.status, 200, "reset");
+    proxy.shutdown().await;
+    let (code, _) = run(SHOW, Some("s3cret")).await.unwrap();
+    assert_eq!(code, Some(1), "nothing listens any more");
+}

@@ -478,3 +478,47 @@ fn stray_arguments_get_the_usage_line() {
     }
     assert_eq!(redis.cli(&["exists", "stray"]), "0", "nothing written");
 }
+
+/// The console's scripts by hand: `peek.lua` reads a bucket without changing it, `forget.lua`
+/// deletes it, `resets.lua` counts.
+#[test]
+fn console_scripts_by_hand() {
+    let redis = Redis::start();
+    eval(
+        &redis,
+        "token_bucket.lua",
+        "tollgate:demo:alice",
+        &["10", "20"],
+    );
+    let stored = redis.cli(&["GET", "tollgate:demo:alice"]);
+    let peeked = eval(&redis, "peek.lua", "tollgate:demo:alice", &[]);
+    assert_eq!(peeked[1], "string", "{peeked:?}");
+    assert_eq!(peeked[2], stored.trim(), "{peeked:?}");
+    assert!(
+        peeked[0].parse::<f64>().unwrap() > 1.7e12,
+        "the server's clock: {peeked:?}"
+    );
+    assert_eq!(
+        redis.cli(&["GET", "tollgate:demo:alice"]),
+        stored,
+        "unchanged"
+    );
+    assert_eq!(
+        eval(&redis, "forget.lua", "tollgate:demo:alice", &[]),
+        ["1"]
+    );
+    assert_eq!(
+        eval(&redis, "forget.lua", "tollgate:demo:alice", &[]),
+        ["0"]
+    );
+    assert_eq!(
+        eval(&redis, "peek.lua", "tollgate:demo:alice", &[])[1],
+        "none"
+    );
+    let counter = "tollgate:console:resets";
+    assert_eq!(eval(&redis, "resets.lua", counter, &[""]), ["0"]);
+    assert_eq!(eval(&redis, "resets.lua", counter, &["bump"]), ["1"]);
+    assert_eq!(eval(&redis, "resets.lua", counter, &["bump"]), ["2"]);
+    let ttl: i64 = redis.cli(&["PTTL", counter]).trim().parse().unwrap();
+    assert!(ttl > 0, "it expires: {ttl}");
+}

@@ -59,15 +59,17 @@ fn find<'c>(
             let message = format!("route {:?} has no limit named {:?}", call.route, call.limit);
             ApiAnswer::error(StatusCode::NOT_FOUND, "unknown_limit", message)
         })?;
+    let client = identity::override_key(&limit.key, call.key)
+        .map_err(|why| ApiAnswer::error(StatusCode::BAD_REQUEST, "bad_key", why))?;
     let alg = limit
         .overrides
         .iter()
-        .find(|(client, _)| client == call.key)
+        .find(|(written, _)| *written == client)
         .map_or(&limit.algorithm, |(_, alg)| alg);
     let mut key = String::new();
     identity::push_key_head(&mut key, &config.store.key_prefix, &route.name, &limit.name);
     let start = key.len();
-    key.push_str(call.key);
+    key.push_str(&client);
     identity::shorten_client(&mut key, start);
     Ok((alg, key))
 }

@@ -7,6 +7,7 @@
 //! This module reads the config, the proxy and the metrics in force; it decides nothing and
 //! changes no limiter state.
 
+pub mod client;
 pub mod sample;
 pub mod topk;
 
@@ -214,7 +215,10 @@ fn limits(config: &Config, change: &Change<'_>, refusals: &Refusals) -> Vec<Valu
             let top: Vec<Value> = refusals
                 .top(&route.name, &limit.name, SHOWN_CLIENTS)
                 .into_iter()
-                .map(|e| json!({"client": e.client, "refused": e.count, "error": e.error}))
+                .map(|e| {
+                    let client = crate::identity::written_key(&e.client);
+                    json!({"client": client, "refused": e.count, "error": e.error})
+                })
                 .collect();
             out.push(json!({
                 "route": route.name,

@@ -118,6 +118,32 @@ pub fn override_key(parts: &[KeyPart], written: &str) -> Result<String, String> 
     Ok(out)
 }
 
+/// A client key as a person writes it, the way `overrides` name clients: `%XX` escapes
+/// decoded. The inverse of [`override_key`] for keys of one part.
+pub fn written_key(client: &str) -> String {
+    let bytes = client.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .filter(|_| bytes[i] == b'%')
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match hex {
+            Some(byte) => {
+                out.push(byte);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Appends `value` escaped as [`client_key`] escapes each value.
 pub fn escape_key_value(value: &[u8], out: &mut String) {
     match std::str::from_utf8(value) {
@@ -267,6 +293,21 @@ fn host_name(host: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
+    /// A client written as `overrides` write it comes back from its key as written.
+    #[test]
+    fn written_keys_read_back() {
+        let header = [KeyPart::Header(HeaderName::from_static("x-client"))];
+        for written in ["a b", "caf\u{e9}", "100%", "plain", "x|y"] {
+            let key = override_key(&header, written).unwrap();
+            assert_eq!(written_key(&key), written, "{key}");
+        }
+        assert_eq!(
+            written_key("%ip=192.0.2.7"),
+            "%ip=192.0.2.7",
+            "not an escape"
+        );
+    }
+
     use super::*;
     use http::HeaderName;
     use proptest::prelude::*;
