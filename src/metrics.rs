@@ -15,7 +15,7 @@
 //! | --- | --- |
 //! | `tollgate_requests_total` | `route`, `status` |
 //! | `tollgate_request_duration_seconds` (histogram) | `route` |
-//! | `tollgate_limit_decisions_total` | `route`, `limit`, `decision` (allowed, denied, shadow_denied) |
+//! | `tollgate_limit_decisions_total` | `route`, `limit`, `decision` (allowed, denied, shadow_denied, delayed) |
 //! | `tollgate_pacing_delay_seconds` (histogram) | `upstream` |
 //! | `tollgate_store_errors_total` | `kind` |
 //! | `tollgate_store_duration_seconds` (histogram) | |
@@ -84,15 +84,18 @@ pub enum Decision {
     Denied,
     /// the request was over a limit in shadow mode: counted, but let through
     ShadowDenied,
+    /// the request was admitted after a wait for its slot (`leaky_bucket`)
+    Delayed,
 }
 
 impl Decision {
-    /// The label value: `allowed`, `denied` or `shadow_denied`.
+    /// The label value: `allowed`, `denied`, `shadow_denied` or `delayed`.
     pub fn as_str(self) -> &'static str {
         match self {
             Decision::Allowed => "allowed",
             Decision::Denied => "denied",
             Decision::ShadowDenied => "shadow_denied",
+            Decision::Delayed => "delayed",
         }
     }
 }
@@ -183,7 +186,7 @@ pub struct DecisionSeries {
     route: Arc<str>,
     limit: Arc<str>,
     /// by [`Decision`], in its order
-    counters: [OnceLock<sharded::Counter>; 3],
+    counters: [OnceLock<sharded::Counter>; 4],
 }
 
 impl DecisionSeries {

@@ -309,7 +309,7 @@ fn access_log_has_the_client_of_a_404_and_the_wait_of_a_leaky_bucket() {
     assert!((400.0..=1100.0).contains(&waited), "{:?}", fields[2]);
     // the limit that made it wait
     assert_eq!(fields[2]["limit"], "l", "{:?}", fields[2]);
-    assert_eq!(fields[2]["decision"], "allowed", "{:?}", fields[2]);
+    assert_eq!(fields[2]["decision"], "delayed", "{:?}", fields[2]);
 }
 
 /// A loopback port free a moment ago.

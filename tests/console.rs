@@ -309,3 +309,43 @@ async fn the_command_line_reads_and_resets_a_limit() {
     let (code, _) = run(SHOW, Some("s3cret")).await.unwrap();
     assert_eq!(code, Some(1), "nothing listens any more");
 }
+
+/// Waits show too: a `leaky_bucket` limit's delayed requests, an upstream's pacing delay, and
+/// how far ahead its schedule runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_show_in_the_stats() {
+    let upstream = Upstream::start().await;
+    let limit = "limits: [{name: steady, algorithm: leaky_bucket, key: ip, rate: 20/s, \
+                 max_delay: 5s}]";
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("admin: {listen: 127.0.0.1:0, token: t}")
+        .upstream("pace: {rate: 5/s, max_delay: 5s}")
+        .route("api", "/", limit)
+        .build();
+    let proxy = Proxy::start(&yaml).await;
+    stats(&proxy, "t").await;
+    let burst: Vec<_> = (0..6)
+        .map(|_| {
+            let url = proxy.url("/");
+            tokio::spawn(async move { get(&url, &[]).await.status })
+        })
+        .collect();
+    // while they wait, the schedule runs ahead
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = stats(&proxy, "t").await;
+    let ahead = s["upstreams"][0]["schedule_ahead_ms"].as_u64().unwrap();
+    assert!(ahead > 100, "{s:#}");
+    for status in futures_util::future::join_all(burst).await {
+        assert_eq!(status.unwrap(), 200);
+    }
+    eventually(Duration::from_secs(5), || async {
+        let s = stats(&proxy, "t").await;
+        s["limits"][0]["per_second"]["delayed"].as_f64().unwrap() > 0.0
+            && s["upstreams"][0]["pacing_delay_ms"]["p99"]
+                .as_f64()
+                .unwrap_or(0.0)
+                > 0.0
+    })
+    .await;
+    proxy.shutdown().await;
+}

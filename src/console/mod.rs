@@ -229,6 +229,7 @@ fn limits(config: &Config, change: &Change<'_>, refusals: &Refusals) -> Vec<Valu
                     "allowed": per_sec("allowed"),
                     "denied": per_sec("denied"),
                     "shadow_denied": per_sec("shadow_denied"),
+                    "delayed": per_sec("delayed"),
                 },
                 "top_refused": top,
             }));
@@ -263,6 +264,7 @@ fn upstreams(view: &View<'_>, change: &Change<'_>) -> Vec<Value> {
                 "pacing_delay_ms": {"p50": delay(0.5), "p99": delay(0.99)},
                 "waiting": pacer.and_then(|p| p.waiting_now()),
                 "hold_ms": pacer.and_then(|p| p.hold_remaining()).map(|d| d.as_millis() as u64),
+                "schedule_ahead_ms": pacer.map(|p| p.schedule_ahead().map_or(0, |d| d.as_millis() as u64)),
             })
         })
         .collect()

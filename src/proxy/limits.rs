@@ -278,10 +278,12 @@ fn tighter(a: &Shown<'_>, b: &Shown<'_>) -> bool {
 }
 
 /// Counts a limit's decision in the metrics and in the request's outcome. The outcome keeps the
-/// strongest verdict, an enforced denial over a shadow one over an admission, and the limit
-/// that gave it.
+/// strongest verdict, an enforced denial over a shadow one over a wait over an admission, and
+/// the limit that gave it.
 fn count<'r>(proxy: &Proxy, limit: &'r Limit, decision: &Decision, outcome: &mut Outcome<'r>) {
     let counted = match (decision.allowed, limit.shadow) {
+        // (a shadow limit's wait is not slept)
+        (true, false) if decision.delay_us > 0 => Counted::Delayed,
         (true, _) => Counted::Allowed,
         (false, true) => Counted::ShadowDenied,
         (false, false) => Counted::Denied,
@@ -289,8 +291,9 @@ fn count<'r>(proxy: &Proxy, limit: &'r Limit, decision: &Decision, outcome: &mut
     proxy.metrics.limit_decided(&limit.series, counted);
     let strength = |d: Counted| match d {
         Counted::Allowed => 0,
-        Counted::ShadowDenied => 1,
-        Counted::Denied => 2,
+        Counted::Delayed => 1,
+        Counted::ShadowDenied => 2,
+        Counted::Denied => 3,
     };
     if outcome
         .decision

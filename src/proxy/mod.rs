@@ -354,7 +354,8 @@ struct Outcome<'a> {
     series: Option<&'a RouteSeries>,
     upstream: Option<&'a Arc<str>>,
     client: Option<std::net::IpAddr>,
-    /// the limit phase's verdict: allowed, denied, shadow_denied, or none (no limits ran)
+    /// the limit phase's verdict: allowed, delayed, denied, shadow_denied, or none (no limits
+    /// ran)
     decision: Option<crate::metrics::Decision>,
     /// the limit that refused the request, would have (shadow), or made it wait
     limit: Option<&'a Arc<str>>,

@@ -42,6 +42,9 @@ pub struct Pacer {
     max_waiting: usize,
     /// until when the upstream asked this instance to back off
     held: Held,
+    /// the latest slot this instance was given: how far ahead the shared schedule runs, as far
+    /// as this instance saw (for the console)
+    last_slot: Held,
     /// slots left by clients that hung up, for the next requests
     holes: Arc<Holes>,
 }
@@ -74,6 +77,7 @@ impl Pacer {
             waiting: max_waiting.map(|n| Arc::new(Semaphore::new(n))),
             max_waiting: max_waiting.unwrap_or(0),
             held: Held::new(),
+            last_slot: Held::new(),
             holes: Arc::new(Holes::default()),
         }
     }
@@ -118,6 +122,7 @@ impl Pacer {
             if delay.is_zero() {
                 break;
             }
+            self.last_slot.hold(delay);
             // (the slot is given back if the client goes away before it)
             let booked = Booked {
                 pacer: self,
@@ -351,9 +356,15 @@ impl Pacer {
         self.held.remaining()
     }
 
+    /// How far ahead of now the latest slot this instance was given lies, if it is ahead.
+    pub fn schedule_ahead(&self) -> Option<Duration> {
+        self.last_slot.remaining()
+    }
+
     /// Ends the back-off the upstream asked this instance for: an operator lifted it.
     pub fn lift_hold(&self) {
         self.held.until_ms.store(0, Ordering::Relaxed);
+        self.last_slot.until_ms.store(0, Ordering::Relaxed);
     }
 
     /// Requests sleeping for a slot here now, when `max_waiting` counts them.
