@@ -40,26 +40,31 @@ pub fn usable(id: &HeaderValue) -> bool {
 
 /// A new id: a random UUID, version 4 (RFC 9562 §5.4), in its 36-character text form.
 pub fn make() -> HeaderValue {
-    let mut bits = (u128::from(next_random()) << 64) | u128::from(next_random());
-    // the version, 4, in the high nibble of octet 6; the variant, binary 10, in the two high
-    // bits of octet 8
-    bits = (bits & !(0xf << 76)) | (0x4 << 76);
-    bits = (bits & !(0x3 << 62)) | (0x2 << 62);
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut text = [0u8; 36];
-    let mut nibble = 32;
-    for (i, c) in text.iter_mut().enumerate() {
-        if matches!(i, 8 | 13 | 18 | 23) {
-            *c = b'-';
-        } else {
-            nibble -= 1;
-            *c = HEX[((bits >> (nibble * 4)) & 0xf) as usize];
-        }
-    }
+    // octets 0 to 7, then 8 to 15; the version, 4, in the high nibble of octet 6, and the
+    // variant, binary 10, in the two high bits of octet 8
+    let high = (next_random() & !0xf000) | 0x4000;
+    let low = (next_random() & !(0b11 << 62)) | (0b10 << 62);
+    let mut text = [b'-'; 36];
+    hex(high, &mut text[..8], 32);
+    hex(high, &mut text[9..13], 16);
+    hex(high, &mut text[14..18], 0);
+    hex(low, &mut text[19..23], 48);
+    hex(low, &mut text[24..36], 0);
     // One allocation, which holds the text: the request, the response and the log line share
     // it by reference count.
-    HeaderValue::from_maybe_shared(Bytes::from_owner(text))
+    HeaderValue::from_maybe_shared(Bytes::copy_from_slice(&text))
         .expect("hex digits and hyphens are a valid header value")
+}
+
+/// Writes the bits of `bits` from bit `from` upwards as lower-case hex digits into `out`, the
+/// last digit the lowest.
+fn hex(bits: u64, out: &mut [u8], from: u32) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut bits = bits >> from;
+    for digit in out.iter_mut().rev() {
+        *digit = DIGITS[(bits & 0xf) as usize];
+        bits >>= 4;
+    }
 }
 
 thread_local! {
