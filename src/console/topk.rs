@@ -83,6 +83,15 @@ impl TopK {
         top
     }
 
+    /// The heap memory the summary holds, in bytes: its entries, their names, and the index.
+    #[cfg(test)]
+    fn heap_bytes(&self) -> usize {
+        let names: usize = self.entries.iter().map(|e| 2 * e.client.capacity()).sum();
+        let entries = self.entries.capacity() * std::mem::size_of::<Entry>();
+        let index = self.index.capacity() * (std::mem::size_of::<(String, usize)>() + 1);
+        names + entries + index
+    }
+
     /// How many clients are kept.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -121,6 +130,22 @@ mod tests {
             assert!(entry.count >= truth, "{entry:?}");
             assert!(entry.count - entry.error <= truth, "{entry:?}");
         }
+    }
+
+    /// A million distinct refused clients leave the summary as small as a few dozen do.
+    #[test]
+    fn memory_does_not_grow_with_the_clients() {
+        let mut top = TopK::new(64);
+        for i in 0..64u32 {
+            top.add(&format!("2001:db8::{i:x}"));
+        }
+        let few = top.heap_bytes();
+        for i in 0..1_000_000u32 {
+            top.add(&format!("2001:db8::{i:x}"));
+        }
+        assert_eq!(top.len(), 64);
+        // (longer names than the first few: a little more, never more per client)
+        assert!(few < 16 * 1024 && top.heap_bytes() < 16 * 1024, "{few}, {}", top.heap_bytes());
     }
 
     /// Until it is full, every client is counted exactly.
