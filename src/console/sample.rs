@@ -15,6 +15,17 @@ use crate::metrics::Metrics;
 /// How far back the samples reach.
 pub const WINDOW: Duration = Duration::from_secs(60);
 
+/// The families the console reads; the others (request durations above all, a histogram per
+/// route) are skipped before their lines are parsed.
+const READ: [&str; 6] = [
+    "tollgate_requests_total",
+    "tollgate_limit_decisions_total",
+    "tollgate_upstream_responses_total",
+    "tollgate_pacing_delay_seconds_bucket",
+    "tollgate_store_errors_total",
+    "tollgate_store_duration_seconds_bucket",
+];
+
 /// How often a sample is taken.
 const EVERY: Duration = Duration::from_secs(1);
 
@@ -50,12 +61,17 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// Reads the Prometheus text format: `name{label="value",…} number` lines; comments and
-    /// lines that do not parse are skipped.
-    pub fn parse(text: &str, at: Instant) -> Sample {
+    /// Reads the samples of the families named `read` from the text format:
+    /// `name{label="value",…} number` lines; comments and lines that do not parse are skipped.
+    pub fn parse(text: &str, read: &[&str], at: Instant) -> Sample {
         let values = text
             .lines()
-            .filter(|l| !l.starts_with('#'))
+            .filter(|l| {
+                read.iter().any(|name| {
+                    l.strip_prefix(name)
+                        .is_some_and(|rest| rest.starts_with(['{', ' ']))
+                })
+            })
             .filter_map(parse_line)
             .collect();
         Sample { at, values }
@@ -140,7 +156,8 @@ impl Sampler {
     }
 
     fn take(&self) {
-        let sample = Arc::new(Sample::parse(&self.metrics.encode_text(), Instant::now()));
+        // (OpenMetrics as the registry writes it: its samples read as the text format's)
+        let sample = Arc::new(Sample::parse(&self.metrics.encode(), &READ, Instant::now()));
         let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
         samples.push_back(sample);
         while samples
@@ -256,14 +273,21 @@ impl Change<'_> {
 mod tests {
     use super::*;
 
-    /// The text format is read back: names, labels with escapes, values.
+    /// The text format is read back: names, labels with escapes, values; families not asked
+    /// for are skipped.
     #[test]
     fn reads_the_text_format() {
         let text = "# HELP x y\n\
                     tollgate_requests_total{route=\"api\",status=\"200\"} 12\n\
                     odd{l=\"a\\\"b\"} 1.5\n\
-                    plain 3\n";
-        let sample = Sample::parse(text, Instant::now());
+                    plain 3\n\
+                    skipped_total 4\n\
+                    tollgate_requests_total_extra 5\n";
+        let sample = Sample::parse(
+            text,
+            &["tollgate_requests_total", "odd", "plain"],
+            Instant::now(),
+        );
         let series = Series {
             name: "tollgate_requests_total".into(),
             labels: vec![
@@ -283,10 +307,12 @@ mod tests {
         let t0 = Instant::now();
         let before = Sample::parse(
             "h_bucket{u=\"a\",le=\"0.1\"} 10\nh_bucket{u=\"a\",le=\"1\"} 10\nh_bucket{u=\"a\",le=\"+Inf\"} 10\n",
+            &["h_bucket"],
             t0,
         );
         let after = Sample::parse(
             "h_bucket{u=\"a\",le=\"0.1\"} 60\nh_bucket{u=\"a\",le=\"1\"} 110\nh_bucket{u=\"a\",le=\"+Inf\"} 110\n",
+            &["h_bucket"],
             t0 + Duration::from_secs(10),
         );
         let change = Change {

@@ -145,7 +145,11 @@ mod tests {
         }
         assert_eq!(top.len(), 64);
         // (longer names than the first few: a little more, never more per client)
-        assert!(few < 16 * 1024 && top.heap_bytes() < 16 * 1024, "{few}, {}", top.heap_bytes());
+        assert!(
+            few < 16 * 1024 && top.heap_bytes() < 16 * 1024,
+            "{few}, {}",
+            top.heap_bytes()
+        );
     }
 
     /// Until it is full, every client is counted exactly.
