@@ -207,32 +207,46 @@ impl admin::Api for ConsoleApi {
     }
 }
 
-/// Reads the fleet's counts of resets and lifted holds twice a second while the server runs:
-/// when one moves, this instance forgets the refusals and leases it keeps, or lifts the holds
-/// of its upstreams. The first reading counts as a move: forgetting what a new instance keeps
-/// costs nothing, and a reset made while it started is not missed.
-pub(super) async fn watch_resets(shared: Arc<Shared>) {
-    let mut seen: [Option<u64>; 2] = [None, None];
+/// Where the fleet's counts of resets and lifted holds stand, as far as the store answers.
+pub(super) async fn read_counts(shared: &Shared) -> [Option<u64>; 2] {
+    let (prefix, store) = {
+        let current = shared.current.lock().unwrap_or_else(|e| e.into_inner());
+        (current.0.store.key_prefix.clone(), current.1.clone())
+    };
+    let mut counts = [None, None];
+    for (count, counter) in counts.iter_mut().zip(counters(&prefix)) {
+        *count = store.resets(&counter, false).await.ok();
+    }
+    counts
+}
+
+/// Reads the fleet's counts of resets and lifted holds twice a second while the server runs,
+/// from `seen`, where they stood when it started serving: when one moves, this instance forgets
+/// the refusals and leases it keeps, or lifts the holds of its upstreams. A count not read yet
+/// (the store was out) is taken as it is when first read.
+pub(super) async fn watch_resets(shared: Arc<Shared>, mut seen: [Option<u64>; 2]) {
     loop {
         tokio::time::sleep(WATCH_EVERY).await;
         if shared.draining.load(Ordering::Acquire) {
             return;
         }
-        let (prefix, store) = {
-            let current = shared.current.lock().unwrap_or_else(|e| e.into_inner());
-            (current.0.store.key_prefix.clone(), current.1.clone())
-        };
-        for (i, counter) in counters(&prefix).iter().enumerate() {
-            let Ok(count) = store.resets(counter, false).await else {
+        let counts = read_counts(&shared).await;
+        for (i, count) in counts.into_iter().enumerate() {
+            let Some(count) = count else {
                 continue;
             };
-            let moved = seen[i] != Some(count);
+            let moved = seen[i].is_some_and(|before| before != count);
             seen[i] = Some(count);
             if !moved {
                 continue;
             }
             if i == 0 {
-                store.forget_local();
+                shared
+                    .current
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .1
+                    .forget_local();
                 tracing::debug!("console: a reset was made; refusals remembered here forgotten");
             } else {
                 let proxy = shared.live.proxy.load();

@@ -168,6 +168,10 @@ impl Server {
         let graceful = Arc::new(GracefulShutdown::new());
         let config = self.shared.config();
         let http = Arc::new(http_builder(&config));
+        // where the fleet's resets stand before the first request: one made from now on is
+        // one this instance must hear of
+        let counts = console::read_counts(&self.shared).await;
+        let resets = tokio::spawn(console::watch_resets(self.shared.clone(), counts));
         let workers = self.workers;
         tracing::info!(workers = workers.count(), "worker threads");
         let mut accepting = Vec::new();
@@ -186,7 +190,6 @@ impl Server {
             );
             accepting.push(tokio::spawn(loop_));
         }
-        let resets = tokio::spawn(console::watch_resets(self.shared.clone()));
         let (admin_stop, admin_stopped) = watch::channel(false);
         let admin = self.admin.map(|listener| {
             if let Ok(addr) = listener.local_addr() {
