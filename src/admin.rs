@@ -1,8 +1,9 @@
-//! The admin HTTP server: `/metrics`, `/healthz`, `/readyz` and `/config`, on a
-//! listener of its own, apart from the proxied traffic.
+//! The admin HTTP server: `/metrics`, `/healthz`, `/readyz`, `/config`, the operator API and
+//! its dashboard, on a listener of its own, apart from the proxied traffic.
 //!
 //! | route | answer |
 //! | --- | --- |
+//! | `GET /` | 200, the dashboard ([`AdminState::page`]): a static page that calls `/api/` |
 //! | `GET /metrics` | 200, the registry in the Prometheus text format ([`metrics::TEXT_CONTENT_TYPE`]), or OpenMetrics ([`metrics::CONTENT_TYPE`]) when the client's `Accept` asks for it |
 //! | `GET /healthz` | 200 `ok`: the process is alive and serving |
 //! | `GET /readyz` | 200 `ready`, or 503 `not ready: <why>` while [`AdminState::ready`] says no |
@@ -53,6 +54,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 const TEXT: &str = "text/plain; charset=utf-8";
 const JSON: &str = "application/json";
+const HTML: &str = "text/html; charset=utf-8";
 
 /// What the admin endpoints report, supplied by the application.
 #[derive(Clone)]
@@ -71,6 +73,15 @@ pub struct AdminState {
     pub token: Arc<dyn Fn() -> Option<Arc<str>> + Send + Sync>,
     /// what `/api/` answers
     pub api: Arc<dyn Api>,
+    /// the dashboard `GET /` serves; it holds no data, so it needs no token
+    pub page: Page,
+}
+
+/// A static HTML page and the `Content-Security-Policy` it runs under.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub html: &'static str,
+    pub content_security_policy: HeaderValue,
 }
 
 /// The operator API behind `/api/`, supplied by the application.
@@ -253,7 +264,7 @@ fn readable(method: &Method) -> bool {
 /// takes one.
 fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
     let path = req.uri().path();
-    if !matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config") {
+    if !matches!(path, "/" | "/metrics" | "/healthz" | "/readyz" | "/config") {
         return text(StatusCode::NOT_FOUND, "not found");
     }
     // 405 only for a path that exists (RFC 9110 §15.5.6), with the methods it does allow
@@ -287,6 +298,7 @@ fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
         }
         "/healthz" => text(StatusCode::OK, "ok"),
         "/config" => config(state),
+        "/" => page(&state.page),
         _ => unreachable!("/readyz is answered by `answer`"),
     }
 }
@@ -464,6 +476,31 @@ fn config(state: &AdminState) -> Response<Full<Bytes>> {
     }
 }
 
+/// The dashboard, with headers that keep it from being framed, sniffed or kept stale after an
+/// upgrade.
+fn page(page: &Page) -> Response<Full<Bytes>> {
+    let body = Bytes::from_static(page.html.as_bytes());
+    let mut response = with_type(StatusCode::OK, HTML, body);
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_SECURITY_POLICY,
+        page.content_security_policy.clone(),
+    );
+    headers.insert(
+        http::header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        http::header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    response
+}
+
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     with_type(status, TEXT, Bytes::from_static(body.as_bytes()))
 }
@@ -550,6 +587,13 @@ mod tests {
         }
     }
 
+    fn test_page() -> Page {
+        Page {
+            html: "<!doctype html><title>console</title>",
+            content_security_policy: HeaderValue::from_static("default-src 'none'"),
+        }
+    }
+
     async fn start() -> Running {
         start_with_token(None).await
     }
@@ -577,6 +621,7 @@ mod tests {
             }),
             token: Arc::new(move || token.map(Arc::from)),
             api: Arc::new(Figures),
+            page: test_page(),
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(serve(listener, state, async move {
@@ -720,7 +765,7 @@ mod tests {
         assert_eq!(status, StatusCode::NOT_FOUND);
         let (status, _, _) = call(s.addr, Method::POST, "/nope").await;
         assert_eq!(status, StatusCode::NOT_FOUND);
-        for path in ["/metrics", "/healthz", "/readyz", "/config"] {
+        for path in ["/", "/metrics", "/healthz", "/readyz", "/config"] {
             let (status, _, body) = call(s.addr, Method::POST, path).await;
             assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{path}");
             assert_eq!(body, "method not allowed");
@@ -813,6 +858,34 @@ mod tests {
         );
     }
 
+    /// `/` serves the dashboard as HTML under its own policy, to anyone: it holds no data, and
+    /// its calls to `/api/` carry the token.
+    #[tokio::test]
+    async fn the_dashboard_needs_no_token_and_carries_its_policy() {
+        let s = start_with_token(Some("t")).await;
+        let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+        let resp = client
+            .request(
+                Request::get(format!("http://{}/", s.addr))
+                    .body(Empty::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let headers = resp.headers();
+        assert_eq!(headers[CONTENT_TYPE], "text/html; charset=utf-8");
+        assert_eq!(
+            headers[http::header::CONTENT_SECURITY_POLICY],
+            "default-src 'none'"
+        );
+        assert_eq!(headers[http::header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, test_page().html.as_bytes());
+        let (status, _, _) = call(s.addr, Method::GET, "/index.html").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+    }
+
     /// Tokens are equal only when every byte is.
     #[test]
     fn tokens_compare_whole() {
@@ -831,6 +904,7 @@ mod tests {
             ready: Arc::new(|| Box::pin(async { Ok(()) })),
             token: Arc::new(|| None),
             api: Arc::new(Figures),
+            page: test_page(),
         };
         let req = Request::delete("/config").body(()).unwrap();
         let resp = respond(&s, &req);

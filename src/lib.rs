@@ -12,9 +12,10 @@
 //!   of the connections tollgate makes.
 //! * [`turns`]: the scheduling tricks that exist for throughput, and their one off switch.
 //! * [`metrics`]: one Prometheus registry, a cloneable handle passed down.
-//! * [`admin`]: the admin listener: `/metrics`, `/healthz`, `/readyz`, `/config`.
+//! * [`admin`]: the admin listener: `/metrics`, `/healthz`, `/readyz`, `/config`, the operator
+//!   API and its dashboard.
 //! * [`console`]: the operator console's figures: rates over the last minute, top refused
-//!   clients.
+//!   clients; and the dashboard's page.
 //! * [`logging`]: the text form of log lines, the access log's above all.
 //! * `server`: serving connections: accept, TLS, HTTP/1 and HTTP/2, framing checks, deadlines,
 //!   the worker threads.

@@ -284,6 +284,13 @@ fn admin_state(shared: &Arc<Shared>) -> AdminState {
             shared.clone(),
             Console::new(sampler, shared.refusals.clone()),
         )),
+        page: admin::Page {
+            html: crate::console::page::HTML,
+            content_security_policy: http::HeaderValue::from_str(
+                &crate::console::page::content_security_policy(),
+            )
+            .expect("the policy is ASCII: keywords and base64"),
+        },
     }
 }
 

@@ -2,12 +2,14 @@
 //!
 //! Rates come from the registry, sampled once a second while someone asks ([`sample`]). The
 //! clients each limit refuses most are counted in fixed memory ([`topk`]), as refusals happen.
-//! Everything here is this instance's own: every answer says so.
+//! Everything here is this instance's own: every answer says so. [`page`] is the dashboard
+//! that shows these figures in a browser.
 //!
 //! This module reads the config, the proxy and the metrics in force; it decides nothing and
 //! changes no limiter state.
 
 pub mod client;
+pub mod page;
 pub mod sample;
 pub mod topk;
 

@@ -1,0 +1,265 @@
+//! The dashboard at `/` of the admin listener, in a real headless Chromium, against two
+//! tollgates sharing a real Redis: it asks for the token, shows this instance's traffic and
+//! the client a limit refuses most, and resets that client on every instance.
+
+mod common;
+
+use std::time::Duration;
+
+use common::browser::{Browser, ENTER};
+use common::{eventually, get, Proxy, Redis, Upstream, Yaml};
+
+/// How long the page may take to show something: it asks once a second, and the machine may
+/// be busy.
+const SHOWN_WITHIN: Duration = Duration::from_secs(10);
+
+/// The text of the requests/s cell of route `api`, or `null`.
+const API_RPS: &str = "const row = [...document.querySelectorAll('#routes tbody tr')]
+    .find((tr) => tr.dataset.key === 'api');
+  return row ? row.querySelector('.rps').textContent : null;";
+
+/// The button of client `greedy` among the clients refused most, or `null`.
+const GREEDY: &str = "return [...document.querySelectorAll('#limits button.client')]
+    .find((b) => b.textContent.startsWith('greedy (')) || null;";
+
+/// The value the lookup shows for `Allowed now`, or `null`.
+const ALLOWED_NOW: &str = "const dt = [...document.querySelectorAll('#lookup-result dt')]
+    .find((d) => d.textContent === 'Allowed now');
+  return dt ? dt.nextElementSibling.textContent : null;";
+
+const LOGIN_SHOWN: &str = "return !document.getElementById('login').hidden;";
+const TOKEN_INPUT: &str = "return document.getElementById('token');";
+
+/// A task that is aborted when this is dropped: traffic stops when the test ends, or fails.
+struct Background(tokio::task::JoinHandle<()>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Requests from new clients, each let through, every 20 ms until aborted: traffic for the
+/// rates to show.
+async fn visitors(url: String) {
+    for i in 0u64.. {
+        get(&url, &[("x-client", &format!("visitor-{i}"))]).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Through the page of instance A, as an operator uses it: a wrong token is refused and the
+/// right one kept; the route and the refused client show; the rates move; looking the client
+/// up and pressing reset lets it through instance B. The browser logs no error on the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_the_traffic_and_resets_a_client_everywhere() {
+    let browser = Browser::start().await;
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    // two limits, so that each instance remembers refusals (the deny cache), as in
+    // tests/console.rs
+    let limits = "limits:\n  - {name: per-client, algorithm: token_bucket, key: header:x-client, \
+                  rate: 1/h, burst: 2}\n  - {name: wide, algorithm: fixed_window, key: \
+                  header:x-client, limit: 1000, window: 1h}";
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("admin: {listen: 127.0.0.1:0, token: s3cret}")
+        .redis(&redis, "timeout: 500ms")
+        .route("api", "/", limits)
+        .build();
+    let (a, b) = (Proxy::start(&yaml).await, Proxy::start(&yaml).await);
+    let greedy = [("x-client", "greedy")];
+    for expected in [200, 200, 429, 429, 429] {
+        assert_eq!(get(&a.url("/"), &greedy).await.status, expected);
+    }
+    assert_eq!(get(&b.url("/"), &greedy).await.status, 429);
+    let traffic = Background(tokio::spawn(visitors(a.url("/"))));
+
+    let page = format!("http://{}/", a.admin.expect("an admin listener"));
+    browser.open(&page).await;
+    browser
+        .wait_for("the token prompt", SHOWN_WITHIN, LOGIN_SHOWN)
+        .await;
+    browser
+        .type_into(TOKEN_INPUT, &format!("wrong{ENTER}"))
+        .await;
+    let refused = "return !document.getElementById('login').hidden
+        && document.getElementById('login-note').textContent.includes('refused');";
+    browser
+        .wait_for("that the wrong token was refused", SHOWN_WITHIN, refused)
+        .await;
+    browser
+        .type_into(TOKEN_INPUT, &format!("s3cret{ENTER}"))
+        .await;
+    browser.wait_for("route api", SHOWN_WITHIN, API_RPS).await;
+    let kept = browser
+        .run("return sessionStorage.getItem('tollgate.admin.token');")
+        .await;
+    assert_eq!(kept, "s3cret");
+    assert_eq!(browser.run(LOGIN_SHOWN).await, false);
+
+    let shown = browser
+        .wait_for(
+            "greedy among the clients refused most",
+            SHOWN_WITHIN,
+            GREEDY,
+        )
+        .await;
+    assert!(shown.is_object(), "an element: {shown}");
+    let text = browser
+        .run(&format!("return (() => {{ {GREEDY} }})().textContent;"))
+        .await;
+    assert_eq!(text, "greedy (3)", "refused 3 times by a");
+
+    // the first ask started the sampling: the rate starts at 0 and moves with the traffic
+    let first = browser.run(API_RPS).await;
+    let moved = format!(
+        "const now = (() => {{ {API_RPS} }})();
+         return now !== {first} && now !== '0' ? now : null;"
+    );
+    browser
+        .wait_for("the rate of route api move", SHOWN_WITHIN, &moved)
+        .await;
+    let sparkline = "return document.querySelector('#routes tbody svg.spark polyline')
+        .getAttribute('points').split(' ').length >= 2;";
+    browser
+        .wait_for("a sparkline of route api", SHOWN_WITHIN, sparkline)
+        .await;
+
+    browser.click(GREEDY).await;
+    let state = browser
+        .wait_for("greedy's state", SHOWN_WITHIN, ALLOWED_NOW)
+        .await;
+    assert_eq!(state, "no");
+    let filled = browser
+        .run(
+            "return ['route', 'limit', 'client']
+                .map((f) => document.getElementById(`lookup-${f}`).value);",
+        )
+        .await;
+    assert_eq!(filled, serde_json::json!(["api", "per-client", "greedy"]));
+    browser
+        .click("return document.getElementById('lookup-reset');")
+        .await;
+    browser
+        .wait_for(
+            "that the reset was made",
+            SHOWN_WITHIN,
+            "return document.querySelector('#lookup-result .reset-done')?.textContent;",
+        )
+        .await;
+    assert_eq!(browser.run(ALLOWED_NOW).await, "yes");
+    // b hears of the reset within its next reading of the count, twice a second
+    eventually(Duration::from_secs(5), || async {
+        get(&b.url("/"), &greedy).await.status == 200
+    })
+    .await;
+    drop(traffic);
+
+    // The browser logs each 401 it gets as a failed load: the page asks for the token then.
+    let errors: Vec<String> = browser
+        .console_errors()
+        .await
+        .into_iter()
+        .filter(|e| !(e.contains("/api/stats") && e.contains("status of 401")))
+        .collect();
+    assert!(errors.is_empty(), "the browser logged errors: {errors:#?}");
+    browser.quit().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Requests to `url` from `clients` in turn, about `per_second` a second, rising and falling
+/// over a few seconds so that the sparklines have a shape, until aborted.
+async fn load(url: String, clients: &'static [&'static str], per_second: f64) {
+    let start = std::time::Instant::now();
+    for i in 0usize.. {
+        let swing = 1.0 + 0.6 * (start.elapsed().as_secs_f64() / 5.0).sin();
+        let url = url.clone();
+        let client = clients[i % clients.len()];
+        // not awaited: a paced request's wait must not slow the others
+        tokio::spawn(async move { get(&url, &[("x-client", client)]).await });
+        tokio::time::sleep(Duration::from_secs_f64(1.0 / (per_second * swing))).await;
+    }
+}
+
+/// Not a check: makes `docs/console.png`, the dashboard of an instance with a few routes under
+/// traffic. Run it by hand when the page changes:
+/// `cargo test --test dashboard -- --ignored screenshot`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "makes docs/console.png; run by hand"]
+async fn screenshot_for_the_docs() {
+    let browser = Browser::start().await;
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let per_client = "{name: per-client, algorithm: token_bucket, key: header:x-client, \
+                      rate: 5/s, burst: 10}";
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("admin: {listen: 127.0.0.1:0, token: s3cret}")
+        .redis(&redis, "timeout: 500ms")
+        .upstream("pace: {rate: 40/s, max_delay: 2s}")
+        .also_upstream("search", &[upstream.url()], "")
+        .also_upstream(
+            "reports",
+            &[upstream.url()],
+            "pace: {rate: 10/s, max_delay: 1s}",
+        )
+        .route("checkout", "/checkout", &format!("limits: [{per_client}]"))
+        .route_to(
+            "search",
+            "/search",
+            "search",
+            "limits:\n  - {name: per-client, algorithm: sliding_window, key: header:x-client, \
+             limit: 40, window: 10s}\n  - {name: strict-trial, algorithm: \
+             sliding_window_counter, key: header:x-client, limit: 20, window: 10s, mode: shadow}",
+        )
+        .route(
+            "login",
+            "/login",
+            "limits: [{name: per-client, algorithm: fixed_window, key: header:x-client, \
+             limit: 5, window: 1m}]",
+        )
+        .route_to("reports", "/reports", "reports", "strip_prefix: true")
+        .route_to("static", "/", "search", "")
+        .build();
+    let proxy = Proxy::start(&yaml).await;
+    let height = std::env::var("SCREENSHOT_HEIGHT").map_or(800, |h| h.parse().unwrap());
+    browser.viewport(1280, height).await;
+    browser
+        .open(&format!("http://{}/", proxy.admin.expect("admin")))
+        .await;
+    browser
+        .type_into(TOKEN_INPUT, &format!("s3cret{ENTER}"))
+        .await;
+    const SHOPPERS: &[&str] = &[
+        "203.0.113.4",
+        "203.0.113.9",
+        "198.51.100.23",
+        "198.51.100.23",
+    ];
+    const SEARCHERS: &[&str] = &["203.0.113.4", "acme-batch-7", "acme-batch-7", "192.0.2.55"];
+    let traffic = [
+        load(proxy.url("/checkout/cart"), SHOPPERS, 24.0),
+        load(proxy.url("/search?q=x"), SEARCHERS, 14.0),
+        load(proxy.url("/login"), &["203.0.113.66", "192.0.2.10"], 2.0),
+        load(proxy.url("/reports/daily"), &["192.0.2.10"], 3.0),
+        load(proxy.url("/static/app.js"), &["203.0.113.4"], 8.0),
+    ]
+    .map(|load| Background(tokio::spawn(load)));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    // the reports backend asks for a rest: the page offers to lift the hold
+    get(&proxy.url("/reports/status/429?retry_after=120"), &[]).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let refused = "return [...document.querySelectorAll('#limits button.client')]
+        .find((b) => b.textContent.startsWith('198.51.100.23')) || null;";
+    browser.click(refused).await;
+    browser
+        .wait_for("the client's state", SHOWN_WITHIN, ALLOWED_NOW)
+        .await;
+    browser.run("window.scrollTo(0, 0);").await;
+    let png = browser.screenshot().await;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/console.png");
+    std::fs::write(&path, png).expect("write docs/console.png");
+    drop(traffic);
+    browser.quit().await;
+    proxy.shutdown().await;
+}
