@@ -40,9 +40,12 @@ async fn stats_follow_the_traffic() {
     for client in ["greedy", "greedy", "greedy", "greedy", "greedy", "calm"] {
         get(&proxy.url("/"), &[("x-client", client)]).await;
     }
+    // until a sample taken after all six requests is the window's newest (one taken between
+    // them would hold only some)
     eventually(Duration::from_secs(10), || async {
         let s = stats(&proxy, "t0ken").await;
-        s["routes"][0]["rps"].as_f64().unwrap() > 0.0
+        let seen = s["routes"][0]["rps"].as_f64().unwrap() * s["window_seconds"].as_f64().unwrap();
+        seen.round() as u64 == 6
     })
     .await;
     let s = stats(&proxy, "t0ken").await;

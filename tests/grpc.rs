@@ -231,7 +231,7 @@ async fn every_kind_of_call_goes_through() {
         "the TLS upstream answered"
     );
 
-    // server-streaming: the first message arrives long before the last is sent
+    // server-streaming: the first message arrives well before the last is sent
     grpc.ready().await.unwrap();
     let started = Instant::now();
     let path = PathAndQuery::from_static("/test.Echo/Count");
@@ -249,8 +249,9 @@ async fn every_kind_of_call_goes_through() {
     assert_eq!(got, ["0", "1", "2", "3", "4"]);
     let (first, all) = (first_at.unwrap(), started.elapsed());
     assert!(all >= Duration::from_millis(400), "{all:?}");
+    // (buffered, all five would come together; the margin leaves room for a stalled first)
     assert!(
-        all - first >= Duration::from_millis(300),
+        all - first >= Duration::from_millis(150),
         "streamed, not buffered: {first:?} of {all:?}"
     );
 

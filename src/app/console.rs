@@ -84,14 +84,7 @@ fn store_failed(e: crate::store::StoreError) -> ApiAnswer {
 
 impl admin::Api for ConsoleApi {
     fn stats(&self) -> serde_json::Value {
-        let (config, store) = {
-            let current = self
-                .shared
-                .current
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            (current.0.clone(), current.1.clone())
-        };
+        let (config, store) = self.shared.in_force();
         let proxy = self.shared.live.proxy.load();
         let backend = match &config.store.backend {
             Backend::Memory => "memory",
@@ -118,14 +111,7 @@ impl admin::Api for ConsoleApi {
 
     fn limit<'a>(&'a self, call: LimitCall<'a>) -> ApiFuture<'a> {
         Box::pin(async move {
-            let (config, store) = {
-                let current = self
-                    .shared
-                    .current
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                (current.0.clone(), current.1.clone())
-            };
+            let (config, store) = self.shared.in_force();
             let (alg, key) = match find(&config, &call) {
                 Ok(found) => found,
                 Err(answer) => return answer,
@@ -150,14 +136,7 @@ impl admin::Api for ConsoleApi {
 
     fn reset<'a>(&'a self, call: LimitCall<'a>, peer: SocketAddr) -> ApiFuture<'a> {
         Box::pin(async move {
-            let (config, store) = {
-                let current = self
-                    .shared
-                    .current
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                (current.0.clone(), current.1.clone())
-            };
+            let (config, store) = self.shared.in_force();
             let (_, key) = match find(&config, &call) {
                 Ok(found) => found,
                 Err(answer) => return answer,
@@ -209,12 +188,9 @@ impl admin::Api for ConsoleApi {
 
 /// Where the fleet's counts of resets and lifted holds stand, as far as the store answers.
 pub(super) async fn read_counts(shared: &Shared) -> [Option<u64>; 2] {
-    let (prefix, store) = {
-        let current = shared.current.lock().unwrap_or_else(|e| e.into_inner());
-        (current.0.store.key_prefix.clone(), current.1.clone())
-    };
+    let (store_config, store) = shared.store();
     let mut counts = [None, None];
-    for (count, counter) in counts.iter_mut().zip(counters(&prefix)) {
+    for (count, counter) in counts.iter_mut().zip(counters(&store_config.key_prefix)) {
         *count = store.resets(&counter, false).await.ok();
     }
     counts
@@ -241,12 +217,7 @@ pub(super) async fn watch_resets(shared: Arc<Shared>, mut seen: [Option<u64>; 2]
                 continue;
             }
             if i == 0 {
-                shared
-                    .current
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .1
-                    .forget_local();
+                shared.store().1.forget_local();
                 tracing::debug!("console: a reset was made; refusals remembered here forgotten");
             } else {
                 let proxy = shared.live.proxy.load();

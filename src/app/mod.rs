@@ -315,6 +315,12 @@ impl Shared {
             .clone()
     }
 
+    /// The config in force and the store built from it, read together.
+    fn in_force(&self) -> (Config, Arc<dyn Store>) {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        (current.0.clone(), current.1.clone())
+    }
+
     /// The store in force, and the `store` section it was built from.
     fn store(&self) -> (StoreConfig, Arc<dyn Store>) {
         let current = self.current.lock().unwrap_or_else(|e| e.into_inner());

@@ -34,44 +34,49 @@ const SHOWN_CLIENTS: usize = 10;
 /// reloads; a limit that goes away takes its summary with it at the next reload.
 #[derive(Default)]
 pub struct Refusals {
-    limits: Mutex<HashMap<LimitName, TopK>>,
+    /// route, then limit: looked up by the names' text, so a refusal copies no name
+    routes: Mutex<HashMap<Arc<str>, ByLimit>>,
 }
 
-/// A limit by its route's name and its own.
-type LimitName = (Arc<str>, Arc<str>);
+/// One route's summaries, by limit name.
+type ByLimit = HashMap<Arc<str>, TopK>;
 
 impl Refusals {
     /// Counts one refusal of `client` by limit `limit` of route `route`.
     pub fn add(&self, route: &Arc<str>, limit: &Arc<str>, client: &str) {
-        let mut limits = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
-        // (looked up by borrowed names: the map's key is made once per limit)
-        if let Some(top) = limits.get_mut(&(route.clone(), limit.clone())) {
-            top.add(client);
-            return;
+        let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        let limits = match routes.get_mut(&**route) {
+            Some(limits) => limits,
+            None => routes.entry(route.clone()).or_default(),
+        };
+        match limits.get_mut(&**limit) {
+            Some(top) => top.add(client),
+            None => limits
+                .entry(limit.clone())
+                .or_insert_with(|| TopK::new(KEPT_CLIENTS))
+                .add(client),
         }
-        let mut top = TopK::new(KEPT_CLIENTS);
-        top.add(client);
-        limits.insert((route.clone(), limit.clone()), top);
     }
 
     /// The clients limit `limit` of route `route` refused most, most first.
     pub fn top(&self, route: &str, limit: &str, n: usize) -> Vec<topk::Entry> {
-        let limits = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
-        limits
-            .iter()
-            .find(|((r, l), _)| &**r == route && &**l == limit)
-            .map(|(_, top)| top.top(n))
+        let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        routes
+            .get(route)
+            .and_then(|limits| limits.get(limit))
+            .map(|top| top.top(n))
             .unwrap_or_default()
     }
 
     /// Forgets the limits `config` no longer has.
     pub fn keep_only(&self, config: &Config) {
-        let mut limits = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
-        limits.retain(|(route, limit), _| {
-            config
-                .routes
-                .iter()
-                .any(|r| *r.name == **route && r.limits.iter().any(|l| *l.name == **limit))
+        let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        routes.retain(|route, limits| {
+            let Some(kept) = config.routes.iter().find(|r| *r.name == **route) else {
+                return false;
+            };
+            limits.retain(|limit, _| kept.limits.iter().any(|l| *l.name == **limit));
+            !limits.is_empty()
         });
     }
 }
