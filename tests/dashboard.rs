@@ -1,12 +1,14 @@
-//! The dashboard at `/` of the admin listener, in a real headless Chromium, against two
-//! tollgates sharing a real Redis: it asks for the token, shows this instance's traffic and
-//! the client a limit refuses most, and resets that client on every instance.
+//! The dashboard at `/` of the admin listener, in a real headless Chromium and a real headless
+//! Firefox, against two tollgates sharing a real Redis: it asks for the token, shows this
+//! instance's traffic and the client a limit refuses most, and resets that client on every
+//! instance.
 
 mod common;
 
 use std::time::Duration;
 
-use common::browser::{Browser, ENTER};
+use common::browser::{Browser, Page, ENTER};
+use common::firefox::Firefox;
 use common::{eventually, get, Proxy, Redis, Upstream, Yaml};
 
 /// How long the page may take to show something: it asks once a second, and the machine may
@@ -48,12 +50,23 @@ async fn visitors(url: String) {
     }
 }
 
-/// Through the page of instance A, as an operator uses it: a wrong token is refused and the
-/// right one kept; the route and the refused client show; the rates move; looking the client
-/// up and pressing reset lets it through instance B. The browser logs no error on the way.
+/// In Chromium, through the page of instance A, as an operator uses it: a wrong token is
+/// refused and the right one kept; the route and the refused client show; the rates move;
+/// looking the client up and pressing reset lets it through instance B. The browser logs no
+/// error on the way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_dashboard_shows_the_traffic_and_resets_a_client_everywhere() {
-    let browser = Browser::start().await;
+async fn in_chromium_the_dashboard_shows_the_traffic_and_resets_a_client_everywhere() {
+    an_operator_resets_the_client_refused_most(Browser::start().await).await;
+}
+
+/// The same in Firefox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_firefox_the_dashboard_shows_the_traffic_and_resets_a_client_everywhere() {
+    an_operator_resets_the_client_refused_most(Firefox::start().await).await;
+}
+
+/// The steps both tests above take in their browser.
+async fn an_operator_resets_the_client_refused_most(browser: impl Page) {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
     // two limits, so that each instance remembers refusals (the deny cache), as in
@@ -166,6 +179,67 @@ async fn the_dashboard_shows_the_traffic_and_resets_a_client_everywhere() {
     browser.quit().await;
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// The route names of the rows the routes table shows, and its position line.
+const ROUTES_SHOWN: &str = "return [
+    [...document.querySelectorAll('#routes tbody tr')].map((tr) => tr.dataset.key ?? ''),
+    document.querySelector('#routes .pager span').textContent,
+  ];";
+
+/// At 1 000 routes the routes table shows one page of 25, turns to the next, and finds one
+/// route by its name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_routes_are_paged_and_searched() {
+    let browser = Browser::start().await;
+    let upstream = Upstream::start().await;
+    let yaml = (0..1000)
+        .fold(Yaml::to(&[upstream.url()]), |yaml, i| {
+            yaml.route(&format!("route-{i:04}"), &format!("/r{i}"), "")
+        })
+        .top("admin: {listen: 127.0.0.1:0}")
+        .build();
+    let proxy = Proxy::start(&yaml).await;
+    browser
+        .open(&format!(
+            "http://{}/",
+            proxy.admin.expect("an admin listener")
+        ))
+        .await;
+    let first = browser
+        .wait_for(
+            "the first page of routes",
+            SHOWN_WITHIN,
+            &format!("const [rows, at] = (() => {{ {ROUTES_SHOWN} }})(); return rows.length > 1 ? [rows, at] : null;"),
+        )
+        .await;
+    let rows = first[0].as_array().expect("rows");
+    assert_eq!(rows.len(), 25, "one page: {rows:?}");
+    assert_eq!(first[1], "1–25 of 1000");
+
+    browser
+        .click("return document.querySelector('#routes .pager button:last-child');")
+        .await;
+    let second = browser.run(ROUTES_SHOWN).await;
+    assert_eq!(second[1], "26–50 of 1000");
+    assert!(
+        second[0]
+            .as_array()
+            .is_some_and(|r| r.len() == 25 && !r.contains(&rows[0])),
+        "another page: {second}"
+    );
+
+    browser
+        .type_into(
+            "return document.querySelector('#routes input.filter');",
+            "route-0777",
+        )
+        .await;
+    let found = browser.run(ROUTES_SHOWN).await;
+    assert_eq!(found, serde_json::json!([["route-0777"], "1–1 of 1"]));
+    assert!(browser.console_errors().await.is_empty());
+    browser.quit().await;
+    proxy.shutdown().await;
 }
 
 /// Requests to `url` from `clients` in turn, about `per_second` a second, rising and falling

@@ -1,5 +1,6 @@
 //! A headless Chromium, driven through `chromedriver` over W3C WebDriver, for the tests of the
 //! dashboard. A missing Chromium fails the test with a message saying how to install it.
+//! [`Page`] is what a test does with a page, in Chromium or in Firefox (`super::firefox`).
 //!
 //! WebDriver is JSON over HTTP, and these tests need a dozen of its calls: this speaks them
 //! with the harness's own HTTP client, where a WebDriver crate would bring two dozen crates
@@ -32,8 +33,50 @@ pub struct Browser {
 #[derive(Debug, Clone)]
 pub struct Element(String);
 
+/// What a test does with the page a browser shows; the same steps run in each browser.
+#[allow(async_fn_in_trait)] // (the tests await these in place: no `Send` bound is needed)
+pub trait Page {
+    /// Opens `url` and waits for it to load.
+    async fn open(&self, url: &str);
+
+    /// Runs `script` in the page (a function body: `return` gives its value back). An element
+    /// comes back as a JSON object.
+    async fn run(&self, script: &str) -> Value;
+
+    /// Clicks the element `script` returns, as a user would: at its place on the screen. An
+    /// element that the page redraws between the finding and the click is found again.
+    async fn click(&self, script: &str);
+
+    /// Types `text` into the element `script` returns, key by key ([`ENTER`] presses Enter).
+    async fn type_into(&self, script: &str, text: &str);
+
+    /// The page's messages at the level of errors since the last call: uncaught exceptions,
+    /// `console.error`, policy violations, and, in Chromium, failed loads.
+    async fn console_errors(&self) -> Vec<String>;
+
+    /// Ends the session: the browser exits and removes its profile.
+    async fn quit(self);
+
+    /// Runs `script` until it returns something other than `null`, `false` or `""`, and
+    /// returns that; fails after `limit`, saying `what` was awaited.
+    async fn wait_for(&self, what: &str, limit: Duration, script: &str) -> Value {
+        let deadline = Instant::now() + limit;
+        loop {
+            let value = self.run(script).await;
+            if !matches!(&value, Value::Null | Value::Bool(false)) && value != "" {
+                return value;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the page did not show {what} within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 /// `name` on the `PATH`.
-fn on_path(name: &str) -> Option<PathBuf> {
+pub fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
@@ -96,81 +139,11 @@ impl Browser {
         call(http::Method::POST, &url, Some(body)).await
     }
 
-    /// Opens `url` and waits for it to load.
-    pub async fn open(&self, url: &str) {
-        self.post("/url", json!({"url": url})).await.expect("open");
-    }
-
-    /// Runs `script` in the page (a function body: `return` gives its value back).
-    pub async fn run(&self, script: &str) -> Value {
-        let body = json!({"script": script, "args": []});
-        self.post("/execute/sync", body)
-            .await
-            .unwrap_or_else(|e| panic!("{e}\nin the script: {script}"))
-    }
-
-    /// Runs `script` until it returns something other than `null`, `false` or `""`, and
-    /// returns that; fails after `limit`, saying `what` was awaited.
-    pub async fn wait_for(&self, what: &str, limit: Duration, script: &str) -> Value {
-        let deadline = Instant::now() + limit;
-        loop {
-            let value = self.run(script).await;
-            if !matches!(&value, Value::Null | Value::Bool(false)) && value != "" {
-                return value;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the page did not show {what} within {limit:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
     /// The element `script` returns; `None` when it returns `null`.
     pub async fn element(&self, script: &str) -> Option<Element> {
         let value = self.run(script).await;
         let id = value.get(ELEMENT)?.as_str()?;
         Some(Element(id.to_string()))
-    }
-
-    /// Clicks the element `script` returns, as a user would: at its place on the screen. An
-    /// element that the page redraws between the finding and the click is found again.
-    pub async fn click(&self, script: &str) {
-        for _ in 0..20 {
-            let Some(Element(id)) = self.element(script).await else {
-                panic!("nothing to click: {script}");
-            };
-            match self.post(&format!("/element/{id}/click"), json!({})).await {
-                Ok(_) => return,
-                Err(e) if e.contains("stale element") => continue,
-                Err(e) => panic!("click: {e}"),
-            }
-        }
-        panic!("the element kept being redrawn before a click: {script}");
-    }
-
-    /// Types `text` into the element `script` returns, key by key.
-    pub async fn type_into(&self, script: &str, text: &str) {
-        let Some(Element(id)) = self.element(script).await else {
-            panic!("nothing to type into: {script}");
-        };
-        let path = format!("/element/{id}/value");
-        self.post(&path, json!({"text": text})).await.expect("type");
-    }
-
-    /// The browser's console messages at the level of errors since the last call: uncaught
-    /// exceptions, `console.error`, policy violations, failed loads.
-    pub async fn console_errors(&self) -> Vec<String> {
-        let log = self
-            .post("/se/log", json!({"type": "browser"}))
-            .await
-            .expect("the browser's log");
-        log.as_array()
-            .expect("a list of log entries")
-            .iter()
-            .filter(|entry| entry["level"] == "SEVERE")
-            .map(|entry| format!("{}: {}", entry["source"], entry["message"]))
-            .collect()
     }
 
     /// Makes the page's viewport `width` x `height` CSS pixels, one device pixel each.
@@ -194,9 +167,56 @@ impl Browser {
             .decode(png.as_str().expect("base64 text"))
             .expect("a PNG in base64")
     }
+}
 
-    /// Ends the session: Chromium exits and removes its profile.
-    pub async fn quit(self) {
+impl Page for Browser {
+    async fn open(&self, url: &str) {
+        self.post("/url", json!({"url": url})).await.expect("open");
+    }
+
+    async fn run(&self, script: &str) -> Value {
+        let body = json!({"script": script, "args": []});
+        self.post("/execute/sync", body)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\nin the script: {script}"))
+    }
+
+    async fn click(&self, script: &str) {
+        for _ in 0..20 {
+            let Some(Element(id)) = self.element(script).await else {
+                panic!("nothing to click: {script}");
+            };
+            match self.post(&format!("/element/{id}/click"), json!({})).await {
+                Ok(_) => return,
+                Err(e) if e.contains("stale element") => continue,
+                Err(e) => panic!("click: {e}"),
+            }
+        }
+        panic!("the element kept being redrawn before a click: {script}");
+    }
+
+    async fn type_into(&self, script: &str, text: &str) {
+        let Some(Element(id)) = self.element(script).await else {
+            panic!("nothing to type into: {script}");
+        };
+        let path = format!("/element/{id}/value");
+        self.post(&path, json!({"text": text})).await.expect("type");
+    }
+
+    async fn console_errors(&self) -> Vec<String> {
+        let log = self
+            .post("/se/log", json!({"type": "browser"}))
+            .await
+            .expect("the browser's log");
+        log.as_array()
+            .expect("a list of log entries")
+            .iter()
+            .filter(|entry| entry["level"] == "SEVERE")
+            .map(|entry| format!("{}: {}", entry["source"], entry["message"]))
+            .collect()
+    }
+
+    async fn quit(self) {
         let _ = call(http::Method::DELETE, &self.session, None).await;
     }
 }

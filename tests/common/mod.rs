@@ -1,10 +1,11 @@
 //! Test harness: real `redis-server` processes on free ports (killed when dropped), a Redis
-//! Cluster made with `redis-cli --cluster create`, a headless Chromium ([`browser`]), and small
-//! helpers. No mock Redis: a missing `redis-server` fails the test with a message saying how to
-//! install it.
+//! Cluster made with `redis-cli --cluster create`, a headless Chromium ([`browser`]) and
+//! Firefox ([`firefox`]), and small helpers. No mock Redis: a missing `redis-server` fails the
+//! test with a message saying how to install it.
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod firefox;
 pub mod lenient;
 pub mod pki;
 pub mod raw;
