@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::hash::{BuildHasher, RandomState};
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
 
 /// `X-Request-Id`, as Heroku, nginx (`$request_id`) and Envoy name it.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -20,15 +20,21 @@ const MAX_LEN: usize = 200;
 /// The request's id: the one in `headers` when there is exactly one and it is usable (see
 /// [`usable`]), else a new one, which then replaces whatever `headers` had.
 pub fn keep_or_make(headers: &mut HeaderMap) -> HeaderValue {
-    let mut sent = headers.get_all(&X_REQUEST_ID).iter();
-    if let (Some(id), None) = (sent.next(), sent.next()) {
-        if usable(id) {
-            return id.clone();
+    // (one lookup of the name serves the reading and the writing)
+    match headers.entry(&X_REQUEST_ID) {
+        Entry::Occupied(mut sent) => {
+            let mut ids = sent.iter();
+            if let (Some(id), None) = (ids.next(), ids.next()) {
+                if usable(id) {
+                    return id.clone();
+                }
+            }
+            let id = make();
+            sent.insert(id.clone());
+            id
         }
+        Entry::Vacant(none) => none.insert(make()).clone(),
     }
-    let id = make();
-    headers.insert(X_REQUEST_ID.clone(), id.clone());
-    id
 }
 
 /// 1 to [`MAX_LEN`] bytes of visible ASCII: no spaces, tabs or control bytes, which could split
