@@ -485,6 +485,36 @@ mod tests {
         }
     }
 
+    /// A charged bucket's check says `debt` before `now`, and is never joined (so never
+    /// leased): tokens handed out ahead would not know of a debt charged since.
+    #[test]
+    fn a_charged_bucket_says_debt_and_is_not_joined() {
+        let scripts = Scripts::new();
+        let plain = Bucket {
+            rate: Rate::per_second(5000.0).unwrap(),
+            burst: NonZeroU32::new(10_000).unwrap(),
+            cost: NonZeroU32::new(1).unwrap(),
+            debt: false,
+        };
+        let charged = Algorithm::TokenBucket(plain).charged();
+        let mut out = Vec::new();
+        assert!(scripts
+            .check("k", &charged, None)
+            .encode(&mut out, false)
+            .is_none());
+        assert!(String::from_utf8_lossy(&out).ends_with("$4\r\ndebt\r\n"));
+        let mut out = Vec::new();
+        scripts
+            .check("k", &charged, Some(7.0))
+            .encode(&mut out, false);
+        assert!(String::from_utf8_lossy(&out).ends_with("$4\r\ndebt\r\n$1\r\n7\r\n"));
+        let plain = Algorithm::TokenBucket(plain);
+        assert!(scripts
+            .check("k", &plain, None)
+            .encode(&mut Vec::new(), false)
+            .is_some());
+    }
+
     /// A check is encoded as the RESP array redis-rs would send: EVALSHA, the SHA1, one key,
     /// the arguments as text (the count's `\r\n` excepted), and `now` last.
     #[test]
