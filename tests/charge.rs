@@ -107,8 +107,12 @@ const SETTLE: Duration = Duration::from_millis(200);
 /// 250 tokens used against 100 at 100/s: 150 of debt, so the next request waits for 151
 /// tokens (1.51 s, less the time since); it is admitted once that has passed.
 async fn debt_refuses_until_repaid(first: &Proxy, second: &Proxy) {
-    assert_eq!(get(&first.url("/used/250"), &[]).await.status, 200);
+    let answered = get(&first.url("/used/250"), &[]).await;
     let charged_at = Instant::now();
+    assert_eq!(answered.status, 200);
+    // the answer that reported the debt shows it: none left, whole again in 2.5 s
+    let rl = answered.header("ratelimit").unwrap();
+    assert_eq!(rl, "\"tokens\";r=0;t=3");
     tokio::time::sleep(SETTLE).await;
     let refused = get(&second.url("/used/1"), &[]).await;
     assert_eq!(refused.status, 429, "{refused:?}");

@@ -18,6 +18,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Frame, SizeHint};
 
 use super::limits::{cost, limit_key};
+use super::respond::Showing;
 use super::{Body, BoxError, Proxy, Route};
 use crate::identity::{self, KeyContext};
 use crate::limit::Algorithm;
@@ -110,10 +111,15 @@ impl Charges {
         })
     }
 
-    /// Charges what the response head reports; what it does not is looked for in the body's
-    /// trailers, so the body is wrapped to read them.
-    pub(super) fn read(mut self, resp: Response<Body>) -> Response<Body> {
-        self.settle(resp.headers(), false);
+    /// Charges what the response head reports, and shows it in the rate-limit headers the
+    /// response will carry (`shown`); what the head does not report is looked for in the
+    /// body's trailers, so the body is wrapped to read them.
+    pub(super) fn read(
+        mut self,
+        resp: Response<Body>,
+        shown: Option<&mut Showing<'_>>,
+    ) -> Response<Body> {
+        self.settle(resp.headers(), false, shown);
         if self.owed.is_empty() {
             return resp;
         }
@@ -128,11 +134,16 @@ impl Charges {
 
     /// Charges each owed limit whose header `fields` hold; the others stay owed, unless these
     /// are the last fields the response will have (`last`): they are then missing.
-    fn settle(&mut self, fields: &HeaderMap, last: bool) {
+    fn settle(&mut self, fields: &HeaderMap, last: bool, mut shown: Option<&mut Showing<'_>>) {
         let owed = std::mem::take(&mut self.owed);
         for owed in owed {
             match fields.get(&owed.header).map(reported) {
-                Some(Ok(used)) => self.charge(owed, used),
+                Some(Ok(used)) => {
+                    if let Some(shown) = shown.as_deref_mut() {
+                        show(shown, &owed, used);
+                    }
+                    self.charge(owed, used)
+                }
                 Some(Err(unread)) => self.unread(&owed, unread),
                 None if last => self.unread(&owed, Unread::Missing),
                 None => self.owed.push(owed),
@@ -164,6 +175,24 @@ impl Charges {
     }
 }
 
+/// The figures of the owed limit in `shown` after a charge into debt: the response that
+/// reported it says that less is left, and that the quota is whole again later. (A give-back
+/// is not shown: to state less than is left errs on the safe side.)
+fn show(shown: &mut Showing<'_>, owed: &Owed, used: u64) {
+    let Some(more) = used.checked_sub(owed.cost).filter(|n| *n > 0) else {
+        return;
+    };
+    for s in shown.iter_mut().filter(|s| s.name == &*owed.limit) {
+        let d = &mut s.decision;
+        // (the headers count requests of `cost` tokens)
+        d.remaining = d.remaining.saturating_sub(more.div_ceil(owed.cost));
+        if let Algorithm::TokenBucket(b) = owed.alg {
+            let later = (more as f64 * b.rate.interval_ms()).ceil() as u64;
+            d.reset_ms = d.reset_ms.saturating_add(later);
+        }
+    }
+}
+
 /// The number a header or trailer reports: decimal digits only, at most [`MAX_REPORTED`].
 fn reported(value: &HeaderValue) -> Result<u64, Unread> {
     let digits = value.as_bytes();
@@ -191,7 +220,7 @@ impl ChargedBody {
     /// What is still owed was never reported: counted as missing.
     fn no_trailers(&mut self) {
         if let Some(mut charges) = self.charges.take() {
-            charges.settle(&HeaderMap::new(), true);
+            charges.settle(&HeaderMap::new(), true, None);
         }
     }
 }
@@ -216,7 +245,7 @@ impl hyper::body::Body for ChargedBody {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(trailers) = frame.trailers_ref() {
                     if let Some(mut charges) = self.charges.take() {
-                        charges.settle(trailers, true);
+                        charges.settle(trailers, true, None);
                     }
                 }
             }

@@ -435,7 +435,7 @@ impl Proxy {
                 .forward(route, req, &path, &conn, &client, outcome)
                 .await?;
             Ok(match charges {
-                Some(charges) => charges.read(resp),
+                Some(charges) => charges.read(resp, outcome.shown.as_mut()),
                 None => resp,
             })
         }
