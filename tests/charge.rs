@@ -165,13 +165,24 @@ async fn a_reported_debt_refuses_until_repaid_in_memory() {
     debt_refuses_until_repaid(&proxy, &proxy).await;
 }
 
-/// A streamed (chunked) answer that reports its usage in a trailer is charged from it; the
-/// client gets the body and the trailer whole.
+/// A streamed answer that reports its usage in a trailer is charged from it, over HTTP/1.1
+/// (chunked) and HTTP/2 to the upstream; the client gets the body and the trailer whole.
 #[tokio::test]
 async fn a_trailer_charges_a_streamed_answer() {
     let redis = Redis::start();
     let (upstream, _task) = usage_upstream().await;
-    let proxy = Proxy::start(&charged(Yaml::to(&[upstream]).redis(&redis, ""), BUCKET)).await;
+    for protocol in ["http1", "http2"] {
+        redis.cli(&["flushall"]);
+        let yaml = Yaml::to(std::slice::from_ref(&upstream))
+            .redis(&redis, "")
+            .upstream(&format!("protocol: {protocol}"));
+        let proxy = Proxy::start(&charged(yaml, BUCKET)).await;
+        trailer_charges(&proxy).await;
+        proxy.shutdown().await;
+    }
+}
+
+async fn trailer_charges(proxy: &Proxy) {
     let req = Request::get(proxy.url("/trailer/250"))
         .header("te", "trailers")
         .body(common::full(""))
