@@ -4,7 +4,11 @@ KEYS[1]  the bucket's key, e.g. tollgate:<route>:<limit>:<client>
 ARGV[1]  rate: tokens added per second (> 0; decimals allowed, 0.05 is 3 per minute)
 ARGV[2]  burst: the bucket's size (>= 1); a full bucket admits exactly `burst` requests at once
 ARGV[3]  cost: tokens this request takes (optional, default 1)
-ARGV[4]  now in milliseconds (optional, decimals allowed; absent or empty: the Redis server clock)
+ARGV[4]  the word `debt` (optional, after a written cost): the limit charges after the response
+         (charge.lua), so a TAT past the tolerance is debt to repay, not a bucket left by other
+         parameters to clamp (see `emptied` below)
+ARGV[4]  now in milliseconds (optional, decimals allowed; absent or empty: the Redis server clock);
+         ARGV[5] after `debt`: now is always the last argument
 
 KEYS[2..]  more buckets with the same rate, burst and cost (optional): each is decided as if by a
           call of its own, at the same `now`, and the reply is one such array per key, in order.
@@ -24,6 +28,7 @@ which is allowed while TAT - now stays within burst * interval (the GCRA toleran
 per key, written with %.17g so it reads back exactly, and it expires when the bucket is full.
 
 Try it: redis-cli --eval lua/token_bucket.lua tollgate:demo:alice , 10 20
+        redis-cli --eval lua/token_bucket.lua tollgate:demo:alice , 10 20 1 debt
 Debug:  redis-cli --ldb --eval lua/token_bucket.lua tollgate:demo:alice , 10 20
 ]]
 
@@ -60,9 +65,11 @@ local cost = 1
 if ARGV[3] ~= nil and ARGV[3] ~= '' then
   cost = num(ARGV[3])
 end
-local now, slack = now_ms(ARGV[4])
-if KEYS[1] == nil or #ARGV > 4 or rate == nil or rate <= 0 or burst == nil or burst < 1 or cost == nil or cost < 0 or now == nil then
-  return redis.error_reply('usage: token_bucket.lua KEY [KEY...] , RATE>0 BURST>=1 [COST] [NOW_MS]')
+local debt = ARGV[4] == 'debt'
+local last = debt and 5 or 4
+local now, slack = now_ms(ARGV[last])
+if KEYS[1] == nil or #ARGV > last or rate == nil or rate <= 0 or burst == nil or burst < 1 or cost == nil or cost < 0 or now == nil then
+  return redis.error_reply('usage: token_bucket.lua KEY [KEY...] , RATE>0 BURST>=1 [COST] [debt] [NOW_MS]')
 end
 
 local interval = 1000 / rate
@@ -96,8 +103,9 @@ local function take(key)
   end
   -- A bucket written under other parameters (its limit changed by a reload) may lie further
   -- ahead than this bucket holds: it is empty now, written so (also when this request is
-  -- refused), and refills at the rate given here from now on.
-  local emptied = tat - now - tolerance > EPS
+  -- refused), and refills at the rate given here from now on. A charged bucket's TAT that far
+  -- ahead is debt, which stays.
+  local emptied = not debt and tat - now - tolerance > EPS
   if emptied then
     tat = now + tolerance
   end

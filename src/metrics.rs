@@ -24,6 +24,7 @@
 //! | `tollgate_upstream_errors_total` | `upstream`, `kind` |
 //! | `tollgate_upstream_responses_total` | `upstream` |
 //! | `tollgate_config_reloads_total` | `result` (ok, error) |
+//! | `tollgate_charge_unread_total` | `route`, `limit`, `reason` (missing, malformed) |
 //!
 //! A request that matched no route is recorded with the route label [`NO_ROUTE`] (`-`), which
 //! no configured route can be named, so it never mixes with a real route's series.
@@ -144,6 +145,13 @@ struct UpstreamKind {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ChargeLabels {
+    route: Arc<str>,
+    limit: Arc<str>,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: &'static str,
 }
@@ -243,6 +251,7 @@ struct Inner {
     upstream_errors: Family<UpstreamKind, Counter>,
     upstream_responses: Family<UpstreamLabel, sharded::Counter>,
     config_reloads: Family<ResultLabel, Counter>,
+    charge_unread: Family<ChargeLabels, Counter>,
     no_route: Arc<str>,
     /// A std mutex: taken once per scrape, never on the request path.
     hooks: Mutex<Vec<ScrapeHook>>,
@@ -341,6 +350,12 @@ impl Metrics {
             "Configuration reloads, by result",
             config_reloads.clone(),
         );
+        let charge_unread = Family::default();
+        r.register(
+            "tollgate_charge_unread",
+            "Responses of a charged limit without a usable number, by route, limit and reason",
+            charge_unread.clone(),
+        );
 
         Metrics {
             inner: Arc::new(Inner {
@@ -356,6 +371,7 @@ impl Metrics {
                 upstream_errors,
                 upstream_responses,
                 config_reloads,
+                charge_unread,
                 no_route: Arc::from(NO_ROUTE),
                 hooks: Mutex::new(Vec::new()),
             }),
@@ -528,6 +544,34 @@ impl Metrics {
             kind,
         };
         self.inner.upstream_errors.get_or_create(&labels).inc();
+    }
+
+    /// Every `reason` of [`Metrics::charge_unread`].
+    pub const CHARGE_UNREAD_REASONS: [&'static str; 2] = ["missing", "malformed"];
+
+    /// Records a response to a request under the charged limit `limit` of `route` that
+    /// charged nothing more, for `reason` (`missing`: no number in its header or trailer;
+    /// `malformed`: not a whole number): `tollgate_charge_unread_total{route,limit,reason}`.
+    pub fn charge_unread(&self, route: &Arc<str>, limit: &Arc<str>, reason: &'static str) {
+        let labels = ChargeLabels {
+            route: route.clone(),
+            limit: limit.clone(),
+            reason,
+        };
+        self.inner.charge_unread.get_or_create(&labels).inc();
+    }
+
+    /// Makes `tollgate_charge_unread_total` exist for the charged limit `limit` of `route`,
+    /// at zero for each reason.
+    pub fn charge_known(&self, route: &Arc<str>, limit: &Arc<str>) {
+        for reason in Self::CHARGE_UNREAD_REASONS {
+            let labels = ChargeLabels {
+                route: route.clone(),
+                limit: limit.clone(),
+                reason,
+            };
+            drop(self.inner.charge_unread.get_or_create(&labels));
+        }
     }
 
     /// Records a configuration reload: `tollgate_config_reloads_total{result}`, `ok` or

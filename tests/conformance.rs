@@ -574,3 +574,110 @@ async fn a_window_start_keeps_its_count() {
         }
     }
 }
+
+/// A chargeable algorithm: a token bucket that keeps its debt, or one of the counting windows.
+fn any_chargeable() -> impl Strategy<Value = Algorithm> {
+    prop_oneof![
+        (1u32..40, 1u32..12, 1u32..4)
+            .prop_map(|(r, b, c)| bucket(f64::from(r) / 2.0, b.max(c), c).charged()),
+        (1u64..8, 50u64..1500).prop_map(|(l, w)| Algorithm::FixedWindow(win(l, w))),
+        (1u64..8, 50u64..1500).prop_map(|(l, w)| Algorithm::SlidingWindowCounter(win(l, w))),
+    ]
+}
+
+/// A replay of checks (`None`) and charges (`Some(amount)`) at their times: what each answered.
+async fn replay_charging(
+    store: &dyn Store,
+    key: &str,
+    alg: &Algorithm,
+    steps: &[(f64, Option<i64>)],
+) -> Vec<String> {
+    let mut out = Vec::with_capacity(steps.len());
+    for &(t, amount) in steps {
+        out.push(match amount {
+            None => format!("{:?}", store.check(key, alg, Some(t)).await.unwrap()),
+            Some(n) => format!("{:?}", store.charge(key, alg, n, Some(t)).await.unwrap()),
+        });
+    }
+    out
+}
+
+/// Charges mixed into random sequences, positive, negative and into debt: Rust and Lua agree
+/// on every balance and on every decision after them.
+#[test]
+fn charges_agree() {
+    let server = common::Redis::start();
+    for connection in CONNECTIONS {
+        server.cli(&["flushall"]);
+        let (rt, redis) = runtime_with_store(&server, connection);
+        let config = ProptestConfig {
+            cases: 64,
+            ..ProptestConfig::default()
+        };
+        let step = prop_oneof![
+            3 => Just(None),
+            2 => (-6i64..30).prop_map(Some),
+        ];
+        proptest!(config, |(alg in any_chargeable(), seq in times(120, 60, true), kinds in prop::collection::vec(step, 60))| {
+            let steps: Vec<(f64, Option<i64>)> = seq.iter().zip(&kinds).map(|(t, k)| (*t, *k)).collect();
+            let key = format!("conf:{}", KEY.fetch_add(1, Ordering::Relaxed));
+            let memory = MemoryStore::new(NonZeroUsize::new(1000).unwrap());
+            let from_rust = rt.block_on(replay_charging(&memory, &key, &alg, &steps));
+            let from_lua = rt.block_on(replay_charging(&redis, &key, &alg, &steps));
+            prop_assert_eq!(from_rust, from_lua, "{}", alg.name());
+        });
+    }
+}
+
+/// A debt is repaid at the bucket's rate, the same in Rust and Lua: 100 tokens at 100/s, one
+/// request, 149 more charged; the next waits 510 ms (50 of debt and its own token), and a
+/// give-back of 20 shortens that by 200 ms. The windows count a charge where `now` is.
+#[tokio::test]
+async fn a_debt_is_repaid_at_the_rate() {
+    let server = common::Redis::start();
+    let redis = redis_store(&server, Connection::Own);
+    let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
+    let charged = bucket(100.0, 100, 1).charged();
+    let fixed = Algorithm::FixedWindow(win(10, 1000));
+    let counter = Algorithm::SlidingWindowCounter(win(10, 1000));
+    let steps: [(&Algorithm, f64, Option<i64>); 9] = [
+        (&charged, T0, None),
+        (&charged, T0, Some(149)),
+        (&charged, T0 + 10.0, None),
+        (&charged, T0 + 10.0, Some(-20)),
+        (&charged, T0 + 310.0, None),
+        (&fixed, T0 + 100.0, Some(12)),
+        (&fixed, T0 + 999.0, None),
+        (&counter, T0 + 500.0, Some(20)),
+        (&counter, T0 + 1500.0, None),
+    ];
+    let mut answers: Vec<Vec<String>> = Vec::new();
+    for store in [&memory as &dyn Store, &redis] {
+        let mut seen = Vec::new();
+        for (alg, t, amount) in steps {
+            let key = format!("debt:{}", alg.name());
+            seen.extend(replay_charging(store, &key, alg, &[(t, amount)]).await);
+        }
+        answers.push(seen);
+    }
+    assert_eq!(answers[0], answers[1]);
+    let a = &answers[0];
+    assert!(
+        a[1].contains("balance: -50") && a[1].contains("reset_ms: 1500"),
+        "{a:?}"
+    );
+    assert!(
+        a[2].contains("allowed: false") && a[2].contains("retry_after_ms: 500"),
+        "{a:?}"
+    );
+    assert!(a[3].contains("balance: -29"), "{a:?}");
+    assert!(a[4].contains("allowed: true"), "{a:?}");
+    assert!(
+        a[5].contains("balance: -2") && a[6].contains("retry_after_ms: 1,"),
+        "{a:?}"
+    );
+    assert!(
+        a[7].contains("balance: -10") && a[8].contains("retry_after_ms: 50"),
+        "{a:?}"
+    );
+}

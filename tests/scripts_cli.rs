@@ -469,6 +469,18 @@ fn stray_arguments_get_the_usage_line() {
         ("sliding_window.lua", &["3", "nan"]),
         ("pace_defer.lua", &["4", "nan"]),
         ("give_back.lua", &["token_bucket", "nan"]),
+        (
+            "token_bucket.lua",
+            &["10", "20", "1", "debt", "1700000000000", "9"],
+        ),
+        ("charge.lua", &["token_bucket", "100", "100"]),
+        ("charge.lua", &["token_bucket", "100", "100", "1.5"]),
+        ("charge.lua", &["leaky_bucket", "100", "100", "5"]),
+        ("charge.lua", &["sliding_window", "3", "60000", "5"]),
+        (
+            "charge.lua",
+            &["fixed_window", "3", "60000", "5", "1700000000000", "9"],
+        ),
     ] {
         let out = eval(&redis, script, "stray", args).join(" ");
         assert!(
@@ -521,4 +533,36 @@ fn console_scripts_by_hand() {
     assert_eq!(eval(&redis, "resets.lua", counter, &["bump"]), ["2"]);
     let ttl: i64 = redis.cli(&["PTTL", counter]).trim().parse().unwrap();
     assert!(ttl > 0, "it expires: {ttl}");
+}
+
+/// The charge run by hand as its header shows it, on a caller's clock: 149 more after one
+/// request leaves a debt of 50, which the debt-keeping check repays at the rate; a check
+/// without `debt` would clamp it as a bucket of other parameters.
+#[test]
+fn charge_by_hand() {
+    let redis = Redis::start();
+    let now = "1700000000000";
+    let key = "tollgate:demo:bob";
+    let check = |debt: bool| {
+        let mut args = vec!["100", "100", "1"];
+        if debt {
+            args.push("debt");
+        }
+        args.push(now);
+        eval(&redis, "token_bucket.lua", key, &args)
+    };
+    assert_eq!(check(true), ["1", "99", "0", "10"]);
+    let charged = ["token_bucket", "100", "100", "149", now];
+    assert_eq!(eval(&redis, "charge.lua", key, &charged), ["-50", "1500"]);
+    assert_eq!(check(true), ["0", "0", "510", "1500"]);
+    assert_eq!(
+        check(false),
+        ["0", "0", "10", "1000"],
+        "clamped without debt"
+    );
+    // the windows: a count past the limit until the window ends
+    let window = ["fixed_window", "10", "60000", "12", now];
+    assert_eq!(eval(&redis, "charge.lua", "w", &window), ["-2", "40000"]);
+    let refused = eval(&redis, "fixed_window.lua", "w", &["10", "60000", now]);
+    assert_eq!(refused, ["0", "0", "40000", "40000"]);
 }

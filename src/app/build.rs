@@ -206,12 +206,17 @@ pub fn build_proxy(
                 l.exempt.clone(),
                 l.overrides.iter().cloned().collect(),
             )
+            .with_charge(l.charge.as_ref().map(|c| c.response_header.clone()))
         });
         let strip = match (&r.matcher.path, r.strip_prefix) {
             (m @ PathMatch::Prefix(_), true) => Some(m.clone()),
             _ => None,
         };
-        let limits = limits.collect();
+        let limits: Vec<Limit> = limits.collect();
+        // (a charged limit's unread counts exist from the start, at zero)
+        for limit in limits.iter().filter(|l| l.charge.is_some()) {
+            metrics.charge_known(&name, &limit.name);
+        }
         let route = Route {
             series: RouteSeries::new(name.clone()),
             name,

@@ -12,8 +12,8 @@ use http::HeaderName;
 
 use super::check::{check_name, parse_net, Checker};
 use super::problem::{one_of, or_list, Path};
-use super::raw::{Field, RawAlgorithm, RawLimit, RawMode, RawParams, StrList};
-use super::types::{LimitConfig, Mode};
+use super::raw::{Field, RawAlgorithm, RawCharge, RawLimit, RawMode, RawParams, StrList};
+use super::types::{Charge, LimitConfig, Mode};
 use super::units::{self, ParsedRate};
 use crate::identity::{self, KeyPart};
 use crate::limit::{Algorithm, Bucket, Pace, ParamError, Window};
@@ -84,17 +84,60 @@ pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Optio
             }
         }
     }
+    let charge = raw
+        .charge
+        .get()
+        .and_then(|c| charge(chk, c, kind, &path.key("charge")));
+    // (a charged token bucket keeps its debt: see `Bucket::debt`)
+    let charged = |alg: Algorithm| match charge {
+        Some(_) => alg.charged(),
+        None => alg,
+    };
     Some(LimitConfig {
         name: name?,
-        algorithm: algorithm?,
+        algorithm: charged(algorithm?),
         key,
         mode: match raw.mode.get() {
             Some(RawMode::Enforce) | None => Mode::Enforce,
             Some(RawMode::Shadow) => Mode::Shadow,
         },
         exempt,
-        overrides,
+        overrides: overrides
+            .into_iter()
+            .map(|(k, a)| (k, charged(a)))
+            .collect(),
+        charge,
     })
+}
+
+/// `charge`: the header is a valid name, and the algorithm one that can take a charge.
+fn charge(
+    chk: &mut Checker<'_>,
+    raw: &RawCharge,
+    kind: Option<RawAlgorithm>,
+    path: &Path,
+) -> Option<Charge> {
+    if let Some(kind @ (RawAlgorithm::LeakyBucket | RawAlgorithm::SlidingWindow)) = kind {
+        let why = match kind {
+            RawAlgorithm::LeakyBucket => "a leaky bucket has paced the request already",
+            _ => "a sliding log would need one entry per unit charged",
+        };
+        let message = format!(
+            "charge needs token_bucket, fixed_window or sliding_window_counter, not {} ({why})",
+            takes(kind).0
+        );
+        chk.key_error(path.clone(), message);
+        return None;
+    }
+    let name = chk.required(&raw.response_header, path, "response_header")?;
+    let header_path = path.key("response_header");
+    match HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes()) {
+        Ok(response_header) => Some(Charge { response_header }),
+        Err(_) => {
+            chk.error(header_path, format!("not a valid header name: {name:?}"));
+            None
+        }
+    }
 }
 
 /// The names `key` accepts, for messages.

@@ -277,6 +277,14 @@ pub(crate) struct RawLimit {
     pub max_delay: Field<String>,
     pub limit: Field<u64>,
     pub window: Field<String>,
+    pub charge: Field<RawCharge>,
+}
+
+/// `routes[N].limits[M].charge`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawCharge {
+    pub response_header: Field<String>,
 }
 
 impl RawLimit {

@@ -450,6 +450,9 @@ fn limit_line(l: &LimitConfig) -> String {
         1 => line.push_str(", 1 override"),
         n => line.push_str(&format!(", {n} overrides")),
     }
+    if let Some(charge) = &l.charge {
+        line.push_str(&format!(", charge {}", charge.response_header));
+    }
     line
 }
 
@@ -499,5 +502,10 @@ fn limit_json(l: &LimitConfig) -> Value {
     let exempt: Vec<String> = l.exempt.iter().map(ToString::to_string).collect();
     out.insert("exempt".into(), exempt.into());
     out.insert("overrides".into(), l.overrides.len().into());
+    let charge = l
+        .charge
+        .as_ref()
+        .map(|c| serde_json::json!({"response_header": c.response_header.as_str()}));
+    out.insert("charge".into(), charge.into());
     out.into()
 }

@@ -364,6 +364,16 @@ pub struct LimitConfig {
     /// `overrides`: other parameters for particular key values, in file order; each is the
     /// limit's own parameters with the override's merged over them
     pub overrides: Vec<(String, Algorithm)>,
+    /// `charge`: what the upstream reports a request used, charged after the response; the
+    /// algorithm (and each override's) is then [`Algorithm::charged`]
+    pub charge: Option<Charge>,
+}
+
+/// `routes[N].limits[M].charge`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    /// `response_header`: the response header, or trailer, holding the number used
+    pub response_header: http::HeaderName,
 }
 
 /// `routes[N].limits[M].mode`

@@ -45,7 +45,7 @@ pub fn apply(alg: &Algorithm, state: &mut Option<State>, now: Millis) -> (Decisi
     }
 }
 
-fn stored_at(state: &Option<State>) -> Option<Millis> {
+pub(super) fn stored_at(state: &Option<State>) -> Option<Millis> {
     match state {
         Some(State::At(t)) => Some(*t),
         _ => None,
@@ -59,8 +59,9 @@ fn token_bucket(b: &Bucket, state: &mut Option<State>, now: Millis) -> (Decision
     let mut tat = stored_at(state).filter(|t| *t >= now).unwrap_or(now);
     // A bucket written under other parameters (a limit changed by a reload) may lie further
     // ahead than this one holds: it is empty now, written so (also when this request is
-    // refused), and refills at this rate from here.
-    let emptied = tat - now - tolerance > EPS_MS;
+    // refused), and refills at this rate from here. A charged bucket's TAT that far ahead is
+    // debt, which stays.
+    let emptied = !b.debt && tat - now - tolerance > EPS_MS;
     if emptied {
         tat = now + tolerance;
     }
@@ -250,12 +251,12 @@ fn round_micros(ms: f64) -> u64 {
 }
 
 /// `math.ceil` of a span that may be zero or negative, clamped at zero.
-fn ceil0(ms: f64) -> u64 {
+pub(super) fn ceil0(ms: f64) -> u64 {
     ms.ceil().max(0.0) as u64
 }
 
 /// The aligned window containing `now`: `floor(now / window) * window`, as the scripts compute it.
-fn window_start(now: Millis, window: f64) -> Millis {
+pub(super) fn window_start(now: Millis, window: f64) -> Millis {
     (now / window).floor() * window
 }
 

@@ -9,12 +9,15 @@
 //!   limit or window cannot be built.
 //! * [`decision`]: what a check answers ([`Decision`]).
 //! * [`algorithms`]: the state kept per key ([`State`]) and the step function for each algorithm.
+//! * [`charge`](mod@charge): what the upstream reported after the response, charged to a key.
 
 mod algorithms;
+mod charge;
 mod decision;
 mod params;
 
 pub use algorithms::{apply, defer, give_back, State};
+pub use charge::{charge, Balance};
 pub use decision::Decision;
 pub use params::{Algorithm, Bucket, Pace, ParamError, Rate, Window};
 

@@ -62,6 +62,10 @@ pub struct Bucket {
     pub burst: NonZeroU32,
     /// tokens one request takes
     pub cost: NonZeroU32,
+    /// the limit charges what the upstream reports after the response (`charge`), which may
+    /// take the bucket below empty: a TAT past the tolerance is then debt to repay, not a
+    /// bucket left by other parameters to clamp (see [`crate::limit::charge`])
+    pub debt: bool,
 }
 
 impl Bucket {
@@ -73,7 +77,12 @@ impl Bucket {
                 burst: burst.get(),
             });
         }
-        Ok(Bucket { rate, burst, cost })
+        Ok(Bucket {
+            rate,
+            burst,
+            cost,
+            debt: false,
+        })
     }
 }
 
@@ -153,7 +162,7 @@ impl Algorithm {
                 Algorithm::TokenBucket(Bucket {
                     rate: rate(b.rate),
                     burst,
-                    cost: b.cost,
+                    ..*b
                 })
             }
             Algorithm::LeakyBucket(p) => Algorithm::LeakyBucket(Pace {
@@ -163,6 +172,27 @@ impl Algorithm {
             Algorithm::FixedWindow(w) => Algorithm::FixedWindow(window(w)),
             Algorithm::SlidingWindow(w) => Algorithm::SlidingWindow(window(w)),
             Algorithm::SlidingWindowCounter(w) => Algorithm::SlidingWindowCounter(window(w)),
+        }
+    }
+
+    /// Whether a limit of this algorithm may charge what the upstream reports after the
+    /// response (`charge`): the token bucket and the two counting windows. A sliding log would
+    /// need one entry per unit charged, and a leaky bucket has sent the request already.
+    pub fn chargeable(&self) -> bool {
+        match self {
+            Algorithm::TokenBucket(_)
+            | Algorithm::FixedWindow(_)
+            | Algorithm::SlidingWindowCounter(_) => true,
+            Algorithm::LeakyBucket(_) | Algorithm::SlidingWindow(_) => false,
+        }
+    }
+
+    /// This algorithm for a limit that charges after the response: a token bucket keeps its
+    /// debt ([`Bucket::debt`]); the windows need nothing more.
+    pub fn charged(self) -> Algorithm {
+        match self {
+            Algorithm::TokenBucket(b) => Algorithm::TokenBucket(Bucket { debt: true, ..b }),
+            other => other,
         }
     }
 

@@ -36,6 +36,9 @@ pub struct Limit {
     policy: HeaderValue,
     /// its decision metrics, found once
     series: DecisionSeries,
+    /// with `charge`: the response header (or trailer) whose number is charged after the
+    /// response ([`super::charge`])
+    pub charge: Option<http::HeaderName>,
 }
 
 impl Limit {
@@ -61,6 +64,15 @@ impl Limit {
             exempt,
             overrides,
             policy,
+            charge: None,
+        }
+    }
+
+    /// This limit, charging the number in the response header `header` after the response.
+    pub fn with_charge(self, header: Option<http::HeaderName>) -> Limit {
+        Limit {
+            charge: header,
+            ..self
         }
     }
 
@@ -96,7 +108,7 @@ fn figures(alg: &Algorithm) -> (u64, u64) {
 }
 
 /// The tokens one request takes of `alg`'s quota: a token bucket's `cost`, else 1.
-fn cost(alg: &Algorithm) -> u64 {
+pub(super) fn cost(alg: &Algorithm) -> u64 {
     match alg {
         Algorithm::TokenBucket(b) => u64::from(b.cost.get()),
         _ => 1,
@@ -115,7 +127,7 @@ pub(super) enum Checked<'r> {
 
 /// Writes the store key of `limit` for the request into `key`; the algorithm that applies to
 /// it (the limit's own, or an override's for the client key).
-fn limit_key<'r>(
+pub(super) fn limit_key<'r>(
     proxy: &Proxy,
     route: &Route,
     limit: &'r Limit,

@@ -14,6 +14,7 @@
 //! the store only through the [`Store`] trait.
 
 pub mod access;
+mod charge;
 pub mod forward;
 pub mod h1;
 mod hop;
@@ -428,8 +429,15 @@ impl Proxy {
             if let Some(owed) = owed {
                 owed.paid();
             }
-            self.forward(route, req, &path, &conn, &client, outcome)
-                .await
+            // what the charged limits are owed once the response says what was used
+            let charges = charge::Charges::of(self, route, &req, client.ip, path.matched());
+            let resp = self
+                .forward(route, req, &path, &conn, &client, outcome)
+                .await?;
+            Ok(match charges {
+                Some(charges) => charges.read(resp, outcome.shown.as_mut()),
+                None => resp,
+            })
         }
     }
 

@@ -101,6 +101,11 @@ impl<'a> Showing<'a> {
     pub fn iter(&self) -> impl Iterator<Item = &Shown<'a>> {
         std::iter::once(&self.first).chain(&self.rest)
     }
+
+    /// Every limit, in order, to correct its figures (a charge made after the response).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Shown<'a>> {
+        std::iter::once(&mut self.first).chain(&mut self.rest)
+    }
 }
 
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

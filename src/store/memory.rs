@@ -13,8 +13,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lru::LruCache;
 
-use super::{GiveBackFuture, HoldFuture, Store, StoreFuture};
-use crate::limit::{apply, defer, give_back, Algorithm, Decision, Millis, Pace, State};
+use super::{ChargeFuture, GiveBackFuture, HoldFuture, Store, StoreFuture};
+use crate::limit::{
+    apply, charge, defer, give_back, Algorithm, Balance, Decision, Millis, Pace, State,
+};
 
 type Hasher = foldhash::fast::RandomState;
 /// One shard: an LRU map under its own lock.
@@ -112,6 +114,18 @@ impl MemoryStore {
     /// ([`crate::limit::give_back`]); whether anything was given back.
     pub fn undo(&self, key: &str, alg: &Algorithm, age_ms: f64, now: Option<Millis>) -> bool {
         self.with_state(key, now, |state, now| give_back(alg, state, now, age_ms))
+    }
+
+    /// Charges `amount` more to `key` under `alg` at `now` ([`crate::limit::charge`]); what
+    /// the key holds after it, `None` for an algorithm that takes no charge.
+    pub fn add(
+        &self,
+        key: &str,
+        alg: &Algorithm,
+        amount: i64,
+        now: Option<Millis>,
+    ) -> Option<Balance> {
+        self.with_state(key, now, |state, now| charge(alg, state, now, amount))
     }
 
     /// Holds the pacing schedule at `key` until `hold_ms` from now (upstream back-pressure);
@@ -271,6 +285,16 @@ impl Store for MemoryStore {
         now: Option<Millis>,
     ) -> GiveBackFuture<'a> {
         Box::pin(std::future::ready(Ok(self.undo(key, alg, age_ms, now))))
+    }
+
+    fn charge<'a>(
+        &'a self,
+        key: &'a str,
+        alg: &'a Algorithm,
+        amount: i64,
+        now: Option<Millis>,
+    ) -> ChargeFuture<'a> {
+        Box::pin(std::future::ready(Ok(self.add(key, alg, amount, now))))
     }
 
     fn peek<'a>(&'a self, key: &'a str, alg: &'a Algorithm) -> StoreFuture<'a> {

@@ -22,7 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::limit::{Algorithm, Decision, Millis, Pace};
+use crate::limit::{Algorithm, Balance, Decision, Millis, Pace};
 
 pub use memory::MemoryStore;
 pub use policy::{GuardedStore, OnError};
@@ -44,6 +44,11 @@ pub type HoldFuture<'a> = Pin<Box<dyn Future<Output = Result<u64, StoreError>> +
 
 /// The future of a [`Store::give_back`]: whether anything was given back.
 pub type GiveBackFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
+
+/// The future of a [`Store::charge`]: what the key holds after the charge, `None` when the
+/// algorithm takes no charge.
+pub type ChargeFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Option<Balance>, StoreError>> + Send + 'a>>;
 
 /// The future of a [`Store::ready`]: why requests cannot be decided as configured, if so.
 pub type ReadyFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
@@ -84,6 +89,20 @@ pub trait Store: Send + Sync + 'static {
         _now: Option<Millis>,
     ) -> GiveBackFuture<'a> {
         Box::pin(std::future::ready(Ok(false)))
+    }
+
+    /// Charges `amount` more to `key` under `alg` after the response (negative: gives back):
+    /// what the upstream reported a request used, less the cost its check took
+    /// (`lua/charge.lua`; [`crate::limit::charge`]). A token bucket may go into debt. `now` as
+    /// for `check`. A store that keeps no state charges nothing.
+    fn charge<'a>(
+        &'a self,
+        _key: &'a str,
+        _alg: &'a Algorithm,
+        _amount: i64,
+        _now: Option<Millis>,
+    ) -> ChargeFuture<'a> {
+        Box::pin(std::future::ready(Ok(None)))
     }
 
     /// The refusal of `key` under `alg` that is remembered locally (the deny cache), if any:

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 
 use super::{
-    GiveBackFuture, HoldFuture, MemoryStore, ReadyFuture, Store, StoreError, StoreFuture,
-    StoreObserver,
+    ChargeFuture, GiveBackFuture, HoldFuture, MemoryStore, ReadyFuture, Store, StoreError,
+    StoreFuture, StoreObserver,
 };
 use crate::limit::{Algorithm, Decision, Millis, Pace};
 
@@ -291,6 +291,36 @@ impl Store for GuardedStore {
             if shared.is_err() && self.on_error == OnError::Local {
                 self.local
                     .undo(key, &alg.share(self.instances), age_ms, now);
+            }
+            shared
+        })
+    }
+
+    fn charge<'a>(
+        &'a self,
+        key: &'a str,
+        alg: &'a Algorithm,
+        amount: i64,
+        now: Option<Millis>,
+    ) -> ChargeFuture<'a> {
+        Box::pin(async move {
+            // A remembered refusal may now be too long (a give-back) or too short (more debt):
+            // the next check asks the store, whose answer covers the debt.
+            self.deny_cache.remove(key);
+            let started = Instant::now();
+            let shared = self
+                .through_breaker(self.primary.charge(key, alg, amount, now), true)
+                .await;
+            // (a call the breaker kept back is counted as skipped already)
+            let called = !matches!(shared, Err(StoreError::CircuitOpen));
+            if let Some(observer) = self.observer.as_ref().filter(|_| called) {
+                observer.call(started.elapsed(), shared.as_ref().err());
+            }
+            // Not tried again: the charge is owed once, and a retry after a timeout could
+            // charge it twice. With `local` the fallback is charged too, as it may have
+            // decided the check.
+            if shared.is_err() && self.on_error == OnError::Local {
+                self.local.add(key, &alg.share(self.instances), amount, now);
             }
             shared
         })

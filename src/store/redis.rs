@@ -25,7 +25,9 @@ use ::redis::{
 use super::pipe::{self, Addr, Endpoint, Failure, Pipe, Sentinel, Sentinels};
 use super::reply::{self, Reply};
 use super::scripts::{Call, Scripts};
-use super::{GiveBackFuture, HoldFuture, ReadyFuture, Store, StoreError, StoreFuture};
+use super::{
+    ChargeFuture, GiveBackFuture, HoldFuture, ReadyFuture, Store, StoreError, StoreFuture,
+};
 use crate::limit::{Algorithm, Millis, Pace};
 pub use crate::tls::ClientTls;
 
@@ -526,6 +528,21 @@ impl Store for RedisStore {
                     detail: format!("expected an integer, got {other:?}"),
                 }),
             }
+        })
+    }
+
+    fn charge<'a>(
+        &'a self,
+        key: &'a str,
+        alg: &'a Algorithm,
+        amount: i64,
+        now: Option<Millis>,
+    ) -> ChargeFuture<'a> {
+        Box::pin(async move {
+            let Some(call) = self.scripts.charge(key, alg, amount, now) else {
+                return Ok(None);
+            };
+            reply::decode_balance(&self.invoke(call).await?).map(Some)
         })
     }
 

@@ -3,7 +3,7 @@
 use ::redis::Value;
 
 use super::StoreError;
-use crate::limit::{Algorithm, Decision, Millis, State};
+use crate::limit::{Algorithm, Balance, Decision, Millis, State};
 
 /// A script's reply as the store's own connection reads it: the counting scripts' four integers
 /// kept inline (no allocation on the way from the socket to the decision, nor when a joined
@@ -29,6 +29,24 @@ pub(crate) fn decode_reply(alg: &Algorithm, reply: &Reply) -> Result<Decision, S
             ..decode_reply(alg, &Reply::Four(*n))?
         }),
         (_, Reply::Value(value)) => decode(alg, value),
+    }
+}
+
+/// Decodes `lua/charge.lua`'s `{balance, reset_ms}`.
+pub(crate) fn decode_balance(reply: &Reply) -> Result<Balance, StoreError> {
+    let bad = |detail: String| StoreError::Reply {
+        script: "charge",
+        detail,
+    };
+    let Reply::Value(Value::Array(items)) = reply else {
+        return Err(bad(format!("expected an array, got {reply:?}")));
+    };
+    match items.as_slice() {
+        [Value::Int(balance), Value::Int(reset)] => Ok(Balance {
+            balance: *balance,
+            reset_ms: u64::try_from(*reset).unwrap_or(0),
+        }),
+        _ => Err(bad(format!("expected two integers, got {items:?}"))),
     }
 }
 

@@ -46,6 +46,7 @@ pub(crate) struct Scripts {
     sliding_window_counter: Lua,
     pace_defer: Lua,
     give_back: Lua,
+    charge: Lua,
     peek: Lua,
     forget: Lua,
     resets: Lua,
@@ -63,8 +64,9 @@ enum Arg {
     Word(&'static str),
 }
 
-/// The most ARGV any script takes (the rate, two more, and `now`).
-const MAX_ARGS: usize = 4;
+/// The most ARGV any script takes (a charge's algorithm, two parameters, the amount, and
+/// `now`; a charged token bucket's rate, burst, cost, `debt` and `now`).
+const MAX_ARGS: usize = 5;
 
 /// One script call: KEYS[1] = `key`, ARGV in the script's order, and `now` last when given.
 pub(crate) struct Call<'a> {
@@ -90,6 +92,7 @@ impl Scripts {
             sliding_window_counter: Lua::new(include_str!("../../lua/sliding_window_counter.lua")),
             pace_defer: Lua::new(include_str!("../../lua/pace_defer.lua")),
             give_back: Lua::new(include_str!("../../lua/give_back.lua")),
+            charge: Lua::new(include_str!("../../lua/charge.lua")),
             peek: Lua::new(include_str!("../../lua/peek.lua")),
             forget: Lua::new(include_str!("../../lua/forget.lua")),
             resets: Lua::new(include_str!("../../lua/resets.lua")),
@@ -104,10 +107,16 @@ impl Scripts {
         now: Option<Millis>,
     ) -> Call<'a> {
         let mut call = match alg {
-            Algorithm::TokenBucket(b) => Call::new(&self.token_bucket, key)
-                .arg(Arg::Num(b.rate.per_sec()))
-                .arg(Arg::Int(b.burst.get().into()))
-                .arg(Arg::Int(b.cost.get().into())),
+            Algorithm::TokenBucket(b) => {
+                let call = Call::new(&self.token_bucket, key)
+                    .arg(Arg::Num(b.rate.per_sec()))
+                    .arg(Arg::Int(b.burst.get().into()))
+                    .arg(Arg::Int(b.cost.get().into()));
+                match b.debt {
+                    true => call.arg(Arg::Word("debt")),
+                    false => call,
+                }
+            }
             Algorithm::LeakyBucket(p) => Call::new(&self.leaky_bucket, key)
                 .arg(Arg::Num(p.rate.per_sec()))
                 .arg(p.max_delay_ms.map_or(Arg::Empty, Arg::Num)),
@@ -118,7 +127,9 @@ impl Scripts {
         call.same_each_time = now.is_none();
         match (now, alg) {
             (Some(now), _) => call = call.arg(Arg::Num(now)),
-            (None, Algorithm::TokenBucket(b)) => {
+            // (a charged bucket is not joined, so it takes no lease either: a lease handed
+            // out after a charge would not know of the debt)
+            (None, Algorithm::TokenBucket(b)) if !b.debt => {
                 let cost = b.cost.get().into();
                 let burst = b.burst.get().into();
                 call.joinable = Some((Kind::Tokens { cost, burst }, b.rate.interval_ms()));
@@ -181,6 +192,33 @@ impl Scripts {
 }
 
 impl Scripts {
+    /// The call of `lua/charge.lua` charging `amount` more to `key` under `alg` (negative:
+    /// giving back); `None` for an algorithm that takes no charge.
+    pub(crate) fn charge<'a>(
+        &'a self,
+        key: &'a str,
+        alg: &Algorithm,
+        amount: i64,
+        now: Option<Millis>,
+    ) -> Option<Call<'a>> {
+        let (a, b) = match alg {
+            Algorithm::TokenBucket(b) => (Arg::Num(b.rate.per_sec()), b.burst.get().into()),
+            Algorithm::FixedWindow(w) | Algorithm::SlidingWindowCounter(w) => {
+                (Arg::Int(w.limit.get()), w.window_ms.get())
+            }
+            Algorithm::LeakyBucket(_) | Algorithm::SlidingWindow(_) => return None,
+        };
+        let mut call = Call::new(&self.charge, key)
+            .arg(Arg::Word(alg.name()))
+            .arg(a)
+            .arg(Arg::Int(b))
+            .arg(Arg::Num(amount as f64));
+        if let Some(now) = now {
+            call = call.arg(Arg::Num(now));
+        }
+        Some(call)
+    }
+
     /// The call of `lua/peek.lua`, which reads `key` and changes nothing.
     pub(crate) fn peek<'a>(&'a self, key: &'a str) -> Call<'a> {
         Call::new(&self.peek, key)
@@ -416,6 +454,7 @@ mod tests {
                 rate: Rate::per_second(rate).unwrap(),
                 burst: NonZeroU32::new(burst).unwrap(),
                 cost: NonZeroU32::new(1).unwrap(),
+                debt: false,
             })
         };
         let pace = Algorithm::LeakyBucket(Pace {
@@ -446,6 +485,36 @@ mod tests {
         }
     }
 
+    /// A charged bucket's check says `debt` before `now`, and is never joined (so never
+    /// leased): tokens handed out ahead would not know of a debt charged since.
+    #[test]
+    fn a_charged_bucket_says_debt_and_is_not_joined() {
+        let scripts = Scripts::new();
+        let plain = Bucket {
+            rate: Rate::per_second(5000.0).unwrap(),
+            burst: NonZeroU32::new(10_000).unwrap(),
+            cost: NonZeroU32::new(1).unwrap(),
+            debt: false,
+        };
+        let charged = Algorithm::TokenBucket(plain).charged();
+        let mut out = Vec::new();
+        assert!(scripts
+            .check("k", &charged, None)
+            .encode(&mut out, false)
+            .is_none());
+        assert!(String::from_utf8_lossy(&out).ends_with("$4\r\ndebt\r\n"));
+        let mut out = Vec::new();
+        scripts
+            .check("k", &charged, Some(7.0))
+            .encode(&mut out, false);
+        assert!(String::from_utf8_lossy(&out).ends_with("$4\r\ndebt\r\n$1\r\n7\r\n"));
+        let plain = Algorithm::TokenBucket(plain);
+        assert!(scripts
+            .check("k", &plain, None)
+            .encode(&mut Vec::new(), false)
+            .is_some());
+    }
+
     /// A check is encoded as the RESP array redis-rs would send: EVALSHA, the SHA1, one key,
     /// the arguments as text (the count's `\r\n` excepted), and `now` last.
     #[test]
@@ -455,6 +524,7 @@ mod tests {
             rate: Rate::per_second(2.5).unwrap(),
             burst: NonZeroU32::new(10).unwrap(),
             cost: NonZeroU32::new(1).unwrap(),
+            debt: false,
         });
         let mut out = Vec::new();
         scripts
@@ -552,6 +622,7 @@ mod tests {
                 rate: Rate::per_second(x.max(1e-9)).unwrap(),
                 burst: NonZeroU32::new(1).unwrap(),
                 cost: NonZeroU32::new(1).unwrap(),
+                debt: false,
             });
             let mut out = Vec::new();
             scripts.check("k", &alg, Some(x)).encode(&mut out, false);
@@ -568,6 +639,7 @@ mod tests {
             rate: Rate::per_second(1.0 / 3.0e15).unwrap(),
             burst: NonZeroU32::new(1).unwrap(),
             cost: NonZeroU32::new(1).unwrap(),
+            debt: false,
         });
         let mut out = Vec::new();
         scripts.check("k", &slow, None).encode(&mut out, false);

@@ -549,3 +549,28 @@ fn access_log_settings_outside_their_names_are_errors() {
         ],
     );
 }
+
+/// `charge` on an algorithm that cannot take one is an error at the key, saying which can; a
+/// charge needs its header, and a valid one.
+#[test]
+fn charge_needs_a_chargeable_algorithm_and_a_header() {
+    let text = route_with(
+        "    limits:\n      - name: l\n        algorithm: sliding_window\n        limit: 5\n        window: 1m\n        charge: {response_header: x-used}\n",
+    );
+    assert_problems(
+        &text,
+        &[
+            "proxy.yaml:13:9: routes[0].limits[0].charge: charge needs token_bucket, fixed_window or sliding_window_counter, not sliding_window (a sliding log would need one entry per unit charged)",
+        ],
+    );
+    let text = route_with(
+        "    limits:\n      - {name: l, algorithm: token_bucket, rate: 1/s, charge: {}}\n      - {name: m, algorithm: token_bucket, rate: 1/s, charge: {response_header: \"a b\"}}\n",
+    );
+    assert_problems(
+        &text,
+        &[
+            r#"proxy.yaml:9:63: routes[0].limits[0].charge: missing required key "response_header""#,
+            r#"proxy.yaml:10:81: routes[0].limits[1].charge.response_header: not a valid header name: "a b""#,
+        ],
+    );
+}

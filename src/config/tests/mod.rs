@@ -364,3 +364,31 @@ fn load_reads_upstream_tls_files() {
         "{problems:#?}"
     );
 }
+
+/// A charged limit keeps its header, its token bucket (and each override's) keeps its debt,
+/// and `check` and `/config` show it.
+#[test]
+fn a_charged_limit_keeps_its_debt_and_shows_its_header() {
+    let text = format!(
+        "{MINIMAL}    limits:\n      - name: tokens\n        algorithm: token_bucket\n        key: header:x-api-key\n        rate: 1000/s\n        burst: 60000\n        overrides: {{gold: {{rate: 2000/s}}}}\n        charge: {{response_header: X-Tokens-Used}}\n"
+    );
+    let loaded = ok(&text);
+    let limit = &loaded.config.routes[0].limits[0];
+    assert_eq!(
+        limit.charge.as_ref().map(|c| c.response_header.as_str()),
+        Some("x-tokens-used")
+    );
+    for alg in std::iter::once(&limit.algorithm).chain(limit.overrides.iter().map(|(_, a)| a)) {
+        assert!(
+            matches!(alg, Algorithm::TokenBucket(b) if b.debt),
+            "{alg:?}"
+        );
+    }
+    let summary = loaded.config.summary();
+    assert!(summary.contains("charge x-tokens-used"), "{summary}");
+    let json = loaded.config.to_json();
+    assert_eq!(
+        json["routes"][0]["limits"][0]["charge"]["response_header"],
+        "x-tokens-used"
+    );
+}

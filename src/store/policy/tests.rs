@@ -202,6 +202,22 @@ impl Store for Fake {
         Box::pin(async { Err(timeout()) })
     }
 
+    fn charge<'a>(
+        &'a self,
+        _key: &'a str,
+        _alg: &'a Algorithm,
+        _amount: i64,
+        _now: Option<Millis>,
+    ) -> ChargeFuture<'a> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            match self.behaviour {
+                Behaviour::Fails => Err(timeout()),
+                Behaviour::Denies(_) => Ok(None),
+            }
+        })
+    }
+
     fn peek<'a>(&'a self, _key: &'a str, _alg: &'a Algorithm) -> StoreFuture<'a> {
         Box::pin(async { Err(timeout()) })
     }
@@ -508,4 +524,45 @@ fn failures_that_do_not_trip_are_logged_at_most_every_ten_seconds() {
     assert!(lines[1].contains("failed_since_last_line=4"), "{text}");
     assert!(lines[2].contains("WRONGTYPE"), "{text}");
     assert!(!b.is_open());
+}
+
+/// A charge forgets the key's remembered refusal: a debt (or a give-back) changes when the key
+/// is admitted again, so the next check asks the store, whose answer covers the debt.
+#[tokio::test]
+async fn a_charge_forgets_the_remembered_refusal() {
+    let (store, calls) = guarded(Behaviour::Denies(60_000), Duration::ZERO, OnError::Deny, 1);
+    let alg = bucket(1).charged();
+    assert!(!store.check("k", &alg, None).await.unwrap().allowed);
+    assert!(!store.check("k", &alg, None).await.unwrap().allowed);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the second refusal was remembered"
+    );
+    store.charge("k", &alg, 40, None).await.unwrap();
+    assert!(!store.check("k", &alg, None).await.unwrap().allowed);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "asked again after the charge"
+    );
+}
+
+/// A charge the store fails is not tried again; with `local` the fallback is charged, so
+/// it knows of the debt while the store is out.
+#[tokio::test]
+async fn a_failed_charge_goes_to_the_local_fallback_once() {
+    let (store, calls) = guarded(Behaviour::Fails, Duration::ZERO, OnError::Local, 1);
+    let alg = bucket(10).charged();
+    assert!(store.check("k", &alg, None).await.unwrap().allowed);
+    assert!(store.charge("k", &alg, 20, None).await.is_err());
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "one check, one charge: no retry"
+    );
+    let in_debt = store.check("k", &alg, None).await.unwrap();
+    assert!(!in_debt.allowed, "{in_debt:?}");
+    // 21 tokens owed of 10 at one a minute: 12 minutes before one is free
+    assert!(in_debt.retry_after_ms > 11 * 60_000, "{in_debt:?}");
 }
