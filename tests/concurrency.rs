@@ -407,3 +407,34 @@ async fn pace_concurrency_serialises_requests_across_instances() {
     finish_reading(held).await;
     assert_eq!(get(&proxy.url("/slow/0"), &[]).await.status, 200);
 }
+
+/// With Redis out, `on_error` applies to slots as to any limit: `local` holds them in
+/// process, `deny` answers 503.
+#[tokio::test]
+async fn the_failure_policy_applies_to_slots() {
+    let mut redis = Redis::start();
+    let up = Holding::start().await;
+    let route = "limits:\n  - {name: conc, algorithm: concurrency, key: route, limit: 1}";
+    let local = Yaml::to(&[up.url()])
+        .redis(&redis, "timeout: 200ms\non_error: local")
+        .route("api", "/", route)
+        .build();
+    let deny = Yaml::to(&[up.url()])
+        .redis(&redis, "timeout: 200ms\non_error: deny")
+        .route("api", "/", route)
+        .build();
+    redis.kill();
+    let proxy = Proxy::start(&local).await;
+    let held = open(&proxy.url("/hold")).await;
+    assert_eq!(held.status(), 200);
+    let refused = ask(&proxy.url("/hold")).await;
+    assert_eq!(refused.status, 429, "the fallback holds the slot");
+    up.finish(1);
+    finish_reading(held).await;
+    let again = open(&proxy.url("/hold")).await;
+    assert_eq!(again.status(), 200, "and frees it");
+    up.finish(1);
+    finish_reading(again).await;
+    let proxy = Proxy::start(&deny).await;
+    assert_eq!(ask(&proxy.url("/slow/0")).await.status, 503);
+}

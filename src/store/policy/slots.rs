@@ -17,9 +17,17 @@ impl GuardedStore {
         holder: &str,
         now: Option<Millis>,
     ) -> Result<Decision, StoreError> {
+        let started = std::time::Instant::now();
         let shared = self
             .through_breaker(self.primary.acquire(key, slots, holder, now), true)
             .await;
+        // (a call the breaker kept back is counted as skipped already)
+        if let (Some(observer), false) = (
+            &self.observer,
+            matches!(shared, Err(StoreError::CircuitOpen)),
+        ) {
+            observer.call(started.elapsed(), shared.as_ref().err());
+        }
         let error = match shared {
             Ok(d) => return Ok(d),
             Err(e) => e,
