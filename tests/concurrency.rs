@@ -309,13 +309,20 @@ async fn a_dead_holders_slot_frees_within_the_lease() {
     );
 }
 
-/// The memory store holds slots the same way, for a single instance.
+/// The memory store holds slots the same way, for a single instance; the gauge
+/// `tollgate_concurrency_held` counts them.
 #[tokio::test]
 async fn the_memory_store_holds_slots_too() {
     let up = Holding::start().await;
-    let proxy = Proxy::start(&conc(&up, None, "limit: 1")).await;
+    let yaml = conc(&up, None, "limit: 1");
+    let proxy = Proxy::start(&format!("admin: {{listen: 127.0.0.1:0}}\n{yaml}")).await;
+    let metrics = format!("http://{}/metrics", proxy.admin.expect("admin listener"));
     let held = open(&proxy.url("/hold")).await;
     assert_eq!(held.status(), 200);
+    assert!(ask(&metrics)
+        .await
+        .body
+        .contains("tollgate_concurrency_held 1\n"));
     let refused = ask(&proxy.url("/hold")).await;
     assert_eq!(refused.status, 429);
     assert_eq!(header(&refused, "ratelimit"), r#""conc";r=0"#);
@@ -325,6 +332,13 @@ async fn the_memory_store_holds_slots_too() {
     assert_eq!(again.status(), 200);
     up.finish(1);
     finish_reading(again).await;
+    eventually(Duration::from_secs(3), || async {
+        ask(&metrics)
+            .await
+            .body
+            .contains("tollgate_concurrency_held 0\n")
+    })
+    .await;
 }
 
 /// A request that a later limit refuses gives its slot back before the 429 goes out.

@@ -235,12 +235,13 @@ pub fn build_proxy(
         config::HeaderStyle::None => HeaderStyle::None,
     };
     refusals.keep_only(config);
+    let holders = Holders::new(store.clone(), metrics.clone());
     Ok(Proxy {
         metrics,
         tunnels,
         refusals,
         routes: RouteTable::new(routes),
-        holders: Holders::new(store.clone()),
+        holders,
         store,
         clients,
         settings: Settings {

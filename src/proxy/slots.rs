@@ -20,6 +20,7 @@ use hyper::body::{Body as HttpBody, Frame, SizeHint};
 
 use super::{Body, BoxError};
 use crate::limit::{Decision, Slots};
+use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 
 /// How often the renewer looks for leases a third of the way through. The shortest lease is
@@ -29,6 +30,8 @@ const RENEW_TICK: Duration = Duration::from_millis(100);
 /// Every slot this instance holds, by key, and the renewer that keeps their leases.
 pub struct Holders {
     store: Arc<dyn Store>,
+    /// `tollgate_concurrency_held`
+    metrics: Metrics,
     /// the first part of every holder id: random per instance (and per loaded config), so
     /// two instances never make the same id
     prefix: String,
@@ -52,8 +55,9 @@ struct Group {
 }
 
 impl Holders {
-    /// No slot held yet; slots are taken, renewed and released at `store`.
-    pub fn new(store: Arc<dyn Store>) -> Arc<Holders> {
+    /// No slot held yet; slots are taken, renewed and released at `store`, and counted in
+    /// `metrics`.
+    pub fn new(store: Arc<dyn Store>, metrics: Metrics) -> Arc<Holders> {
         let mut random = std::collections::hash_map::RandomState::new().build_hasher();
         random.write_u128(
             std::time::SystemTime::now()
@@ -63,6 +67,7 @@ impl Holders {
         );
         Arc::new(Holders {
             store,
+            metrics,
             prefix: format!("{:016x}", random.finish()),
             next: AtomicU64::new(0),
             inner: Mutex::default(),
@@ -103,6 +108,7 @@ impl Holders {
             renewed: Instant::now(),
         });
         group.holders.push(holder.clone());
+        self.metrics.slot_held(true);
         if !inner.renewing {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 inner.renewing = true;
@@ -121,7 +127,11 @@ impl Holders {
     fn forget(&self, key: &str, holder: &str) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(group) = inner.groups.get_mut(key) {
+            let before = group.holders.len();
             group.holders.retain(|h| h != holder);
+            if group.holders.len() < before {
+                self.metrics.slot_held(false);
+            }
             if group.holders.is_empty() {
                 inner.groups.remove(key);
             }
