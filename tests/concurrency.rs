@@ -155,6 +155,19 @@ async fn open(url: &str) -> Response<Incoming> {
     http_client().request(req).await.expect("request")
 }
 
+/// [`open`], asked again until a slot is free: a slot is released on a task of its own, a
+/// moment after its response ends.
+async fn open_when_free(url: &str) -> Response<Incoming> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let resp = open(url).await;
+        if resp.status() != StatusCode::TOO_MANY_REQUESTS || Instant::now() > deadline {
+            return resp;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Reads a response's body to its end.
 async fn finish_reading(resp: Response<Incoming>) {
     let body = tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect());
@@ -219,7 +232,7 @@ async fn two_instances_share_the_slots() {
     assert_eq!(up.in_flight(), 2);
     up.finish(1);
     finish_reading(first).await;
-    let third = open(&b.url("/hold")).await;
+    let third = open_when_free(&b.url("/hold")).await;
     assert_eq!(third.status(), 200, "the slot the first held is free");
     up.finish(2);
     finish_reading(second).await;
@@ -291,9 +304,14 @@ async fn a_dead_holders_slot_frees_within_the_lease() {
         get(&proxy.url("/slow/0"), &[]).await.status == 200
     })
     .await;
-    // a holder that never renews: taken by hand, as a dead instance left it
+    // a holder that never renews: taken by hand, as a dead instance left it (once the last
+    // request's release, sent on a task of its own, has landed)
     let script = include_str!("../lua/concurrency.lua");
     let key = "tollgate:api:conc:api";
+    eventually(Duration::from_secs(2), || async {
+        redis.cli(&["exists", key]).trim() == "0"
+    })
+    .await;
     let taken = redis.cli(&["eval", script, "1", key, "acquire", "1", "1000", "ghost:1"]);
     assert!(taken.starts_with('1'), "{taken}");
     let since = Instant::now();
@@ -328,7 +346,7 @@ async fn the_memory_store_holds_slots_too() {
     assert_eq!(header(&refused, "ratelimit"), r#""conc";r=0"#);
     up.finish(1);
     finish_reading(held).await;
-    let again = open(&proxy.url("/hold")).await;
+    let again = open_when_free(&proxy.url("/hold")).await;
     assert_eq!(again.status(), 200);
     up.finish(1);
     finish_reading(again).await;
@@ -360,6 +378,11 @@ async fn a_later_refusal_frees_the_slot() {
         get(&proxy.url("/slow/0"), &[("x-k", "a")]).await.status,
         200
     );
+    // (the first request's slot is released on a task of its own)
+    eventually(Duration::from_secs(2), || async {
+        redis.cli(&["exists", "tollgate:api:conc:api"]).trim() == "0"
+    })
+    .await;
     let refused = get(&proxy.url("/slow/0"), &[("x-k", "a")]).await;
     assert_eq!(refused.status, 429);
     assert!(refused.body.contains(r#""limit":"once""#));
@@ -445,7 +468,7 @@ async fn the_failure_policy_applies_to_slots() {
     assert_eq!(refused.status, 429, "the fallback holds the slot");
     up.finish(1);
     finish_reading(held).await;
-    let again = open(&proxy.url("/hold")).await;
+    let again = open_when_free(&proxy.url("/hold")).await;
     assert_eq!(again.status(), 200, "and frees it");
     up.finish(1);
     finish_reading(again).await;

@@ -86,9 +86,15 @@ impl Holders {
             self.prefix,
             self.next.fetch_add(1, Ordering::Relaxed)
         );
-        let decision = self.store.acquire(key, slots, &holder, None).await?;
+        // held before the store is asked: a request dropped while it waits for the answer (its
+        // client gone) releases whatever the store took, and so does a call that timed out
+        let slot = self.hold(key, *slots, holder);
+        let decision = self.store.acquire(key, slots, &slot.holder, None).await?;
         if decision.allowed {
-            held.slots.push(self.hold(key, *slots, holder));
+            held.slots.push(slot);
+        } else {
+            // a refusal took nothing: no release to send
+            slot.disarm();
         }
         Ok(decision)
     }
@@ -184,6 +190,12 @@ struct Slot {
 }
 
 impl Slot {
+    /// Forgets a slot the store never gave.
+    fn disarm(mut self) {
+        self.holders.forget(&self.key, &self.holder);
+        self.holder.clear();
+    }
+
     /// Stops renewing the slot; the key and id to release.
     fn let_go(&mut self) -> (Arc<dyn Store>, String, Slots, Vec<String>) {
         self.holders.forget(&self.key, &self.holder);
