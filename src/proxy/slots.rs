@@ -99,12 +99,6 @@ impl Holders {
         Ok(decision)
     }
 
-    /// How many slots this instance holds now.
-    pub fn held(&self) -> usize {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.groups.values().map(|g| g.holders.len()).sum()
-    }
-
     /// Registers `holder`'s slot for renewal, starting the renewer if it is not running.
     fn hold(self: &Arc<Self>, key: &str, slots: Slots, holder: String) -> Slot {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
