@@ -1,7 +1,7 @@
 //! tollgate: a rate-limiting reverse proxy.
 //!
 //! # Layout
-//! * [`limit`]: the five algorithms, pure (no I/O); the Rust twins of the scripts in `lua/`.
+//! * [`limit`]: the algorithms, pure (no I/O); the Rust twins of the scripts in `lua/`.
 //! * [`store`]: the [`store::Store`] trait, the memory store, the Redis store, and the failure
 //!   policy (circuit breaker, deny cache) around it.
 //! * [`config`]: `proxy.yaml`: raw serde mirror, validation into typed config with positions.

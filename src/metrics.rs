@@ -25,6 +25,7 @@
 //! | `tollgate_upstream_responses_total` | `upstream` |
 //! | `tollgate_config_reloads_total` | `result` (ok, error) |
 //! | `tollgate_charge_unread_total` | `route`, `limit`, `reason` (missing, malformed) |
+//! | `tollgate_concurrency_held` (gauge, tollgate's own) | |
 //!
 //! A request that matched no route is recorded with the route label [`NO_ROUTE`] (`-`), which
 //! no configured route can be named, so it never mixes with a real route's series.
@@ -37,6 +38,7 @@ use std::time::Duration;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
 mod sharded;
@@ -252,6 +254,7 @@ struct Inner {
     upstream_responses: Family<UpstreamLabel, sharded::Counter>,
     config_reloads: Family<ResultLabel, Counter>,
     charge_unread: Family<ChargeLabels, Counter>,
+    concurrency_held: Gauge,
     no_route: Arc<str>,
     /// A std mutex: taken once per scrape, never on the request path.
     hooks: Mutex<Vec<ScrapeHook>>,
@@ -356,6 +359,12 @@ impl Metrics {
             "Responses of a charged limit without a usable number, by route, limit and reason",
             charge_unread.clone(),
         );
+        let concurrency_held = Gauge::default();
+        r.register(
+            "tollgate_concurrency_held",
+            "Concurrency slots this instance holds: requests in flight under a concurrency limit or an upstream's pace.concurrency",
+            concurrency_held.clone(),
+        );
 
         Metrics {
             inner: Arc::new(Inner {
@@ -372,6 +381,7 @@ impl Metrics {
                 upstream_responses,
                 config_reloads,
                 charge_unread,
+                concurrency_held,
                 no_route: Arc::from(NO_ROUTE),
                 hooks: Mutex::new(Vec::new()),
             }),
@@ -516,6 +526,16 @@ impl Metrics {
     /// `tollgate_store_leased_total` (not timed in `tollgate_store_duration_seconds`).
     pub fn store_leased(&self) {
         self.inner.store_leased.inc();
+    }
+
+    /// One more concurrency slot held (`tollgate_concurrency_held`), or with `held` false, one
+    /// fewer.
+    pub fn slot_held(&self, held: bool) {
+        if held {
+            self.inner.concurrency_held.inc();
+        } else {
+            self.inner.concurrency_held.dec();
+        }
     }
 
     /// Records one denial answered from the deny cache: `tollgate_deny_cache_hits_total`.
@@ -881,10 +901,11 @@ mod tests {
                 "# TYPE tollgate_store_leased counter",
                 "# TYPE tollgate_upstream_errors counter",
                 "# TYPE tollgate_config_reloads counter",
+                "# TYPE tollgate_concurrency_held gauge",
             ],
         );
-        // the ten metrics of the module's table
-        assert_eq!(text.matches("# TYPE ").count(), 10, "{text}");
+        // the eleven metrics of the module's table
+        assert_eq!(text.matches("# TYPE ").count(), 11, "{text}");
         // prometheus-client appends `_total` itself: once, never twice
         for sample in [
             "tollgate_requests_total{",

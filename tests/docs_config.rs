@@ -267,3 +267,45 @@ fn the_minimal_example_is_valid() {
         panic!("the minimal example of {DOC} is invalid:\n{e}\n\n{example}");
     }
 }
+
+/// The first example line of the entry headed `### \`path\``: its first line indented by four
+/// spaces.
+fn first_example(doc: &str, path: &str) -> String {
+    let heading = format!("### `{path}`\n");
+    let (_, entry) = doc
+        .split_once(&heading)
+        .unwrap_or_else(|| panic!("{DOC} has no entry {path}"));
+    entry
+        .lines()
+        .take_while(|line| !line.starts_with("###"))
+        .find_map(|line| line.strip_prefix("    "))
+        .unwrap_or_else(|| panic!("{DOC}: {path} has no example"))
+        .to_owned()
+}
+
+/// The examples of the concurrency keys, each put in its place in a small file, are valid.
+#[test]
+fn the_concurrency_examples_are_valid() {
+    let doc = doc();
+    let head = "listen: 127.0.0.1:0\nupstreams:\n  api:\n    targets: [http://127.0.0.1:9]\n";
+    let route = "routes:\n  - name: all\n    upstream: api\n    limits:\n      ";
+    let override_line = first_example(&doc, "routes[].limits[].overrides.<name>.lease");
+    let files = [
+        format!(
+            "{head}    {}\n",
+            first_example(&doc, "upstreams.<name>.pace.concurrency")
+        ),
+        format!(
+            "{head}{route}{}\n",
+            first_example(&doc, "routes[].limits[].lease")
+        ),
+        format!(
+            "{head}{route}- {{name: d, algorithm: concurrency, limit: 2, overrides: {{{override_line}}}}}\n"
+        ),
+    ];
+    for file in files {
+        if let Err(e) = config::parse(&file, "example.yaml", &|_| None) {
+            panic!("an example of {DOC} is invalid:\n{e}\n\n{file}");
+        }
+    }
+}

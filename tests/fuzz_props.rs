@@ -27,7 +27,7 @@ use tollgate::config::units::{
 };
 use tollgate::config::{self, ConfigError, Problem};
 use tollgate::identity::{client_ip, is_trusted};
-use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Window};
+use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Slots, Window};
 use tollgate::routing::{
     normalize_path, EscapedSlashes, PathError, PathMatch, PathPolicy, RequestParts, RouteMatch,
     RouteTable, SegmentParams,
@@ -944,6 +944,7 @@ fn algorithms() -> Vec<Algorithm> {
         Algorithm::FixedWindow(window),
         Algorithm::SlidingWindow(window),
         Algorithm::SlidingWindowCounter(window),
+        Algorithm::Concurrency(Slots::new(nz(3), Duration::from_secs(10)).expect("in bounds")),
     ]
 }
 
@@ -1095,7 +1096,8 @@ proptest! {
         }
     }
 
-    /// The counting algorithms' `{allowed, remaining, retry_after_ms, reset_ms}` decodes exactly.
+    /// The counting algorithms' `{allowed, remaining, retry_after_ms, reset_ms}` decodes exactly;
+    /// concurrency's four integers as its own.
     #[test]
     fn reply_counted_shape_decodes(
         allowed in 0i64..=1,
@@ -1112,6 +1114,11 @@ proptest! {
             let decoded = decode(&alg, &value);
             match alg {
                 Algorithm::LeakyBucket(_) => prop_assert!(decoded.is_err()),
+                // `{admitted, free, wait_ms, held}`: the wait, at most a second, is the reset
+                Algorithm::Concurrency(_) => prop_assert_eq!(
+                    decoded.ok(),
+                    Some(Decision::slots(allowed == 1, as_u64(remaining), as_u64(retry)))
+                ),
                 _ => prop_assert_eq!(decoded.ok(), Some(expected)),
             }
         }

@@ -7,7 +7,7 @@ use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Window};
+use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Slots, Window};
 use tollgate::store::{RedisStore, RedisTarget, Store, StoreError};
 
 fn bucket(rate: f64, burst: u32) -> Algorithm {
@@ -255,6 +255,34 @@ async fn a_key_left_by_another_algorithm_starts_afresh() {
     let pace = Pace::new(Rate::per_second(5.0).unwrap(), None).unwrap();
     s.defer("pace:list", &pace, 100, None).await.unwrap();
     assert_eq!(redis.cli(&["type", "pace:list"]), "string");
+}
+
+/// A concurrency key expires with its lease, vanishes with its last slot, and a key another
+/// algorithm left under its name starts afresh.
+#[tokio::test]
+async fn concurrency_keys_expire_and_replace_other_types() {
+    let redis = common::Redis::start();
+    let s = store(redis.url(), Duration::from_secs(5));
+    let slots = Slots::new(
+        std::num::NonZeroU32::new(2).unwrap(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert!(
+        s.acquire("exp:slots", &slots, "a", None)
+            .await
+            .unwrap()
+            .allowed
+    );
+    let ttl: i64 = redis.cli(&["pttl", "exp:slots"]).parse().unwrap();
+    assert!(ttl > 4000 && ttl <= 5000, "the lease's expiry: {ttl}");
+    let one = ["a".to_owned()];
+    assert_eq!(s.release("exp:slots", &slots, &one, None).await.unwrap(), 1);
+    assert_eq!(redis.cli(&["exists", "exp:slots"]), "0");
+    s.check("swap:slots", &bucket(5.0, 10), None).await.unwrap();
+    let got = s.acquire("swap:slots", &slots, "a", None).await.unwrap();
+    assert!(got.allowed && got.remaining == 1, "{got:?}");
+    assert_eq!(redis.cli(&["type", "swap:slots"]), "zset");
 }
 
 /// After `SCRIPT FLUSH` the next call reloads the script and succeeds.

@@ -481,6 +481,14 @@ fn stray_arguments_get_the_usage_line() {
             "charge.lua",
             &["fixed_window", "3", "60000", "5", "1700000000000", "9"],
         ),
+        ("concurrency.lua", &["take", "2", "10000", "i1:1"]),
+        ("concurrency.lua", &["acquire", "0", "10000", "i1:1"]),
+        ("concurrency.lua", &["acquire", "2", "nan", "i1:1"]),
+        ("concurrency.lua", &["acquire", "2", "10000", "i1:1 i1:2"]),
+        (
+            "concurrency.lua",
+            &["acquire", "2", "10000", "i1:1", "1", "9"],
+        ),
     ] {
         let out = eval(&redis, script, "stray", args).join(" ");
         assert!(
@@ -565,4 +573,83 @@ fn charge_by_hand() {
     assert_eq!(eval(&redis, "charge.lua", "w", &window), ["-2", "40000"]);
     let refused = eval(&redis, "fixed_window.lua", "w", &["10", "60000", now]);
     assert_eq!(refused, ["0", "0", "40000", "40000"]);
+}
+
+/// The concurrency script by hand, as its header shows it: two slots taken, a third holder
+/// refused with the wait for the earliest lease, a renewal, a release that frees a slot, and a
+/// lease that ends by itself.
+#[test]
+fn concurrency_by_hand() {
+    let redis = Redis::start();
+    let key = "tollgate:demo:alice";
+    let at = |ms: u64| (1_700_000_000_000u64 + ms).to_string();
+    let run = |args: &[&str]| -> Vec<String> {
+        eval(&redis, "concurrency.lua", key, args)
+            .into_iter()
+            .filter(|l| !l.is_empty())
+            .collect()
+    };
+    assert_eq!(
+        run(&["acquire", "2", "10000", "i1:1", &at(0)]),
+        ["1", "1", "0", "1"]
+    );
+    assert_eq!(
+        run(&["acquire", "2", "10000", "i1:2", &at(10)]),
+        ["1", "0", "0", "2"]
+    );
+    assert_eq!(
+        run(&["acquire", "2", "10000", "i1:3", &at(20)]),
+        ["0", "0", "9980", "2"]
+    );
+    assert_eq!(
+        run(&["renew", "2", "10000", "i1:1 i1:2 i1:9", &at(5000)]),
+        ["2"]
+    );
+    assert_eq!(run(&["release", "2", "10000", "i1:1", &at(6000)]), ["1"]);
+    assert_eq!(
+        run(&["look", "2", "10000", "", &at(6000)]),
+        ["1", "0", "0", "1"]
+    );
+    // i1:2's lease, renewed at 5000, ends at 15000
+    assert_eq!(
+        run(&["acquire", "1", "10000", "i1:3", &at(14_999)]),
+        ["0", "0", "1", "1"]
+    );
+    assert_eq!(
+        run(&["acquire", "1", "10000", "i1:3", &at(15_000)]),
+        ["1", "0", "0", "1"]
+    );
+    let ttl: i64 = redis.cli(&["pttl", key]).trim().parse().unwrap();
+    assert!(
+        ttl > 10_000 && ttl <= 20_000,
+        "the key expires with its lease: {ttl}"
+    );
+    // and the header's own lines, on the server's clock
+    let live = "tollgate:demo:bob";
+    let first = eval(
+        &redis,
+        "concurrency.lua",
+        live,
+        &["acquire", "2", "10000", "i1:1"],
+    );
+    assert_eq!(first, ["1", "1", "0", "1"]);
+    let renewed = eval(
+        &redis,
+        "concurrency.lua",
+        live,
+        &["renew", "2", "10000", "i1:1 i1:2"],
+    );
+    assert_eq!(renewed, ["1"]);
+    let released = eval(
+        &redis,
+        "concurrency.lua",
+        live,
+        &["release", "2", "10000", "i1:1"],
+    );
+    assert_eq!(released, ["1"]);
+    assert_eq!(
+        redis.cli(&["exists", live]).trim(),
+        "0",
+        "an empty set is no key"
+    );
 }

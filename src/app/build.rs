@@ -11,6 +11,8 @@ use tokio_util::task::TaskTracker;
 use crate::config::{self, Backend, Config};
 use crate::console::Refusals;
 use crate::metrics::{Metrics, RouteSeries};
+use crate::proxy::inflight::Inflight;
+use crate::proxy::slots::Holders;
 use crate::proxy::{
     access, Dial, HeaderStyle, Limit, Pacer, Protocol, Proxy, Route, Settings, Targets, Upstream,
     UpstreamClients,
@@ -177,6 +179,11 @@ pub fn build_proxy(
             targets: Targets::new(&u.targets, dial(u, &clients)?),
             preserve_host: u.preserve_host,
             pacer,
+            inflight: u.concurrency.map(|c| {
+                let key = format!("{prefix}:upstream:{}:inflight", u.name);
+                let max_waiting = u.max_waiting.map(|n| n.get());
+                Inflight::new(&u.name, c.slots, key, c.max_delay, max_waiting)
+            }),
             series: crate::metrics::UpstreamSeries::new(u.name.as_str().into()),
         };
         // its error series (and a paced one's delay histogram) exist from the start, at zero,
@@ -233,11 +240,13 @@ pub fn build_proxy(
         config::HeaderStyle::None => HeaderStyle::None,
     };
     refusals.keep_only(config);
+    let holders = Holders::new(store.clone(), metrics.clone());
     Ok(Proxy {
         metrics,
         tunnels,
         refusals,
         routes: RouteTable::new(routes),
+        holders,
         store,
         clients,
         settings: Settings {

@@ -16,7 +16,7 @@ use super::raw::{Field, RawAlgorithm, RawCharge, RawLimit, RawMode, RawParams, S
 use super::types::{Charge, LimitConfig, Mode};
 use super::units::{self, ParsedRate};
 use crate::identity::{self, KeyPart};
-use crate::limit::{Algorithm, Bucket, Pace, ParamError, Window};
+use crate::limit::{Algorithm, Bucket, Pace, ParamError, Slots, Window};
 
 /// Validates one limit; `None` when it cannot be built (the reasons are reported).
 pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Option<LimitConfig> {
@@ -212,6 +212,7 @@ struct Params {
     max_delay: Param<Duration>,
     limit: Param<NonZeroU64>,
     window: Param<Duration>,
+    lease: Param<Duration>,
     /// the keys written, for the check that each belongs to the algorithm
     written: Vec<(&'static str, Path)>,
 }
@@ -225,6 +226,7 @@ impl Params {
             ("max_delay", raw.max_delay.is_given()),
             ("limit", raw.limit.is_given()),
             ("window", raw.window.is_given()),
+            ("lease", raw.lease.is_given()),
         ];
         Params {
             rate: text(chk, &raw.rate, &path.key("rate"), units::parse_rate),
@@ -256,6 +258,7 @@ impl Params {
                     }
                 })
             }),
+            lease: text(chk, &raw.lease, &path.key("lease"), units::parse_duration),
             written: written
                 .into_iter()
                 .filter(|(_, given)| *given)
@@ -273,6 +276,7 @@ impl Params {
             max_delay: self.max_delay.or(&base.max_delay),
             limit: self.limit.or(&base.limit),
             window: self.window.or(&base.window),
+            lease: self.lease.or(&base.lease),
             written: self.written.clone(),
         }
     }
@@ -301,6 +305,7 @@ impl Params {
             self.max_delay.is_broken(),
             self.limit.is_broken(),
             self.window.is_broken(),
+            self.lease.is_broken(),
         ];
         if broken.contains(&true) {
             return None;
@@ -323,6 +328,7 @@ impl Params {
             RawAlgorithm::SlidingWindowCounter => self
                 .window(chk, scope, name)
                 .map(Algorithm::SlidingWindowCounter),
+            RawAlgorithm::Concurrency => self.slots(chk, scope, name).map(Algorithm::Concurrency),
         }
     }
 
@@ -346,6 +352,18 @@ impl Params {
         let limit = self.require(chk, self.limit.value(), scope, algorithm, "limit");
         let window = self.require(chk, self.window.value(), scope, algorithm, "window");
         Some(Window::new(limit?, window?))
+    }
+
+    fn slots(&self, chk: &mut Checker<'_>, scope: &Path, algorithm: &str) -> Option<Slots> {
+        let limit = self.require(chk, self.limit.value(), scope, algorithm, "limit")?;
+        let at = |p: Option<&Path>| p.cloned().unwrap_or_else(|| scope.clone());
+        let Some(limit) = u32::try_from(limit.get()).ok().and_then(NonZeroU32::new) else {
+            let message = format!("limit is too large, found {limit}");
+            chk.error(at(self.limit.path()), message);
+            return None;
+        };
+        let lease = self.lease.value().unwrap_or(Slots::DEFAULT_LEASE);
+        self.report(chk, Slots::new(limit, lease), &at(self.lease.path()))
     }
 
     fn bucket(&self, chk: &mut Checker<'_>, rate: ParsedRate, scope: &Path) -> Option<Bucket> {
@@ -384,6 +402,7 @@ fn takes(kind: RawAlgorithm) -> (&'static str, &'static [&'static str]) {
         RawAlgorithm::FixedWindow => ("fixed_window", &["limit", "window"]),
         RawAlgorithm::SlidingWindow => ("sliding_window", &["limit", "window"]),
         RawAlgorithm::SlidingWindowCounter => ("sliding_window_counter", &["limit", "window"]),
+        RawAlgorithm::Concurrency => ("concurrency", &["limit", "lease"]),
     }
 }
 

@@ -43,8 +43,8 @@ use std::path::Path as FilePath;
 pub use problem::{ConfigError, Problem};
 pub use types::{
     AccessLog, AdminConfig, AdminToken, Backend, ClientTls, Config, HeaderStyle, LimitConfig,
-    LogClient, Mode, OnError, PemFile, Protocol, RouteConfig, SentinelConfig, StoreConfig,
-    Timeouts, TlsConfig, UpstreamConfig,
+    LogClient, Mode, OnError, PaceConcurrency, PemFile, Protocol, RouteConfig, SentinelConfig,
+    StoreConfig, Timeouts, TlsConfig, UpstreamConfig,
 };
 
 use locate::Locator;

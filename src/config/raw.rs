@@ -234,6 +234,7 @@ pub(crate) struct RawPace {
     pub rate: Field<String>,
     pub max_delay: Field<String>,
     pub max_waiting: Field<u64>,
+    pub concurrency: Field<u64>,
 }
 
 /// `routes[N]`
@@ -277,6 +278,7 @@ pub(crate) struct RawLimit {
     pub max_delay: Field<String>,
     pub limit: Field<u64>,
     pub window: Field<String>,
+    pub lease: Field<String>,
     pub charge: Field<RawCharge>,
 }
 
@@ -297,6 +299,7 @@ impl RawLimit {
             max_delay: self.max_delay.clone(),
             limit: self.limit.clone(),
             window: self.window.clone(),
+            lease: self.lease.clone(),
         }
     }
 }
@@ -311,6 +314,7 @@ pub(crate) struct RawParams {
     pub max_delay: Field<String>,
     pub limit: Field<u64>,
     pub window: Field<String>,
+    pub lease: Field<String>,
 }
 
 /// `routes[N].limits[M].algorithm`
@@ -322,6 +326,7 @@ pub(crate) enum RawAlgorithm {
     FixedWindow,
     SlidingWindow,
     SlidingWindowCounter,
+    Concurrency,
 }
 
 /// `routes[N].limits[M].mode`

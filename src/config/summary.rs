@@ -1,12 +1,14 @@
 //! The config told back: a short text for `tollgate check` and JSON for the admin `/config`
 //! endpoint. Both redact secrets (a Redis password in a URL or in `store.sentinel`).
 
+use std::num::NonZeroUsize;
+
 use serde_json::{json, Value};
 
 use super::backend::redact_url;
 use super::types::{
     AccessLog, AdminToken, Backend, ClientTls, Config, HeaderStyle, LimitConfig, LogClient, Mode,
-    OnError, Protocol, RouteConfig, SentinelConfig, UpstreamConfig,
+    OnError, PaceConcurrency, Protocol, RouteConfig, SentinelConfig, UpstreamConfig,
 };
 use super::units::{format_duration, format_rate, format_size};
 use crate::identity::KeyPart;
@@ -274,7 +276,27 @@ fn upstream_line(u: &UpstreamConfig) -> String {
             line.push_str(&format!(" max_waiting {n}"));
         }
     }
+    if let Some(c) = &u.concurrency {
+        line.push_str(&concurrency_text(
+            c,
+            u.pace.is_none().then_some(u.max_waiting),
+        ));
+    }
     line
+}
+
+/// `; concurrency N` (in flight at once), with its wait when no rate states it.
+fn concurrency_text(c: &PaceConcurrency, alone: Option<Option<NonZeroUsize>>) -> String {
+    let mut text = format!("; concurrency {}", c.slots.limit);
+    if let Some(max_waiting) = alone {
+        if let Some(d) = c.max_delay {
+            text.push_str(&format!(" max_delay {}", format_duration(d)));
+        }
+        if let Some(n) = max_waiting {
+            text.push_str(&format!(" max_waiting {n}"));
+        }
+    }
+    text
 }
 
 fn upstream_json(u: &UpstreamConfig) -> Value {
@@ -284,11 +306,25 @@ fn upstream_json(u: &UpstreamConfig) -> Value {
         "preserve_host": u.preserve_host,
         "protocol": u.protocol.as_str(),
         "tls": u.tls.as_ref().map(tls_json),
-        "pace": u.pace.map(|p| json!({
-            "rate": format_rate(p.rate),
-            "max_delay": p.max_delay_ms.map(format_ms),
-            "max_waiting": u.max_waiting.map(|n| n.get()),
-        })),
+        "pace": pace_json(u),
+    })
+}
+
+/// `pace` with proxy.yaml's keys: the rate's, and `concurrency`'s.
+fn pace_json(u: &UpstreamConfig) -> Value {
+    if u.pace.is_none() && u.concurrency.is_none() {
+        return Value::Null;
+    }
+    let max_delay = match (u.pace, u.concurrency) {
+        (Some(p), _) => p.max_delay_ms.map(format_ms),
+        (None, Some(c)) => c.max_delay.map(format_duration),
+        (None, None) => None,
+    };
+    json!({
+        "rate": u.pace.map(|p| format_rate(p.rate)),
+        "max_delay": max_delay,
+        "max_waiting": u.max_waiting.map(|n| n.get()),
+        "concurrency": u.concurrency.map(|c| c.slots.limit.get()),
     })
 }
 
@@ -413,6 +449,13 @@ pub(crate) fn algorithm_text(alg: &Algorithm) -> String {
             let window = std::time::Duration::from_millis(w.window_ms.get());
             format!("{} {} per {}", alg.name(), w.limit, format_duration(window))
         }
+        Algorithm::Concurrency(s) => {
+            format!(
+                "concurrency {} lease {}",
+                s.limit,
+                format_duration(s.lease())
+            )
+        }
     }
 }
 
@@ -475,6 +518,10 @@ fn algorithm_json(alg: &Algorithm, out: &mut serde_json::Map<String, Value>) {
             let window = std::time::Duration::from_millis(w.window_ms.get());
             out.insert("limit".into(), w.limit.get().into());
             out.insert("window".into(), format_duration(window).into());
+        }
+        Algorithm::Concurrency(s) => {
+            out.insert("limit".into(), s.limit.get().into());
+            out.insert("lease".into(), format_duration(s.lease()).into());
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use crate::identity::KeyPart;
-use crate::limit::{Algorithm, Pace};
+use crate::limit::{Algorithm, Pace, Slots};
 use crate::routing::{PathPolicy, RouteMatch};
 
 /// A validated `proxy.yaml`.
@@ -304,10 +304,22 @@ pub struct UpstreamConfig {
     pub pace: Option<Pace>,
     /// `pace.max_waiting`: bound on requests sleeping for a slot in this process
     pub max_waiting: Option<NonZeroUsize>,
+    /// `pace.concurrency`: bound on requests in flight to it, across every instance
+    pub concurrency: Option<PaceConcurrency>,
     /// `protocol`: the HTTP version spoken to the targets
     pub protocol: Protocol,
     /// `tls`: the settings of `https://` targets; `None`: the defaults
     pub tls: Option<ClientTls>,
+}
+
+/// `upstreams.NAME.pace.concurrency`, and the `pace.max_delay` a request waits for a slot at
+/// most (`None`: as long as it takes).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PaceConcurrency {
+    /// the bound, with the default lease
+    pub slots: Slots,
+    /// `pace.max_delay`
+    pub max_delay: Option<Duration>,
 }
 
 /// `upstreams.NAME.protocol`: the HTTP version spoken to an upstream.

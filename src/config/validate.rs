@@ -18,11 +18,11 @@ use super::raw::{
 };
 use super::routes;
 use super::types::{
-    AccessLog, AdminConfig, AdminToken, Config, HeaderStyle, LogClient, Protocol, Timeouts,
-    TlsConfig, UpstreamConfig,
+    AccessLog, AdminConfig, AdminToken, Config, HeaderStyle, LogClient, PaceConcurrency, Protocol,
+    Timeouts, TlsConfig, UpstreamConfig,
 };
 use super::units;
-use crate::limit::Pace;
+use crate::limit::{Pace, Slots};
 use crate::routing::{AuthorityFault, EscapedSlashes, PathPolicy, SegmentParams};
 use http::uri::Scheme;
 
@@ -305,6 +305,10 @@ fn upstream(
         Some(p) => pace(chk, p, &path.key("pace"))?,
         None => (None, None),
     };
+    let concurrency = raw
+        .pace
+        .get()
+        .and_then(|p| pace_concurrency(chk, p, &path.key("pace")));
     let protocol = match raw.protocol.get() {
         Some(RawProtocol::Http1) => Protocol::Http1,
         Some(RawProtocol::Http2) => Protocol::Http2,
@@ -321,6 +325,7 @@ fn upstream(
         preserve_host: raw.preserve_host.get().copied().unwrap_or(true),
         pace,
         max_waiting,
+        concurrency,
         protocol,
         tls,
     })
@@ -329,7 +334,11 @@ fn upstream(
 type PaceParts = (Option<Pace>, Option<NonZeroUsize>);
 
 fn pace(chk: &mut Checker<'_>, raw: &RawPace, path: &Path) -> Option<PaceParts> {
-    chk.required(&raw.rate, path, "rate");
+    // (`concurrency` alone bounds requests in flight, with no rate)
+    let rate_needed = !raw.concurrency.is_given();
+    if rate_needed {
+        chk.required(&raw.rate, path, "rate");
+    }
     let rate = chk.parse(&raw.rate, &path.key("rate"), units::parse_rate);
     let max_delay = chk.parse(
         &raw.max_delay,
@@ -352,10 +361,27 @@ fn pace(chk: &mut Checker<'_>, raw: &RawPace, path: &Path) -> Option<PaceParts> 
                        503 past it";
         chk.warn(path.clone(), message);
     }
+    if !rate_needed && !raw.rate.is_given() {
+        return Some((None, max_waiting));
+    }
     let pace = Pace::new(rate?.rate, max_delay)
         .map_err(|e| chk.error(path.key("max_delay"), e.to_string()))
         .ok()?;
     Some((Some(pace), max_waiting))
+}
+
+/// `pace.concurrency`, with the `max_delay` its waiters keep (`pace` reports that one's
+/// problems).
+fn pace_concurrency(chk: &mut Checker<'_>, raw: &RawPace, path: &Path) -> Option<PaceConcurrency> {
+    let key = path.key("concurrency");
+    let n = chk.positive_to(&raw.concurrency, &key, "concurrency", u64::from(u32::MAX))?;
+    let limit = std::num::NonZeroU32::new(u32::try_from(n).ok()?)?;
+    let slots = Slots::new(limit, Slots::DEFAULT_LEASE).ok()?;
+    let max_delay = raw
+        .max_delay
+        .get()
+        .and_then(|t| units::parse_duration(t).ok());
+    Some(PaceConcurrency { slots, max_delay })
 }
 
 /// `0.0.0.0:8080`, `[::1]:9901`.

@@ -29,6 +29,8 @@ pub enum State {
         /// admitted in the previous window
         prev: u64,
     },
+    /// concurrency: each holder's id and the end of its lease (ms)
+    Held(std::collections::BTreeMap<Box<str>, Millis>),
 }
 
 /// Decides one request at `now` against `state` (`None`: the key is new or expired), updating
@@ -42,6 +44,8 @@ pub fn apply(alg: &Algorithm, state: &mut Option<State>, now: Millis) -> (Decisi
         Algorithm::FixedWindow(w) => fixed_window(w, state, now),
         Algorithm::SlidingWindow(w) => sliding_window(w, state, now),
         Algorithm::SlidingWindowCounter(w) => sliding_window_counter(w, state, now),
+        // (a look only: slots are taken by `acquire`, which names the holder)
+        Algorithm::Concurrency(s) => (super::concurrency::look(s, state, now), None),
     }
 }
 

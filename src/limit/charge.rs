@@ -36,7 +36,9 @@ pub fn charge(
         Algorithm::TokenBucket(b) => bucket(b, state, now, amount),
         Algorithm::FixedWindow(w) => fixed(w, state, now, amount),
         Algorithm::SlidingWindowCounter(w) => counter(w, state, now, amount),
-        Algorithm::LeakyBucket(_) | Algorithm::SlidingWindow(_) => return (None, None),
+        Algorithm::LeakyBucket(_) | Algorithm::SlidingWindow(_) | Algorithm::Concurrency(_) => {
+            return (None, None)
+        }
     };
     (Some(balance), ttl)
 }

@@ -73,6 +73,23 @@ impl Decision {
         }
     }
 
+    /// A concurrency decision from `lua/concurrency.lua`'s `{admitted, free, wait_ms, held}`:
+    /// `remaining` is the slots free after this request. A slot frees when some response
+    /// ends, which no one can foresee, so a refusal says to come back in
+    /// [`SLOT_RETRY_MS`](Decision::SLOT_RETRY_MS), or when the earliest lease ends if that is
+    /// sooner. `reset` is that same time: there is no window.
+    pub fn slots(admitted: bool, free: u64, wait_ms: u64) -> Self {
+        let retry_after_ms = if admitted {
+            0
+        } else {
+            wait_ms.clamp(1, Decision::SLOT_RETRY_MS)
+        };
+        Decision::counted(admitted, free, retry_after_ms, retry_after_ms)
+    }
+
+    /// The `Retry-After` of a concurrency refusal when no lease ends sooner: 1 s.
+    pub const SLOT_RETRY_MS: u64 = 1000;
+
     /// `retry_after` as whole seconds, rounded up, for the `Retry-After` header.
     pub fn retry_after_secs(&self) -> u64 {
         self.retry_after_ms.div_ceil(1000)

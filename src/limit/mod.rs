@@ -1,4 +1,4 @@
-//! The five limiting algorithms, pure: no I/O, no async, no Redis or hyper. A clock reading
+//! The limiting algorithms, pure: no I/O, no async, no Redis or hyper. A clock reading
 //! (`now`, in milliseconds) is passed in, so tests drive time by hand.
 //!
 //! Each algorithm is the Rust twin of a script in `lua/`: the same state, the same `f64`
@@ -10,16 +10,19 @@
 //! * [`decision`]: what a check answers ([`Decision`]).
 //! * [`algorithms`]: the state kept per key ([`State`]) and the step function for each algorithm.
 //! * [`charge`](mod@charge): what the upstream reported after the response, charged to a key.
+//! * [`concurrency`]: slots held while requests run ([`acquire`], [`renew`], [`release`]).
 
 mod algorithms;
 mod charge;
+mod concurrency;
 mod decision;
 mod params;
 
 pub use algorithms::{apply, defer, give_back, State};
 pub use charge::{charge, Balance};
+pub use concurrency::{acquire, release, renew};
 pub use decision::Decision;
-pub use params::{Algorithm, Bucket, Pace, ParamError, Rate, Window};
+pub use params::{Algorithm, Bucket, Pace, ParamError, Rate, Slots, Window};
 
 /// A reading of a clock in milliseconds since the Unix epoch; decimals carry sub-millisecond
 /// precision, as in the Lua scripts.

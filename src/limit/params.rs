@@ -13,6 +13,10 @@ pub enum ParamError {
     /// `max_delay` must be a finite duration.
     #[error("max_delay must be a finite duration")]
     MaxDelay,
+    /// A concurrency lease outside the bounds a holder can renew in time and a dead
+    /// instance's slots come back in.
+    #[error("lease must be between 1s and 15s, found {0:?}")]
+    Lease(Duration),
     /// A token costing more than the bucket holds could never be admitted.
     #[error("cost {cost} is larger than burst {burst}: no request could ever be admitted")]
     CostOverBurst {
@@ -125,6 +129,49 @@ impl Window {
     }
 }
 
+/// Concurrency parameters: at most `limit` requests hold a slot at once, each slot a lease of
+/// `lease_ms` that its holder renews while its request runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slots {
+    /// slots held at once
+    pub limit: NonZeroU32,
+    /// how long a slot lasts unless renewed, in whole ms: a dead instance's slots are free
+    /// again this long after its last renewal
+    pub lease_ms: NonZeroU64,
+}
+
+impl Slots {
+    /// The lease when none is configured.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+    /// The shortest lease: a holder renews every third of it, which must stay well above a
+    /// store round trip.
+    pub const MIN_LEASE: Duration = Duration::from_secs(1);
+    /// The longest lease: a dead instance's slots must come back within 15 s.
+    pub const MAX_LEASE: Duration = Duration::from_secs(15);
+
+    /// `limit` slots, each a lease of `lease`; refuses a lease outside
+    /// [`MIN_LEASE`](Slots::MIN_LEASE)..=[`MAX_LEASE`](Slots::MAX_LEASE).
+    pub fn new(limit: NonZeroU32, lease: Duration) -> Result<Slots, ParamError> {
+        if lease < Slots::MIN_LEASE || lease > Slots::MAX_LEASE {
+            return Err(ParamError::Lease(lease));
+        }
+        let lease_ms = NonZeroU64::new(lease.as_millis() as u64).ok_or(ParamError::Lease(lease))?;
+        Ok(Slots { limit, lease_ms })
+    }
+
+    /// One instance's share of the slots when `n` decide alone: the limit divided by `n`,
+    /// rounded up (at least 1).
+    pub fn share(&self, n: NonZeroU32) -> Slots {
+        let limit = NonZeroU32::new(self.limit.get().div_ceil(n.get())).unwrap_or(NonZeroU32::MIN);
+        Slots { limit, ..*self }
+    }
+
+    /// The lease as a duration.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms.get())
+    }
+}
+
 /// One limiter: which algorithm, with its parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Algorithm {
@@ -138,6 +185,8 @@ pub enum Algorithm {
     SlidingWindow(Window),
     /// `lua/sliding_window_counter.lua`
     SlidingWindowCounter(Window),
+    /// `lua/concurrency.lua`: slots held while requests run, not a rate
+    Concurrency(Slots),
 }
 
 impl Algorithm {
@@ -172,18 +221,22 @@ impl Algorithm {
             Algorithm::FixedWindow(w) => Algorithm::FixedWindow(window(w)),
             Algorithm::SlidingWindow(w) => Algorithm::SlidingWindow(window(w)),
             Algorithm::SlidingWindowCounter(w) => Algorithm::SlidingWindowCounter(window(w)),
+            Algorithm::Concurrency(s) => Algorithm::Concurrency(s.share(n)),
         }
     }
 
     /// Whether a limit of this algorithm may charge what the upstream reports after the
     /// response (`charge`): the token bucket and the two counting windows. A sliding log would
-    /// need one entry per unit charged, and a leaky bucket has sent the request already.
+    /// need one entry per unit charged, a leaky bucket has sent the request already, and a
+    /// concurrency slot counts requests running, not what they used.
     pub fn chargeable(&self) -> bool {
         match self {
             Algorithm::TokenBucket(_)
             | Algorithm::FixedWindow(_)
             | Algorithm::SlidingWindowCounter(_) => true,
-            Algorithm::LeakyBucket(_) | Algorithm::SlidingWindow(_) => false,
+            Algorithm::LeakyBucket(_) | Algorithm::SlidingWindow(_) | Algorithm::Concurrency(_) => {
+                false
+            }
         }
     }
 
@@ -204,11 +257,13 @@ impl Algorithm {
             Algorithm::FixedWindow(_) => "fixed_window",
             Algorithm::SlidingWindow(_) => "sliding_window",
             Algorithm::SlidingWindowCounter(_) => "sliding_window_counter",
+            Algorithm::Concurrency(_) => "concurrency",
         }
     }
 
     /// The quota and its window in seconds, as the IETF `RateLimit-Policy` field states them
-    /// (`q` and `w`): a bucket's burst refills in `burst / rate` seconds.
+    /// (`q` and `w`): a bucket's burst refills in `burst / rate` seconds. Concurrency has no
+    /// window: 0, and the headers then state none.
     pub fn policy(&self) -> (u64, f64) {
         match self {
             Algorithm::TokenBucket(b) => (
@@ -231,6 +286,7 @@ impl Algorithm {
             | Algorithm::SlidingWindowCounter(w) => {
                 (w.limit.get(), w.window_ms.get() as f64 / 1000.0)
             }
+            Algorithm::Concurrency(s) => (u64::from(s.limit.get()), 0.0),
         }
     }
 }

@@ -238,6 +238,9 @@ pub struct Forward<'a> {
     pub tunnels: &'a TaskTracker,
     /// with the access log on: told the target that answered, and counts the request body
     pub report: Option<&'a Report>,
+    /// the request's concurrency slots: an upgrade's tunnel takes them, and holds them until
+    /// it closes
+    pub held: &'a std::sync::Mutex<super::slots::Held>,
 }
 
 pub(super) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -348,11 +351,14 @@ fn answered(
     let switched = match client_upgrade {
         Some(client_side) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
             let upstream_side = hyper::upgrade::on(&mut resp);
+            let mut held = f.held.lock().unwrap_or_else(|e| e.into_inner());
+            let held = std::mem::take(&mut *held);
             f.tunnels.spawn(tunnel(
                 client_side,
                 upstream_side,
                 f.upstream.to_string(),
                 f.tunnel_idle,
+                held,
             ));
             resp.headers().get(header::UPGRADE).cloned()
         }
@@ -480,7 +486,14 @@ fn set_upgrade(headers: &mut HeaderMap, proto: HeaderValue) {
 /// has passed either way for `idle` (as nginx closes a WebSocket tunnel after
 /// `proxy_read_timeout`: a silent tunnel, which no limit counts after its handshake, must not
 /// be held for ever). Runs as its own task: the request handler has already returned the 101.
-async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, name: String, idle: Duration) {
+/// The request's concurrency slots, `_held`, are released when it ends.
+async fn tunnel(
+    client: OnUpgrade,
+    upstream: OnUpgrade,
+    name: String,
+    idle: Duration,
+    _held: super::slots::Held,
+) {
     let (client, upstream) = match tokio::try_join!(client, upstream) {
         Ok(both) => both,
         Err(e) => {

@@ -13,6 +13,7 @@ use ipnet::IpNet;
 
 use super::owed::{Owed, Taken};
 use super::respond::{self, Showing, Shown};
+use super::slots::Held;
 use super::{Body, Outcome, Proxy, ProxyError, Route};
 use crate::identity::{self, KeyContext, KeyPart};
 use crate::limit::{Algorithm, Decision};
@@ -101,9 +102,12 @@ impl Limit {
 }
 
 /// The quota (in requests) and window (whole seconds, at least 1) the policy header states for
-/// `alg`.
+/// `alg`; concurrency has no window (0: none is stated).
 fn figures(alg: &Algorithm) -> (u64, u64) {
     let (quota, window) = alg.policy();
+    if let Algorithm::Concurrency(_) = alg {
+        return (quota, 0);
+    }
     (quota / cost(alg), window.ceil().max(1.0) as u64)
 }
 
@@ -121,8 +125,9 @@ pub(super) enum Checked<'r> {
     Denied(Response<Body>),
     /// go on; the limits' figures for the headers (none when no limit applied), and for a
     /// paced upstream, what the limits took: given back if the request is dropped or refused
-    /// while it waits for its slot (see [`Owed`])
-    Admitted(Option<Showing<'r>>, Option<Owed>),
+    /// while it waits for its slot (see [`Owed`]); the concurrency slots it holds until its
+    /// response is finished
+    Admitted(Option<Showing<'r>>, Option<Owed>, Held),
 }
 
 /// Writes the store key of `limit` for the request into `key`; the algorithm that applies to
@@ -171,7 +176,7 @@ pub(super) async fn check<'r, B>(
     // the store key, its client part written in place (one buffer for all the limits)
     let mut key = String::with_capacity(96);
     let several = route.limits.len() > 1;
-    let paced = route.upstream.pacer.is_some();
+    let paced = route.upstream.paced();
     if several {
         if let Some((limit, denied)) = remembered_denial(proxy, route, &ctx, &mut key) {
             outcome.decision = Some(Counted::Denied);
@@ -185,7 +190,15 @@ pub(super) async fn check<'r, B>(
             continue;
         }
         let alg = limit_key(proxy, route, limit, &ctx, &mut key);
-        let decision = match proxy.store.check(&key, alg, None).await {
+        let decided = match alg {
+            Algorithm::Concurrency(slots) => {
+                (proxy.holders)
+                    .acquire(&key, slots, &mut admitted.held)
+                    .await
+            }
+            _ => proxy.store.check(&key, alg, None).await,
+        };
+        let decision = match decided {
             Ok(decision) => decision,
             // a shadow limit never refuses a request, also when its store cannot answer
             Err(e) if limit.shadow => {
@@ -193,6 +206,7 @@ pub(super) async fn check<'r, B>(
                 continue;
             }
             Err(e) => {
+                admitted.held.release().await;
                 give_back(proxy, route, &ctx, &admitted.taken).await;
                 return Err(ProxyError::StoreUnavailable(e));
             }
@@ -211,6 +225,7 @@ pub(super) async fn check<'r, B>(
                     }
                     None => Showing::one(first),
                 };
+                admitted.held.release().await;
                 let denied = refuse(proxy, route, &ctx, ix, shown, &mut key, admitted.taken);
                 return Ok(Checked::Denied(denied.await));
             }
@@ -221,8 +236,9 @@ pub(super) async fn check<'r, B>(
             }
             (true, shadow) => {
                 // kept to be given back if a later limit refuses the request, or it waits and
-                // its client goes away
-                if several || decision.delay_us > 0 || paced {
+                // its client goes away (a concurrency slot is released instead)
+                let slot = matches!(alg, Algorithm::Concurrency(_));
+                if (several || decision.delay_us > 0 || paced) && !slot {
                     admitted.taken.push((ix, Instant::now(), decision));
                 }
                 if !shadow && decision.delay_us > admitted.delay_us {
@@ -234,7 +250,8 @@ pub(super) async fn check<'r, B>(
         admitted.show(limit.shadow, limit.shown(alg, decision));
     }
     let owed = wait(proxy, route, &ctx, &admitted, outcome).await;
-    Ok(Checked::Admitted(admitted.shown.or(admitted.shadow), owed))
+    let shown = admitted.shown.or(admitted.shadow);
+    Ok(Checked::Admitted(shown, owed, admitted.held))
 }
 
 /// What the limits that admitted a request add up to, limit after limit.
@@ -252,6 +269,8 @@ struct Admitted<'r> {
     /// the checks to give back if the request is not sent: the limit's index, when it
     /// admitted the request, its decision
     taken: Vec<(usize, Instant, Decision)>,
+    /// the concurrency slots taken
+    held: Held,
 }
 
 impl<'r> Admitted<'r> {
@@ -340,9 +359,12 @@ async fn refuse<'r>(
             continue;
         }
         let later_alg = limit_key(proxy, route, later, ctx, key);
+        // (a concurrency limit's check only looks: it takes no slot)
         match proxy.store.check(key, later_alg, None).await {
             Ok(d) if d.allowed => {
-                taken.push((later_ix, Instant::now(), d));
+                if !matches!(later_alg, Algorithm::Concurrency(_)) {
+                    taken.push((later_ix, Instant::now(), d));
+                }
                 shown.push(later.shown(later_alg, d));
             }
             Ok(d) => {
@@ -371,7 +393,7 @@ async fn wait<'r>(
     admitted: &Admitted<'r>,
     outcome: &mut Outcome<'r>,
 ) -> Option<Owed> {
-    let paced = route.upstream.pacer.is_some();
+    let paced = route.upstream.paced();
     let (delay_us, taken) = (admitted.delay_us, &admitted.taken);
     // what the limits took is given back if the client goes away before the waits are over
     let owed = (delay_us > 0 || (paced && !taken.is_empty()))

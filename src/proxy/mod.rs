@@ -18,12 +18,14 @@ mod charge;
 pub mod forward;
 pub mod h1;
 mod hop;
+pub mod inflight;
 mod limits;
 mod owed;
 pub mod pacing;
 pub mod pool;
 pub mod request_id;
 pub mod respond;
+pub mod slots;
 mod upload;
 
 use std::borrow::Cow;
@@ -82,8 +84,17 @@ pub struct Upstream {
     pub preserve_host: bool,
     /// outbound pacing, if any
     pub pacer: Option<Pacer>,
+    /// the bound on requests in flight to it (`pace.concurrency`), if any
+    pub inflight: Option<inflight::Inflight>,
     /// its response metrics, found once
     pub series: crate::metrics::UpstreamSeries,
+}
+
+impl Upstream {
+    /// Whether a request may wait, or be refused, on its way to this upstream.
+    pub fn paced(&self) -> bool {
+        self.pacer.is_some() || self.inflight.is_some()
+    }
 }
 
 /// Settings that apply to every request.
@@ -123,6 +134,8 @@ pub struct Proxy {
     pub tunnels: TaskTracker,
     /// the clients each limit refused most, for the console; shared across reloads
     pub refusals: Arc<crate::console::Refusals>,
+    /// the concurrency slots this instance holds, and their renewer
+    pub holders: Arc<slots::Holders>,
 }
 
 impl Proxy {
@@ -416,28 +429,33 @@ impl Proxy {
             // borrowed from it while the request itself moves on to the forward phase.
             let uri = req.uri().clone();
             let (route, path) = self.route(&req, &uri, outcome)?;
-            let owed = match self.limit(route, &req, &client, &path, outcome).await? {
+            let (owed, mut held) = match self.limit(route, &req, &client, &path, outcome).await? {
                 limits::Checked::Denied(resp) => return Ok(resp),
-                limits::Checked::Admitted(shown, owed) => {
+                limits::Checked::Admitted(shown, owed, held) => {
                     outcome.shown = shown;
-                    owed
+                    (owed, held)
                 }
             };
             // A request refused here, or whose client goes away while it waits, has what its
-            // limits took given back as `owed` is dropped.
-            self.pace(route, outcome).await?;
+            // limits took given back as `owed` is dropped, and its slots released as `held` is.
+            self.pace(route, outcome, &mut held).await?;
             if let Some(owed) = owed {
                 owed.paid();
             }
             // what the charged limits are owed once the response says what was used
             let charges = charge::Charges::of(self, route, &req, client.ip, path.matched());
+            // the slots are held until the response is finished, or an upgrade's tunnel
+            // closes (it takes them from here)
+            let held = std::sync::Mutex::new(held);
             let resp = self
-                .forward(route, req, &path, &conn, &client, outcome)
+                .forward(route, req, &path, &conn, &client, outcome, &held)
                 .await?;
-            Ok(match charges {
+            let resp = match charges {
                 Some(charges) => charges.read(resp, outcome.shown.as_mut()),
                 None => resp,
-            })
+            };
+            let held = held.into_inner().unwrap_or_else(|e| e.into_inner());
+            Ok(resp.map(|body| held.around(body)))
         }
     }
 
@@ -507,19 +525,29 @@ impl Proxy {
         limits::check(self, route, req, client.ip, path.matched(), outcome).await
     }
 
-    /// Pace: waits for the upstream's slot, if it is paced ([`Pacer::wait`]).
-    async fn pace(&self, route: &Route, outcome: &mut Outcome<'_>) -> Result<(), ProxyError> {
+    /// Pace: waits for the upstream's slot, if it is paced ([`Pacer::wait`]), then for a slot
+    /// in flight to it, if they are bounded ([`inflight::Inflight::wait`]), held in `held`.
+    async fn pace(
+        &self,
+        route: &Route,
+        outcome: &mut Outcome<'_>,
+        held: &mut slots::Held,
+    ) -> Result<(), ProxyError> {
         if let Some(pacer) = &route.upstream.pacer {
             let paced = pacer.wait(&self.store).await?;
             outcome.pacing_delay += paced.delay;
             self.metrics.pacing_delay(&route.upstream.name, paced.delay);
+        }
+        if let Some(inflight) = &route.upstream.inflight {
+            outcome.pacing_delay += inflight.wait(&self.holders, held).await?;
         }
         Ok(())
     }
 
     /// Forward: sends the request to one of the upstream's targets and streams the response
     /// back ([`forward::forward`]). A paced upstream's 429 or 503 with `Retry-After` holds its
-    /// schedule ([`Pacer::back_pressure`]).
+    /// schedule ([`Pacer::back_pressure`]). An upgrade's tunnel takes the slots in `held`.
+    #[allow(clippy::too_many_arguments)] // the phases' findings, each its own
     async fn forward(
         &self,
         route: &Route,
@@ -528,6 +556,7 @@ impl Proxy {
         conn: &Conn,
         client: &Client,
         outcome: &mut Outcome<'_>,
+        held: &std::sync::Mutex<slots::Held>,
     ) -> Result<Response<Body>, ProxyError> {
         let forward_path = match &route.strip {
             Some(m) => path.strip(m),
@@ -546,6 +575,7 @@ impl Proxy {
             max_body_size: self.settings.max_body_size,
             tunnels: &self.tunnels,
             report: outcome.line.as_deref().map(|line| &line.report),
+            held,
         };
         let sent = f.report.map(|_| Instant::now());
         let result = forward::forward(self.clients.of(conn.worker), req, &f).await;

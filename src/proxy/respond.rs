@@ -45,6 +45,16 @@ pub struct Shown<'a> {
 }
 
 impl Shown<'_> {
+    /// The `RateLimit` item: `r` left and `t` until the reset. A limit with no window
+    /// (concurrency) states only `r`, the slots free: when one frees cannot be known.
+    fn state(&self) -> Vec<u8> {
+        let r = self.decision.remaining;
+        match self.window_secs {
+            0 => item(self.name, ";r=", r, "", 0),
+            _ => item(self.name, ";r=", r, ";t=", self.reset_secs()),
+        }
+    }
+
     /// The `t` of `RateLimit` and `X-RateLimit-Reset`: seconds until the quota is whole again,
     /// and never before a refused request would be admitted (its `Retry-After`).
     fn reset_secs(&self) -> u64 {
@@ -125,9 +135,7 @@ pub fn add_rate_headers(headers: &mut HeaderMap, style: HeaderStyle, showing: &S
                 None => policy_value(shown.name, shown.quota, shown.window_secs),
             };
             headers.insert(RATELIMIT_POLICY.clone(), policy);
-            let r = shown.decision.remaining;
-            let item = item(shown.name, ";r=", r, ";t=", shown.reset_secs());
-            insert(headers, &RATELIMIT, item);
+            insert(headers, &RATELIMIT, shown.state());
         } else {
             // a structured-field list: the items joined by ", "
             let (mut policies, mut states) = (Vec::new(), Vec::new());
@@ -138,16 +146,11 @@ pub fn add_rate_headers(headers: &mut HeaderMap, style: HeaderStyle, showing: &S
                 }
                 match shown.policy {
                     Some(v) => policies.extend_from_slice(v.as_bytes()),
-                    None => policies.extend(item(
-                        shown.name,
-                        ";q=",
-                        shown.quota,
-                        ";w=",
-                        shown.window_secs,
-                    )),
+                    None => {
+                        policies.extend(policy_item(shown.name, shown.quota, shown.window_secs))
+                    }
                 }
-                let r = shown.decision.remaining;
-                states.extend(item(shown.name, ";r=", r, ";t=", shown.reset_secs()));
+                states.extend(shown.state());
             }
             insert(headers, &RATELIMIT_POLICY, policies);
             insert(headers, &RATELIMIT, states);
@@ -165,7 +168,15 @@ pub fn add_rate_headers(headers: &mut HeaderMap, style: HeaderStyle, showing: &S
 /// The `RateLimit-Policy` value of a limit named `name` with `quota` per `window_secs`.
 pub fn policy_value(name: &str, quota: u64, window_secs: u64) -> HeaderValue {
     // Structured-field strings: the limit name is quoted; names are validated to be tokens.
-    item_value(Bytes::from(item(name, ";q=", quota, ";w=", window_secs)))
+    item_value(Bytes::from(policy_item(name, quota, window_secs)))
+}
+
+/// `"name";q=N;w=S`; with no window (`window_secs` 0: concurrency, N at once) `"name";q=N`.
+fn policy_item(name: &str, quota: u64, window_secs: u64) -> Vec<u8> {
+    match window_secs {
+        0 => item(name, ";q=", quota, "", 0),
+        _ => item(name, ";q=", quota, ";w=", window_secs),
+    }
 }
 
 /// [`policy_value`] for a limit's own parameters, made once when the config is loaded and put
@@ -175,7 +186,7 @@ pub fn policy_value(name: &str, quota: u64, window_secs: u64) -> HeaderValue {
 /// response, and so a cache line the cores pass back and forth.
 pub fn lasting_policy_value(name: &str, quota: u64, window_secs: u64) -> HeaderValue {
     static KEPT: Mutex<BTreeSet<&'static [u8]>> = Mutex::new(BTreeSet::new());
-    let text = item(name, ";q=", quota, ";w=", window_secs);
+    let text = policy_item(name, quota, window_secs);
     let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
     let bytes: &'static [u8] = match kept.get(text.as_slice()) {
         Some(&b) => b,
@@ -197,13 +208,14 @@ fn item_value(bytes: Bytes) -> HeaderValue {
 /// `"name";k1=v1;k2=v2`, written without the formatting machinery: this runs on every
 /// response of a limited route, where `write!` cost more than the limiter's own decision.
 /// Its length is exact: a `Vec` whose length is its capacity becomes `Bytes` (and so a
-/// `HeaderValue`) without a second allocation.
+/// `HeaderValue`) without a second allocation. An empty `k2` leaves out the second pair.
 fn item(name: &str, k1: &str, v1: u64, k2: &str, v2: u64) -> Vec<u8> {
     let (mut b1, mut b2) = ([0; 20], [0; 20]);
-    let (d1, d2) = (
-        crate::decimal::digits(v1, &mut b1),
-        crate::decimal::digits(v2, &mut b2),
-    );
+    let d1 = crate::decimal::digits(v1, &mut b1);
+    let d2 = match k2 {
+        "" => &[][..],
+        _ => crate::decimal::digits(v2, &mut b2),
+    };
     let mut v = Vec::with_capacity(name.len() + 2 + k1.len() + d1.len() + k2.len() + d2.len());
     v.push(b'"');
     v.extend_from_slice(name.as_bytes());

@@ -15,7 +15,8 @@ use lru::LruCache;
 
 use super::{ChargeFuture, GiveBackFuture, HoldFuture, Store, StoreFuture};
 use crate::limit::{
-    apply, charge, defer, give_back, Algorithm, Balance, Decision, Millis, Pace, State,
+    acquire, apply, charge, defer, give_back, release, renew, Algorithm, Balance, Decision, Millis,
+    Pace, Slots, State,
 };
 
 type Hasher = foldhash::fast::RandomState;
@@ -134,6 +135,29 @@ impl MemoryStore {
         self.with_state(key, now, |state, now| {
             defer(pace, state, now, hold_ms as f64)
         })
+    }
+
+    /// Takes a concurrency slot at `key` for `holder` ([`crate::limit::acquire`]).
+    pub fn take_slot(&self, key: &str, s: &Slots, holder: &str, now: Option<Millis>) -> Decision {
+        self.with_state(key, now, |state, now| acquire(s, state, now, holder))
+    }
+
+    /// Renews the leases of `holders` at `key`; how many held a slot.
+    pub fn renew_slots(
+        &self,
+        key: &str,
+        s: &Slots,
+        holders: &[String],
+        now: Option<Millis>,
+    ) -> u64 {
+        let holders: Vec<&str> = holders.iter().map(String::as_str).collect();
+        self.with_state(key, now, |state, now| renew(s, state, now, &holders))
+    }
+
+    /// Frees the slots of `holders` at `key`; how many held one.
+    pub fn free_slots(&self, key: &str, holders: &[String], now: Option<Millis>) -> u64 {
+        let holders: Vec<&str> = holders.iter().map(String::as_str).collect();
+        self.with_state(key, now, |state, now| release(state, now, &holders))
     }
 
     /// What a request for `key` under `alg` would get now; the state stays as it is.
@@ -299,6 +323,38 @@ impl Store for MemoryStore {
 
     fn peek<'a>(&'a self, key: &'a str, alg: &'a Algorithm) -> StoreFuture<'a> {
         Box::pin(std::future::ready(Ok(self.look(key, alg))))
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        slots: &'a Slots,
+        holder: &'a str,
+        now: Option<Millis>,
+    ) -> StoreFuture<'a> {
+        let decision = self.take_slot(key, slots, holder, now);
+        Box::pin(std::future::ready(Ok(decision)))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a str,
+        slots: &'a Slots,
+        holders: &'a [String],
+        now: Option<Millis>,
+    ) -> HoldFuture<'a> {
+        let renewed = self.renew_slots(key, slots, holders, now);
+        Box::pin(std::future::ready(Ok(renewed)))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        _slots: &'a Slots,
+        holders: &'a [String],
+        now: Option<Millis>,
+    ) -> HoldFuture<'a> {
+        Box::pin(std::future::ready(Ok(self.free_slots(key, holders, now))))
     }
 
     fn forget<'a>(&'a self, key: &'a str) -> GiveBackFuture<'a> {

@@ -22,7 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::limit::{Algorithm, Balance, Decision, Millis, Pace};
+use crate::limit::{Algorithm, Balance, Decision, Millis, Pace, Slots};
 
 pub use memory::MemoryStore;
 pub use policy::{GuardedStore, OnError};
@@ -103,6 +103,44 @@ pub trait Store: Send + Sync + 'static {
         _now: Option<Millis>,
     ) -> ChargeFuture<'a> {
         Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// Takes a concurrency slot at `key` for `holder` (an id unique to the request), when
+    /// fewer than `slots.limit` are held (`lua/concurrency.lua`; [`crate::limit::acquire`]).
+    /// The holder keeps it until [`release`](Store::release), or until its lease ends
+    /// unless [`renew`](Store::renew)ed. `now` as for `check`. A store that keeps no state
+    /// admits.
+    fn acquire<'a>(
+        &'a self,
+        _key: &'a str,
+        slots: &'a Slots,
+        _holder: &'a str,
+        _now: Option<Millis>,
+    ) -> StoreFuture<'a> {
+        let free = u64::from(slots.limit.get()) - 1;
+        Box::pin(std::future::ready(Ok(Decision::slots(true, free, 0))))
+    }
+
+    /// Renews the leases of `holders` at `key`; how many still held a slot.
+    fn renew<'a>(
+        &'a self,
+        _key: &'a str,
+        _slots: &'a Slots,
+        _holders: &'a [String],
+        _now: Option<Millis>,
+    ) -> HoldFuture<'a> {
+        Box::pin(std::future::ready(Ok(0)))
+    }
+
+    /// Frees the slots of `holders` at `key`; how many held one.
+    fn release<'a>(
+        &'a self,
+        _key: &'a str,
+        _slots: &'a Slots,
+        _holders: &'a [String],
+        _now: Option<Millis>,
+    ) -> HoldFuture<'a> {
+        Box::pin(std::future::ready(Ok(0)))
     }
 
     /// The refusal of `key` under `alg` that is remembered locally (the deny cache), if any:

@@ -24,7 +24,7 @@ use super::{
     ChargeFuture, GiveBackFuture, HoldFuture, MemoryStore, ReadyFuture, Store, StoreError,
     StoreFuture, StoreObserver,
 };
-use crate::limit::{Algorithm, Decision, Millis, Pace};
+use crate::limit::{Algorithm, Decision, Millis, Pace, Slots};
 
 /// Consecutive failures that open the breaker.
 pub const TRIP_AFTER: u32 = 5;
@@ -156,7 +156,9 @@ impl GuardedStore {
         }
         self.breaker.record(permit, result.as_ref().err());
         if let Ok(d) = &result {
-            if now.is_none() && !d.allowed && d.retry_after_ms > 0 {
+            // (a concurrency slot can free at any moment: its refusal is never remembered)
+            let slots = matches!(alg, Algorithm::Concurrency(_));
+            if now.is_none() && !d.allowed && d.retry_after_ms > 0 && !slots {
                 // The store counted `retry_after` from the moment it decided, which is no
                 // later than now: counting it from now keeps the cached Retry-After from
                 // ever being early (counting from before the call would make it early by
@@ -251,6 +253,36 @@ impl Store for GuardedStore {
 
     fn cached_denial(&self, key: &str, alg: &Algorithm) -> Option<Decision> {
         self.remembered(key, alg)
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        slots: &'a Slots,
+        holder: &'a str,
+        now: Option<Millis>,
+    ) -> StoreFuture<'a> {
+        Box::pin(self.take_slot(key, slots, holder, now))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a str,
+        slots: &'a Slots,
+        holders: &'a [String],
+        now: Option<Millis>,
+    ) -> HoldFuture<'a> {
+        Box::pin(self.slots_count(key, slots, holders, now, false))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        slots: &'a Slots,
+        holders: &'a [String],
+        now: Option<Millis>,
+    ) -> HoldFuture<'a> {
+        Box::pin(self.slots_count(key, slots, holders, now, true))
     }
 
     fn peek<'a>(&'a self, key: &'a str, alg: &'a Algorithm) -> StoreFuture<'a> {
@@ -648,6 +680,8 @@ impl DenyCache {
         }
     }
 }
+
+mod slots;
 
 #[cfg(test)]
 mod tests;

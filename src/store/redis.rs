@@ -22,13 +22,15 @@ use ::redis::{
     ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, TlsCertificates, TlsMode, Value,
 };
 
+mod slots;
+
 use super::pipe::{self, Addr, Endpoint, Failure, Pipe, Sentinel, Sentinels};
 use super::reply::{self, Reply};
-use super::scripts::{Call, Scripts};
+use super::scripts::{Call, Scripts, SlotsOp};
 use super::{
     ChargeFuture, GiveBackFuture, HoldFuture, ReadyFuture, Store, StoreError, StoreFuture,
 };
-use crate::limit::{Algorithm, Millis, Pace};
+use crate::limit::{Algorithm, Millis, Pace, Slots};
 pub use crate::tls::ClientTls;
 
 /// Reconnection attempts wait at least this long before their second try (one retry): a refusal
@@ -548,6 +550,36 @@ impl Store for RedisStore {
 
     fn ready(&self) -> ReadyFuture<'_> {
         Box::pin(self.ping())
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        slots: &'a Slots,
+        holder: &'a str,
+        now: Option<Millis>,
+    ) -> StoreFuture<'a> {
+        Box::pin(self.take_slot(key, slots, holder, now))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a str,
+        slots: &'a Slots,
+        holders: &'a [String],
+        now: Option<Millis>,
+    ) -> HoldFuture<'a> {
+        Box::pin(self.slots_count(key, SlotsOp::Renew, slots, holders, now))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        slots: &'a Slots,
+        holders: &'a [String],
+        now: Option<Millis>,
+    ) -> HoldFuture<'a> {
+        Box::pin(self.slots_count(key, SlotsOp::Release, slots, holders, now))
     }
 
     fn peek<'a>(&'a self, key: &'a str, alg: &'a Algorithm) -> StoreFuture<'a> {

@@ -97,7 +97,11 @@ fn counted(alg: &Algorithm, n: [i64; 4]) -> Result<Decision, StoreError> {
             detail: format!("expected an integer, got {:?}", Value::Int(i)),
         })?;
     }
-    Ok(Decision::counted(u[0] == 1, u[1], u[2], u[3]))
+    Ok(match alg {
+        // `{admitted, free, wait_ms, held}`
+        Algorithm::Concurrency(_) => Decision::slots(u[0] == 1, u[1], u[2]),
+        _ => Decision::counted(u[0] == 1, u[1], u[2], u[3]),
+    })
 }
 
 fn int(v: &Value) -> Option<u64> {
@@ -191,6 +195,16 @@ pub(crate) fn decode_peek(
                 log.extend(number(t)?);
             }
             Some(State::Log(log))
+        }
+        // the holders' ids are not read: only how many there are and when their leases end
+        (Algorithm::Concurrency(_), Some("zset"), ends) => {
+            let mut held = std::collections::BTreeMap::new();
+            for (ix, end) in ends.iter().enumerate() {
+                if let Some(end) = number(end)? {
+                    held.insert(ix.to_string().into_boxed_str(), end);
+                }
+            }
+            Some(State::Held(held))
         }
         // no key, or one another algorithm wrote: the check would start it afresh
         _ => None,

@@ -12,7 +12,7 @@ use ::redis::{Script, ScriptInvocation};
 
 use super::coalesce::{Join, Kind};
 use super::resp::{bulk, push_count};
-use crate::limit::{Algorithm, Millis, Pace, Window};
+use crate::limit::{Algorithm, Millis, Pace, Slots, Window};
 
 /// One script: its body (for `EVAL` after a `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Lua {
@@ -50,6 +50,7 @@ pub(crate) struct Scripts {
     peek: Lua,
     forget: Lua,
     resets: Lua,
+    concurrency: Lua,
 }
 
 /// One argument, written in Rust's shortest round-trip form for numbers, so the script's
@@ -64,8 +65,9 @@ enum Arg {
     Word(&'static str),
 }
 
-/// The most ARGV any script takes (a charge's algorithm, two parameters, the amount, and
-/// `now`; a charged token bucket's rate, burst, cost, `debt` and `now`).
+/// The most ARGV a [`Call`] takes: a charge's algorithm, two parameters, the amount and
+/// `now`; a charged token bucket's rate, burst, cost, `debt` and `now`; concurrency's op,
+/// limit, lease, holders and `now`.
 const MAX_ARGS: usize = 5;
 
 /// One script call: KEYS[1] = `key`, ARGV in the script's order, and `now` last when given.
@@ -96,6 +98,7 @@ impl Scripts {
             peek: Lua::new(include_str!("../../lua/peek.lua")),
             forget: Lua::new(include_str!("../../lua/forget.lua")),
             resets: Lua::new(include_str!("../../lua/resets.lua")),
+            concurrency: Lua::new(include_str!("../../lua/concurrency.lua")),
         }
     }
 
@@ -123,6 +126,12 @@ impl Scripts {
             Algorithm::FixedWindow(w) => window(&self.fixed_window, key, w),
             Algorithm::SlidingWindow(w) => window(&self.sliding_window, key, w),
             Algorithm::SlidingWindowCounter(w) => window(&self.sliding_window_counter, key, w),
+            // a check of concurrency takes nothing: slots are taken by `slots` with a holder
+            Algorithm::Concurrency(s) => Call::new(&self.concurrency, key)
+                .arg(Arg::Word("look"))
+                .arg(Arg::Int(s.limit.get().into()))
+                .arg(Arg::Int(s.lease_ms.get()))
+                .arg(Arg::Empty),
         };
         call.same_each_time = now.is_none();
         match (now, alg) {
@@ -179,6 +188,8 @@ impl Scripts {
             Algorithm::FixedWindow(w)
             | Algorithm::SlidingWindow(w)
             | Algorithm::SlidingWindowCounter(w) => w.window_ms.get() as f64,
+            // (never asked: a slot is released, not given back)
+            Algorithm::Concurrency(_) => 0.0,
         };
         let mut call = Call::new(&self.give_back, key)
             .arg(Arg::Word(alg.name()))
@@ -206,7 +217,9 @@ impl Scripts {
             Algorithm::FixedWindow(w) | Algorithm::SlidingWindowCounter(w) => {
                 (Arg::Int(w.limit.get()), w.window_ms.get())
             }
-            Algorithm::LeakyBucket(_) | Algorithm::SlidingWindow(_) => return None,
+            Algorithm::LeakyBucket(_) | Algorithm::SlidingWindow(_) | Algorithm::Concurrency(_) => {
+                return None
+            }
         };
         let mut call = Call::new(&self.charge, key)
             .arg(Arg::Word(alg.name()))
@@ -232,6 +245,83 @@ impl Scripts {
     /// The call of `lua/resets.lua` on the counter at `key`, counting one more with `bump`.
     pub(crate) fn resets<'a>(&'a self, key: &'a str, bump: bool) -> Call<'a> {
         Call::new(&self.resets, key).arg(if bump { Arg::Word("bump") } else { Arg::Empty })
+    }
+}
+
+/// A call of `lua/concurrency.lua` that names holders: their ids make its arguments text of
+/// any length, which a [`Call`] does not hold.
+pub(crate) struct SlotsCall<'a> {
+    lua: &'a Lua,
+    key: &'a str,
+    args: Vec<String>,
+}
+
+/// The concurrency script's operations that name holders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotsOp {
+    Acquire,
+    Renew,
+    Release,
+}
+
+impl Scripts {
+    /// The call of `lua/concurrency.lua` doing `op` for `holders` (one for acquire) on `key`.
+    pub(crate) fn slots<'a>(
+        &'a self,
+        key: &'a str,
+        op: SlotsOp,
+        s: &Slots,
+        holders: &[&str],
+        now: Option<Millis>,
+    ) -> SlotsCall<'a> {
+        let op = match op {
+            SlotsOp::Acquire => "acquire",
+            SlotsOp::Renew => "renew",
+            SlotsOp::Release => "release",
+        };
+        let mut args = vec![
+            op.to_owned(),
+            s.limit.to_string(),
+            s.lease_ms.to_string(),
+            holders.join(" "),
+        ];
+        if let Some(now) = now {
+            // Display's shortest round trip: the script's tonumber reads back this very f64
+            args.push(now.to_string());
+        }
+        SlotsCall {
+            lua: &self.concurrency,
+            key,
+            args,
+        }
+    }
+}
+
+impl<'a> SlotsCall<'a> {
+    /// As [`Call::encode`]; never joined.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>, body: bool) {
+        out.push(b'*');
+        push_count(out, 4 + self.args.len() as u64);
+        if body {
+            bulk(out, b"EVAL");
+            bulk(out, self.lua.body.as_bytes());
+            bulk(out, b"1");
+        } else {
+            out.extend_from_slice(&self.lua.evalsha_head);
+        }
+        bulk(out, self.key.as_bytes());
+        for arg in &self.args {
+            bulk(out, arg.as_bytes());
+        }
+    }
+
+    /// As [`Call::invocation`].
+    pub(crate) fn invocation(&self) -> ScriptInvocation<'a> {
+        let mut inv = self.lua.script.key(self.key);
+        for arg in &self.args {
+            inv.arg(arg.as_str());
+        }
+        inv
     }
 }
 

@@ -249,7 +249,7 @@ fn unknown_names_list_the_choices_with_a_hint() {
     assert_problems(
         &text,
         &[
-            r#"proxy.yaml:9:30: routes[0].limits[0].algorithm: expected token_bucket, leaky_bucket, fixed_window, sliding_window or sliding_window_counter, found "tokn_bucket" (did you mean "token_bucket"?)"#,
+            r#"proxy.yaml:9:30: routes[0].limits[0].algorithm: expected token_bucket, leaky_bucket, fixed_window, sliding_window, sliding_window_counter or concurrency, found "tokn_bucket" (did you mean "token_bucket"?)"#,
             r#"proxy.yaml:9:64: routes[0].limits[0].key[1]: expected ip, header:NAME, query:NAME, host, path or route, found "hedaer""#,
         ],
     );

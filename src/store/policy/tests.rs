@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::limit::{Bucket, Rate};
+use crate::limit::{Bucket, Rate, Slots};
 
 const COOL_MS: u64 = COOL_DOWN.as_millis() as u64;
 
@@ -188,6 +188,23 @@ impl Store for Fake {
             match self.behaviour {
                 Behaviour::Fails => Err(timeout()),
                 Behaviour::Denies(retry) => Ok(Decision::counted(false, 0, retry, retry)),
+            }
+        })
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        _key: &'a str,
+        _slots: &'a Slots,
+        _holder: &'a str,
+        _now: Option<Millis>,
+    ) -> StoreFuture<'a> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            tokio::time::sleep(self.delay).await;
+            match self.behaviour {
+                Behaviour::Fails => Err(timeout()),
+                Behaviour::Denies(wait) => Ok(Decision::slots(false, 0, wait)),
             }
         })
     }
@@ -428,6 +445,49 @@ async fn local_enforces_this_instances_share() {
     assert_eq!(admitted, 5);
     let denied = store.check("k", &alg, None).await.unwrap();
     assert!(denied.retry_after_ms > 0, "{denied:?}");
+}
+
+fn slots(limit: u32) -> Slots {
+    Slots::new(NonZeroU32::new(limit).unwrap(), Duration::from_secs(10)).unwrap()
+}
+
+/// A concurrency refusal is never remembered: a slot can free at any moment, so every acquire
+/// and every look asks the store.
+#[tokio::test]
+async fn a_concurrency_refusal_is_never_cached() {
+    let (store, calls) = guarded(Behaviour::Denies(900), Duration::ZERO, OnError::Deny, 1);
+    let slots = slots(1);
+    for holder in ["a", "b"] {
+        let refused = store.acquire("k", &slots, holder, None).await.unwrap();
+        assert!(!refused.allowed && refused.retry_after_ms == 900);
+    }
+    let look = Algorithm::Concurrency(slots);
+    for _ in 0..2 {
+        assert!(store.check("k", &look, None).await.is_ok());
+        assert!(store.cached_denial("k", &look).is_none());
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        4,
+        "every call asked the store"
+    );
+}
+
+/// `local` with `instances: 2` holds half of the slots in process, rounded up, and frees one
+/// when it is released.
+#[tokio::test]
+async fn local_holds_this_instances_share_of_the_slots() {
+    let (store, _) = guarded(Behaviour::Fails, Duration::ZERO, OnError::Local, 2);
+    let slots = slots(3);
+    for holder in ["a", "b"] {
+        let taken = store.acquire("k", &slots, holder, None).await.unwrap();
+        assert!(taken.allowed && taken.share.is_some(), "{taken:?}");
+    }
+    assert!(!store.acquire("k", &slots, "c", None).await.unwrap().allowed);
+    let a = ["a".to_owned()];
+    // (the fallback releases too, whatever the shared store answers)
+    store.release("k", &slots, &a, None).await.unwrap();
+    assert!(store.acquire("k", &slots, "c", None).await.unwrap().allowed);
 }
 
 /// A slow failing store costs at most one timeout per call, and none once the breaker is open.

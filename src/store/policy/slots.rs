@@ -1,0 +1,76 @@
+//! Concurrency slots behind the failure policy. An acquire goes through the breaker and
+//! applies `on_error` as a check does, but never through the deny cache: a slot can free at
+//! any moment, so a refusal must not be remembered. Renewals and releases go to the shared
+//! store and to the `local` fallback both: a holder's id is unique, so the one that never saw
+//! it finds nothing to do, and no one has to remember which store gave the slot.
+
+use super::{GuardedStore, OnError};
+use crate::limit::{Decision, Millis, Slots};
+use crate::store::StoreError;
+
+impl GuardedStore {
+    /// Takes a slot for `holder`, or applies `on_error` when the shared store cannot answer.
+    pub(super) async fn take_slot(
+        &self,
+        key: &str,
+        slots: &Slots,
+        holder: &str,
+        now: Option<Millis>,
+    ) -> Result<Decision, StoreError> {
+        let started = std::time::Instant::now();
+        let shared = self
+            .through_breaker(self.primary.acquire(key, slots, holder, now), true)
+            .await;
+        // (a call the breaker kept back is counted as skipped already)
+        if let (Some(observer), false) = (
+            &self.observer,
+            matches!(shared, Err(StoreError::CircuitOpen)),
+        ) {
+            observer.call(started.elapsed(), shared.as_ref().err());
+        }
+        let error = match shared {
+            Ok(d) => return Ok(d),
+            Err(e) => e,
+        };
+        match self.on_error {
+            OnError::Allow => {
+                let free = u64::from(slots.limit.get()) - 1;
+                Ok(Decision::slots(true, free, 0))
+            }
+            OnError::Deny => Err(error),
+            OnError::Local => {
+                let share = slots.share(self.instances);
+                let mut d = self.local.take_slot(key, &share, holder, now);
+                d.share = (self.instances.get() > 1).then_some(self.instances);
+                Ok(d)
+            }
+        }
+    }
+
+    /// Renews (or, with `release`, frees) `holders`' slots in both stores: how many the
+    /// shared store found, or the fallback when the shared one cannot answer.
+    pub(super) async fn slots_count(
+        &self,
+        key: &str,
+        slots: &Slots,
+        holders: &[String],
+        now: Option<Millis>,
+        release: bool,
+    ) -> Result<u64, StoreError> {
+        let local = if release {
+            self.local.free_slots(key, holders, now)
+        } else {
+            self.local.renew_slots(key, slots, holders, now)
+        };
+        let shared = if release {
+            self.primary.release(key, slots, holders, now)
+        } else {
+            self.primary.renew(key, slots, holders, now)
+        };
+        match self.through_breaker(shared, false).await {
+            Ok(n) => Ok(n),
+            Err(_) if self.on_error == OnError::Local => Ok(local),
+            Err(e) => Err(e),
+        }
+    }
+}
