@@ -9,11 +9,14 @@
 //!   limit or window cannot be built.
 //! * [`decision`]: what a check answers ([`Decision`]).
 //! * [`algorithms`]: the state kept per key ([`State`]) and the step function for each algorithm.
+//! * [`adapt`]: an upstream's adaptive pacing rate, moved as AIMD moves it ([`Aimd`]).
 
+pub mod adapt;
 mod algorithms;
 mod decision;
 mod params;
 
+pub use adapt::{Adapted, Aimd, AimdError, Report};
 pub use algorithms::{apply, defer, give_back, State};
 pub use decision::Decision;
 pub use params::{Algorithm, Bucket, Pace, ParamError, Rate, Window};

@@ -22,7 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::limit::{Algorithm, Decision, Millis, Pace};
+use crate::limit::{Aimd, Algorithm, Decision, Millis, Pace, Report};
 
 pub use memory::MemoryStore;
 pub use policy::{GuardedStore, OnError};
@@ -44,6 +44,9 @@ pub type HoldFuture<'a> = Pin<Box<dyn Future<Output = Result<u64, StoreError>> +
 
 /// The future of a [`Store::give_back`]: whether anything was given back.
 pub type GiveBackFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
+
+/// The future of a [`Store::adapt`]: the current rate, per second.
+pub type RateFuture<'a> = Pin<Box<dyn Future<Output = Result<f64, StoreError>> + Send + 'a>>;
 
 /// The future of a [`Store::ready`]: why requests cannot be decided as configured, if so.
 pub type ReadyFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
@@ -84,6 +87,20 @@ pub trait Store: Send + Sync + 'static {
         _now: Option<Millis>,
     ) -> GiveBackFuture<'a> {
         Box::pin(std::future::ready(Ok(false)))
+    }
+
+    /// Adaptive pacing: applies one instance's `report` for its last period to the rate kept
+    /// at `key` under `aimd`, shared by the instances of one store (`lua/adapt.lua`;
+    /// [`crate::limit::adapt::adapt`]), and returns the current rate. `now` as for `check`. A
+    /// store that keeps no state cannot adapt: the rate stays where it starts.
+    fn adapt<'a>(
+        &'a self,
+        _key: &'a str,
+        aimd: &'a Aimd,
+        _report: Report,
+        _now: Option<Millis>,
+    ) -> RateFuture<'a> {
+        Box::pin(std::future::ready(Ok(aimd.start().per_sec())))
     }
 
     /// The refusal of `key` under `alg` that is remembered locally (the deny cache), if any:

@@ -12,7 +12,7 @@ use ::redis::{Script, ScriptInvocation};
 
 use super::coalesce::{Join, Kind};
 use super::resp::{bulk, push_count};
-use crate::limit::{Algorithm, Millis, Pace, Window};
+use crate::limit::{Aimd, Algorithm, Millis, Pace, Report, Window};
 
 /// One script: its body (for `EVAL` after a `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Lua {
@@ -49,6 +49,7 @@ pub(crate) struct Scripts {
     peek: Lua,
     forget: Lua,
     resets: Lua,
+    adapt: Lua,
 }
 
 /// One argument, written in Rust's shortest round-trip form for numbers, so the script's
@@ -63,8 +64,8 @@ enum Arg {
     Word(&'static str),
 }
 
-/// The most ARGV any script takes (the rate, two more, and `now`).
-const MAX_ARGS: usize = 4;
+/// The most ARGV any script takes (`lua/adapt.lua`: seven, and `now`).
+const MAX_ARGS: usize = 8;
 
 /// One script call: KEYS[1] = `key`, ARGV in the script's order, and `now` last when given.
 pub(crate) struct Call<'a> {
@@ -93,6 +94,7 @@ impl Scripts {
             peek: Lua::new(include_str!("../../lua/peek.lua")),
             forget: Lua::new(include_str!("../../lua/forget.lua")),
             resets: Lua::new(include_str!("../../lua/resets.lua")),
+            adapt: Lua::new(include_str!("../../lua/adapt.lua")),
         }
     }
 
@@ -194,6 +196,30 @@ impl Scripts {
     /// The call of `lua/resets.lua` on the counter at `key`, counting one more with `bump`.
     pub(crate) fn resets<'a>(&'a self, key: &'a str, bump: bool) -> Call<'a> {
         Call::new(&self.resets, key).arg(if bump { Arg::Word("bump") } else { Arg::Empty })
+    }
+}
+
+impl Scripts {
+    /// The call of `lua/adapt.lua`: `report` applied to the adaptive rate at `key`.
+    pub(crate) fn adapt<'a>(
+        &'a self,
+        key: &'a str,
+        aimd: &Aimd,
+        report: Report,
+        now: Option<Millis>,
+    ) -> Call<'a> {
+        let mut call = Call::new(&self.adapt, key)
+            .arg(Arg::Num(aimd.start().per_sec()))
+            .arg(Arg::Num(aimd.min().per_sec()))
+            .arg(Arg::Num(aimd.max().per_sec()))
+            .arg(Arg::Num(aimd.increase()))
+            .arg(Arg::Num(aimd.decrease()))
+            .arg(Arg::Word(report.as_str()))
+            .arg(Arg::Num(aimd.period_ms()));
+        if let Some(now) = now {
+            call = call.arg(Arg::Num(now));
+        }
+        call
     }
 }
 
