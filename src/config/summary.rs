@@ -4,6 +4,7 @@
 use serde_json::{json, Value};
 
 use super::backend::redact_url;
+use super::types::AdaptiveConfig;
 use super::types::{
     AccessLog, AdminToken, Backend, ClientTls, Config, HeaderStyle, LimitConfig, LogClient, Mode,
     OnError, Protocol, RouteConfig, SentinelConfig, UpstreamConfig,
@@ -274,7 +275,44 @@ fn upstream_line(u: &UpstreamConfig) -> String {
             line.push_str(&format!(" max_waiting {n}"));
         }
     }
+    if let Some(a) = &u.adaptive {
+        line.push_str(&adaptive_text(a));
+    }
     line
+}
+
+/// `; adaptive 1/s..200/s +1/s x0.7 per 500ms target_latency 300ms`
+fn adaptive_text(a: &AdaptiveConfig) -> String {
+    let p = &a.aimd;
+    let mut text = format!(
+        "; adaptive {}..{} +{} x{} per {}",
+        format_rate(p.min()),
+        format_rate(p.max()),
+        format_increase(p.increase()),
+        p.decrease(),
+        format_ms(p.period_ms())
+    );
+    if let Some(t) = a.target_latency {
+        text.push_str(&format!(" target_latency {}", format_duration(t)));
+    }
+    text
+}
+
+/// `increase` as a rate, the way the file writes it.
+fn format_increase(per_sec: f64) -> String {
+    crate::limit::Rate::per_second(per_sec).map_or_else(|_| per_sec.to_string(), format_rate)
+}
+
+fn adaptive_json(a: &AdaptiveConfig) -> Value {
+    let p = &a.aimd;
+    json!({
+        "min": format_rate(p.min()),
+        "max": format_rate(p.max()),
+        "increase": format_increase(p.increase()),
+        "decrease": p.decrease(),
+        "interval": format_ms(p.period_ms()),
+        "target_latency": a.target_latency.map(format_duration),
+    })
 }
 
 fn upstream_json(u: &UpstreamConfig) -> Value {
@@ -288,6 +326,7 @@ fn upstream_json(u: &UpstreamConfig) -> Value {
             "rate": format_rate(p.rate),
             "max_delay": p.max_delay_ms.map(format_ms),
             "max_waiting": u.max_waiting.map(|n| n.get()),
+            "adaptive": u.adaptive.as_ref().map(adaptive_json),
         })),
     })
 }

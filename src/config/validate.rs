@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
+use super::adaptive;
 use super::backend;
 use super::check::{check_name, parse_net, Checker};
 use super::client_tls;
@@ -305,6 +306,10 @@ fn upstream(
         Some(p) => pace(chk, p, &path.key("pace"))?,
         None => (None, None),
     };
+    let adaptive = raw.pace.get().and_then(|p| {
+        let start = pace.map(|p| p.rate);
+        adaptive::adaptive(chk, p.adaptive.get()?, start, &path.key("pace"))
+    });
     let protocol = match raw.protocol.get() {
         Some(RawProtocol::Http1) => Protocol::Http1,
         Some(RawProtocol::Http2) => Protocol::Http2,
@@ -321,6 +326,7 @@ fn upstream(
         preserve_host: raw.preserve_host.get().copied().unwrap_or(true),
         pace,
         max_waiting,
+        adaptive,
         protocol,
         tls,
     })
