@@ -8,7 +8,7 @@ ARGV[3]  max: the rate never rises above this (>= start)
 ARGV[4]  increase: requests per second added after a healthy period (> 0)
 ARGV[5]  decrease: the factor applied after a period of trouble (0 < decrease < 1)
 ARGV[6]  report: trouble | healthy | quiet (what the caller saw in its last period)
-ARGV[7]  period_ms: at most one decrease and one increase per this many ms (> 0)
+ARGV[7]  period_ms: at most one increase per this many ms, one decrease per twice as many (> 0)
 ARGV[8]  now in milliseconds (optional, decimals allowed; absent or empty: the Redis server clock)
 
 Returns the current rate, requests per second, as a decimal string written with %.17g (it
@@ -16,8 +16,8 @@ reads back exactly): Redis would truncate a returned Lua number to an integer.
 
 The key is a hash: rate, changed (ms of the last change), fell (ms of the last decrease).
 Every instance reports the same episode of trouble, so trouble lowers the rate only when the
-last decrease is a period old, and health raises it only when the last change is a period old:
-N instances do not multiply the rate down N times. A quiet report reads and writes nothing.
+last decrease is two periods old, and health raises it only when the last change is a period
+old: N instances do not multiply the rate down N times. A quiet report reads and writes nothing.
 The key expires an hour after the last report that was not quiet; the rate then starts again.
 
 Try it: redis-cli --eval lua/adapt.lua tollgate:upstream:api:rate , 100 1 200 1 0.7 trouble 500
@@ -25,6 +25,11 @@ Try it: redis-cli --eval lua/adapt.lua tollgate:upstream:api:rate , 100 1 200 1 
 
 -- Comparisons allow 1 microsecond: timestamps near 1.7e12 ms carry about 0.25 us of rounding.
 local EPS = 0.001
+
+-- Periods between two decreases (`FALL_PERIODS` in Rust): the answers of the period right after
+-- a fall still show the load from before it (requests queued at the old spacing, an upstream
+-- that counts its load over a second), and must not cut the rate again.
+local FALL_PERIODS = 2
 
 -- How long an idle rate is kept (the memory store's `KEEP_MS`).
 local KEEP_MS = 3600000
@@ -70,10 +75,11 @@ if got.err then
   redis.call('DEL', key)
   got = {}
 end
+local fall_gap = FALL_PERIODS * period
 local rate, changed, fell = tonumber(got[1]), tonumber(got[2]), tonumber(got[3])
 if rate == nil or changed == nil or fell == nil then
-  -- a new rate may change at once: its last change lies one period back
-  rate, changed, fell = start, now - period, now - period
+  -- a new rate may change at once: its last changes lie far enough back
+  rate, changed, fell = start, now - fall_gap, now - fall_gap
 end
 -- (a reload may have moved min or max past the stored rate)
 if rate < min then
@@ -86,7 +92,7 @@ end
 if report == 'quiet' then
   return string.format('%.17g', rate)
 end
-if report == 'trouble' and now - fell >= period - EPS then
+if report == 'trouble' and now - fell >= fall_gap - EPS then
   rate = rate * decrease
   if rate < min then
     rate = min

@@ -155,7 +155,7 @@ fn config(store: Option<&Redis>, target: &str, pace: &str) -> String {
 async fn two_instances_find_the_capacity_and_follow_it() {
     let redis = Redis::start();
     let upstream = Capped::start(20).await;
-    let pace = "{rate: 100/s, max_delay: 500ms, adaptive: {min: 1/s, max: 200/s}}";
+    let pace = "{rate: 100/s, max_delay: 250ms, adaptive: {min: 1/s, max: 200/s}}";
     let yaml = config(Some(&redis), &upstream.url(), pace);
     let (a, b) = (Proxy::start(&yaml).await, Proxy::start(&yaml).await);
     let t0 = Instant::now();
@@ -284,6 +284,86 @@ async fn slow_answers_lower_the_rate_in_memory_too() {
     }
     eventually(Duration::from_secs(3), || async {
         pace_rate(admin).await.is_some_and(|r| r <= 28.0)
+    })
+    .await;
+}
+
+/// While the store is out, an instance keeps pacing at the last rate it read: neither back to
+/// the start nor further down on what it alone sees; when the store is back, it adapts again.
+#[tokio::test]
+async fn the_last_rate_stays_while_the_store_is_out() {
+    let mut redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let pace = "{rate: 50/s, max_delay: 1s, adaptive: {min: 5/s, max: 100/s, decrease: 0.5}}";
+    let proxy = Proxy::start(&config(Some(&redis), &upstream.url(), pace)).await;
+    let admin = proxy.admin.unwrap();
+    let url = proxy.url("/status/503");
+    let trouble = move |for_ms: u64| {
+        let url = url.clone();
+        async move {
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_millis(for_ms) {
+                get(&url, &[]).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    trouble(300).await;
+    eventually(Duration::from_secs(5), || async {
+        pace_rate(admin).await.is_some_and(|r| r < 50.0)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let before = pace_rate(admin).await.unwrap();
+    redis.kill();
+    trouble(1500).await;
+    assert_eq!(
+        pace_rate(admin).await,
+        Some(before),
+        "the rate moved without the store"
+    );
+    // a restarted Redis has lost the rate: it starts again from `rate`, in the store
+    redis.restart();
+    let more = tokio::spawn(trouble(4000));
+    eventually(Duration::from_secs(5), || async {
+        let stored = redis.cli(&["hget", "tollgate:upstream:api:rate", "rate"]);
+        let stored: Option<f64> = stored.trim().parse().ok();
+        stored.is_some() && stored == pace_rate(admin).await
+    })
+    .await;
+    more.abort();
+}
+
+/// A reload's new pacer takes over the rate the store keeps, within the new bounds: the task
+/// follows the proxy in force. (The memory store, which a reload that keeps `store` keeps.)
+#[tokio::test]
+async fn a_reload_keeps_the_rate_within_its_new_bounds() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proxy.yaml");
+    let pace = "{rate: 50/s, max_delay: 1s, adaptive: {min: 5/s, max: 100/s, decrease: 0.5}}";
+    std::fs::write(&path, config(None, &upstream.url(), pace)).unwrap();
+    let proxy = Proxy::start_watching(&path).await;
+    let admin = proxy.admin.unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(300) {
+        get(&proxy.url("/status/503"), &[]).await;
+    }
+    eventually(Duration::from_secs(3), || async {
+        pace_rate(admin).await == Some(25.0)
+    })
+    .await;
+    // the new file starts at 8/s and caps the rate at 10/s: the kept 25 is brought to 10
+    let narrower = "{rate: 8/s, max_delay: 1s, adaptive: {min: 5/s, max: 10/s}}";
+    let text = config(None, &upstream.url(), narrower).replace(
+        "admin:\n  listen: 127.0.0.1:0",
+        &format!("admin:\n  listen: {admin}"),
+    );
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    eventually(Duration::from_secs(5), || async {
+        pace_rate(admin).await == Some(10.0)
     })
     .await;
 }

@@ -595,7 +595,7 @@ async fn replay_reports(
     out
 }
 
-/// Hand-written reports: a decrease per period however many instances report the episode,
+/// Hand-written reports: a decrease per two periods however many instances report the episode,
 /// increases a period apart, the floor and the ceiling; Rust and Lua give the very same rates
 /// (compared bit for bit).
 #[tokio::test]
@@ -607,12 +607,12 @@ async fn adaptive_rates_agree() {
         let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
         let p = aimd(100.0, 1.0, 200.0, 1.0, 0.7, 500.0);
         use Report::{Healthy as H, Quiet as Q, Trouble as T};
-        let mut steps = vec![(T0, Q), (T0, T), (T0 + 1.0, T), (T0 + 499.0, T)];
-        steps.extend([(T0 + 500.0, T), (T0 + 600.0, H), (T0 + 1000.25, H)]);
-        steps.extend([(T0 + 1200.0, T), (T0 + 1300.0, H), (T0 + 1700.0, H)]);
+        let mut steps = vec![(T0, Q), (T0, T), (T0 + 1.0, T), (T0 + 999.0, T)];
+        steps.extend([(T0 + 1000.0, T), (T0 + 1100.0, H), (T0 + 1500.25, H)]);
+        steps.extend([(T0 + 1700.0, T), (T0 + 1800.0, H), (T0 + 2200.0, H)]);
         // far down to the floor, then up to the ceiling
-        steps.extend((0..20).map(|i| (T0 + 2000.0 + 500.0 * f64::from(i), T)));
-        steps.extend((0..300).map(|i| (T0 + 20_000.0 + 500.0 * f64::from(i), H)));
+        steps.extend((0..20).map(|i| (T0 + 3000.0 + 1000.0 * f64::from(i), T)));
+        steps.extend((0..300).map(|i| (T0 + 30_000.0 + 500.0 * f64::from(i), H)));
         let from_rust = replay_reports(&memory, "ad", &p, &steps).await;
         let from_lua = replay_reports(&redis, "ad", &p, &steps).await;
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -627,6 +627,10 @@ async fn adaptive_rates_agree() {
             "an increase waits a period after a decrease"
         );
         assert_eq!(from_lua[6], 50.0);
+        assert_eq!(
+            from_lua[7], 50.0,
+            "a decrease waits two periods after a decrease"
+        );
         assert_eq!(from_lua[29], 1.0, "the floor");
         assert_eq!(*from_lua.last().unwrap(), 200.0, "the ceiling");
         // parameters changed by a reload: the stored rate is brought within the new bounds

@@ -15,8 +15,8 @@ use crate::limit::{Aimd, Rate};
 /// 0.7 leaves it about 15 % idle.
 pub(crate) const DEFAULT_DECREASE: f64 = 0.7;
 
-/// At most one increase and one decrease in this long: a few round trips of a typical API, so
-/// that each change is seen in the answers before the next one.
+/// At most one increase in this long, one decrease in twice as long: a few round trips of a
+/// typical API, so that each change is seen in the answers before the next one.
 pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The adaptive settings of a pace starting at `start` (`None`: the pace's rate is missing or
