@@ -157,8 +157,9 @@ fn trouble_status(status: StatusCode) -> bool {
 pub const TICK: Duration = Duration::from_millis(50);
 
 /// One tick of the task: every adaptive upstream of `proxy` whose period ended reports it,
-/// and its rate in force goes to `tollgate_pace_rate`.
-pub async fn tick(proxy: &Arc<Proxy>) {
+/// and its rate in force goes to `tollgate_pace_rate`. False when `proxy` paces no upstream
+/// adaptively: the task may then look less often.
+pub async fn tick(proxy: &Arc<Proxy>) -> bool {
     let now = Instant::now();
     let mut seen: Vec<&str> = Vec::new();
     for (_, route) in proxy.routes.routes() {
@@ -174,6 +175,7 @@ pub async fn tick(proxy: &Arc<Proxy>) {
             proxy.metrics.pace_rate(&upstream.name, rate);
         }
     }
+    !seen.is_empty()
 }
 
 #[cfg(test)]
