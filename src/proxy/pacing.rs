@@ -1,5 +1,6 @@
 //! Outbound pacing: before a request goes to a paced upstream, ask the store's leaky bucket
-//! for a slot shared by every instance, sleep the returned delay, then forward.
+//! for a slot shared by every instance, sleep the returned delay, then forward. With
+//! `pace.adaptive` the rate is the fleet's current one, which [`super::adapt`] keeps.
 //! Past `max_delay` the answer is 503 with `Retry-After`, and nothing was reserved.
 //! `max_waiting` bounds how many requests sleep here at once. A request that must wait takes
 //! its waiting place before it asks for a later slot, so a refusal for want of a place
