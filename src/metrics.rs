@@ -17,6 +17,7 @@
 //! | `tollgate_request_duration_seconds` (histogram) | `route` |
 //! | `tollgate_limit_decisions_total` | `route`, `limit`, `decision` (allowed, denied, shadow_denied, delayed) |
 //! | `tollgate_pacing_delay_seconds` (histogram) | `upstream` |
+//! | `tollgate_pace_rate` (gauge, requests per second) | `upstream` |
 //! | `tollgate_store_errors_total` | `kind` |
 //! | `tollgate_store_duration_seconds` (histogram) | |
 //! | `tollgate_deny_cache_hits_total` | |
@@ -246,6 +247,8 @@ struct Inner {
     request_duration: Histograms<RouteLabel>,
     limit_decisions: Family<DecisionLabels, sharded::Counter>,
     pacing_delay: Histograms<UpstreamLabel>,
+    /// each paced upstream's rate in force, per second
+    pace_rate: Family<UpstreamLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     store_errors: Family<KindLabel, Counter>,
     store_duration: Histogram,
     deny_cache_hits: Counter,
@@ -282,6 +285,7 @@ impl Metrics {
         let request_duration = Histograms::new_with_constructor(request_histogram as fn() -> _);
         let limit_decisions = Family::default();
         let pacing_delay = Histograms::new_with_constructor(pacing_histogram as fn() -> _);
+        let pace_rate = Family::default();
         let store_errors = Family::default();
         let store_duration = Histogram::new(&STORE_BUCKETS);
         let deny_cache_hits = Counter::default();
@@ -316,6 +320,11 @@ impl Metrics {
             "Time requests waited for an upstream's pacing, by upstream",
             Unit::Seconds,
             pacing_delay.clone(),
+        );
+        r.register(
+            "tollgate_pace_rate",
+            "Each paced upstream's pacing rate in force, requests per second (it moves when the pace is adaptive)",
+            pace_rate.clone(),
         );
         r.register(
             "tollgate_store_errors",
@@ -373,6 +382,7 @@ impl Metrics {
                 request_duration,
                 limit_decisions,
                 pacing_delay,
+                pace_rate,
                 store_errors,
                 store_duration,
                 deny_cache_hits,
@@ -483,6 +493,14 @@ impl Metrics {
             .pacing_delay
             .get_or_create(&labels)
             .observe(delay);
+    }
+
+    /// Sets `tollgate_pace_rate{upstream}`, the rate `upstream` is paced at, per second.
+    pub fn pace_rate(&self, upstream: &Arc<str>, rate: f64) {
+        let labels = UpstreamLabel {
+            upstream: upstream.clone(),
+        };
+        self.inner.pace_rate.get_or_create(&labels).set(rate);
     }
 
     /// Makes `tollgate_pacing_delay_seconds{upstream}` exist, empty until a paced request.

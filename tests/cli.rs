@@ -312,6 +312,37 @@ fn access_log_has_the_client_of_a_404_and_the_wait_of_a_leaky_bucket() {
     assert_eq!(fields[2]["decision"], "delayed", "{:?}", fields[2]);
 }
 
+/// The access line of a request to a paced upstream gives the rate its slot was given at: an
+/// adaptive pace's starts at `rate`.
+#[test]
+fn access_log_gives_the_pace_rate() {
+    use std::io::Read;
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\n    pace: {{rate: 10/s, max_delay: 1s, adaptive: {{min: 1/s, max: 20/s}}}}\nroutes:\n  - name: all\n    upstream: api\n"
+    );
+    let path = write(&dir, "p.yaml", &yaml);
+    let (_child, stderr) = run_json_logging(&path);
+    wait_for("the listener", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /x HTTP/1.0\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.0 502"), "{out}");
+    let line = loop {
+        let line = stderr
+            .recv_timeout(Duration::from_secs(10))
+            .expect("an access log line");
+        if line.contains("tollgate::access") {
+            break serde_json::from_str::<serde_json::Value>(&line).unwrap();
+        }
+    };
+    assert_eq!(line["fields"]["pace_rate"], 10.0, "{line}");
+}
+
 /// A loopback port free a moment ago.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Slots, Window};
+use tollgate::limit::{Aimd, Algorithm, Bucket, Decision, Pace, Rate, Report, Slots, Window};
 use tollgate::store::{Connection, MemoryStore, RedisStore, RedisTarget, Store};
 
 const T0: f64 = 1_700_000_040_000.0; // a multiple of every window used below
@@ -818,6 +818,123 @@ fn random_concurrency_sequences_agree() {
         proptest!(config, |(limit in 1u32..5, lease in 1000u64..3000, seq in times(700, 40, true), ops in prop::collection::vec(any_slot_op(), 40))| {
             let ops: Vec<(f64, SlotOp)> = seq.into_iter().zip(ops).collect();
             rt.block_on(both_slots(&redis, &slots(limit, lease), &ops));
+        });
+    }
+}
+
+/// Adaptive pacing parameters for the conformance tests: rates as given, per second.
+fn aimd(start: f64, min: f64, max: f64, increase: f64, decrease: f64, period_ms: f64) -> Aimd {
+    let r = |x| Rate::per_second(x).unwrap();
+    Aimd::new(r(start), r(min), r(max), increase, decrease, period_ms).unwrap()
+}
+
+/// Replays adaptive-pacing reports at their times through any store; the rate after each.
+async fn replay_reports(
+    store: &dyn Store,
+    key: &str,
+    p: &Aimd,
+    steps: &[(f64, Report)],
+) -> Vec<f64> {
+    let mut out = Vec::with_capacity(steps.len());
+    for (t, report) in steps {
+        out.push(store.adapt(key, p, *report, Some(*t)).await.unwrap());
+    }
+    out
+}
+
+/// Hand-written reports: a decrease per two periods however many instances report the episode,
+/// increases a period apart, the floor and the ceiling; Rust and Lua give the very same rates
+/// (compared bit for bit).
+#[tokio::test]
+async fn adaptive_rates_agree() {
+    let server = common::Redis::start();
+    for connection in CONNECTIONS {
+        server.cli(&["flushall"]);
+        let redis = redis_store(&server, connection);
+        let memory = MemoryStore::new(NonZeroUsize::new(100).unwrap());
+        let p = aimd(100.0, 1.0, 200.0, 1.0, 0.7, 500.0);
+        use Report::{Healthy as H, Quiet as Q, Trouble as T};
+        let mut steps = vec![(T0, Q), (T0, T), (T0 + 1.0, T), (T0 + 999.0, T)];
+        steps.extend([(T0 + 1000.0, T), (T0 + 1100.0, H), (T0 + 1500.25, H)]);
+        steps.extend([(T0 + 1700.0, T), (T0 + 1800.0, H), (T0 + 2200.0, H)]);
+        // far down to the floor, then up to the ceiling
+        steps.extend((0..20).map(|i| (T0 + 3000.0 + 1000.0 * f64::from(i), T)));
+        steps.extend((0..300).map(|i| (T0 + 30_000.0 + 500.0 * f64::from(i), H)));
+        let from_rust = replay_reports(&memory, "ad", &p, &steps).await;
+        let from_lua = replay_reports(&redis, "ad", &p, &steps).await;
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&from_rust),
+            bits(&from_lua),
+            "{from_rust:?}\n{from_lua:?}"
+        );
+        assert_eq!(&from_lua[..5], &[100.0, 70.0, 70.0, 70.0, 49.0]);
+        assert_eq!(
+            from_lua[5], 49.0,
+            "an increase waits a period after a decrease"
+        );
+        assert_eq!(from_lua[6], 50.0);
+        assert_eq!(
+            from_lua[7], 50.0,
+            "a decrease waits two periods after a decrease"
+        );
+        assert_eq!(from_lua[29], 1.0, "the floor");
+        assert_eq!(*from_lua.last().unwrap(), 200.0, "the ceiling");
+        // parameters changed by a reload: the stored rate is brought within the new bounds
+        let narrower = aimd(20.0, 5.0, 20.0, 1.0, 0.5, 500.0);
+        let later = [(T0 + 200_000.0, Q), (T0 + 200_000.0, T)];
+        let from_rust = replay_reports(&memory, "ad", &narrower, &later).await;
+        let from_lua = replay_reports(&redis, "ad", &narrower, &later).await;
+        assert_eq!(from_rust, from_lua);
+        assert_eq!(from_lua, [20.0, 10.0]);
+    }
+}
+
+/// Random reports at random times for random parameters get the same rates from Rust and Lua.
+#[test]
+fn random_reports_agree() {
+    let server = common::Redis::start();
+    for connection in CONNECTIONS {
+        server.cli(&["flushall"]);
+        let (rt, redis) = runtime_with_store(&server, connection);
+        let config = ProptestConfig {
+            cases: 64,
+            ..ProptestConfig::default()
+        };
+        let params = (
+            1u32..50,
+            1u32..20,
+            1u32..200,
+            1u32..100,
+            1u32..99,
+            1u32..1000,
+        )
+            .prop_map(|(min, up, span, inc, dec, period)| {
+                let min = f64::from(min) / 4.0;
+                let start = min + f64::from(up) / 3.0;
+                let max = start + f64::from(span) / 7.0;
+                aimd(
+                    start,
+                    min,
+                    max,
+                    f64::from(inc) / 10.0,
+                    f64::from(dec) / 100.0,
+                    f64::from(period),
+                )
+            });
+        let report = prop_oneof![
+            Just(Report::Trouble),
+            Just(Report::Healthy),
+            Just(Report::Quiet)
+        ];
+        proptest!(config, |(p in params, seq in times(700, 60, true), reports in prop::collection::vec(report, 60))| {
+            let steps: Vec<(f64, Report)> = seq.iter().copied().zip(reports).collect();
+            let key = format!("conf:{}", KEY.fetch_add(1, Ordering::Relaxed));
+            let memory = MemoryStore::new(NonZeroUsize::new(10).unwrap());
+            let from_rust = rt.block_on(replay_reports(&memory, &key, &p, &steps));
+            let from_lua = rt.block_on(replay_reports(&redis, &key, &p, &steps));
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&from_rust), bits(&from_lua));
         });
     }
 }

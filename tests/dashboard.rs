@@ -77,6 +77,7 @@ async fn an_operator_resets_the_client_refused_most(browser: impl Page) {
     let yaml = Yaml::to(&[upstream.url()])
         .top("admin: {listen: 127.0.0.1:0, token: s3cret}")
         .redis(&redis, "timeout: 500ms")
+        .upstream("pace: {rate: 200/s, max_delay: 1s, adaptive: {min: 1/s, max: 200/s}}")
         .route("api", "/", limits)
         .build();
     let (a, b) = (Proxy::start(&yaml).await, Proxy::start(&yaml).await);
@@ -131,6 +132,14 @@ async fn an_operator_resets_the_client_refused_most(browser: impl Page) {
     );
     browser
         .wait_for("the rate of route api move", SHOWN_WITHIN, &moved)
+        .await;
+    // the upstream's pace rate, marked adaptive
+    let pace = "const row = [...document.querySelectorAll('#upstreams tbody tr')]
+        .find((tr) => tr.dataset.key === 'api');
+      const cell = row && row.children[2].textContent;
+      return cell === '200/s adaptive' ? cell : null;";
+    browser
+        .wait_for("the adaptive pace rate of upstream api", SHOWN_WITHIN, pace)
         .await;
     let sparkline = "return document.querySelector('#routes tbody svg.spark polyline')
         .getAttribute('points').split(' ').length >= 2;";

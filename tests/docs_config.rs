@@ -240,6 +240,7 @@ fn discovery_reaches_every_known_level() {
         "access_log",
         "upstreams.<name>",
         "upstreams.<name>.pace",
+        "upstreams.<name>.pace.adaptive",
         "routes[]",
         "routes[].match",
         "routes[].limits[]",
@@ -306,6 +307,34 @@ fn the_concurrency_examples_are_valid() {
     for file in files {
         if let Err(e) = config::parse(&file, "example.yaml", &|_| None) {
             panic!("an example of {DOC} is invalid:\n{e}\n\n{file}");
+        }
+    }
+}
+
+/// Every `pace:` example line of the page is a valid pace of an upstream, and every
+/// `adaptive:` one a valid part of a pace starting at 100/s.
+#[test]
+fn every_pace_example_is_valid() {
+    let doc = doc();
+    let examples: Vec<String> = doc
+        .lines()
+        .map(str::trim)
+        .filter_map(|l| match l {
+            _ if l.starts_with("pace: {") => Some(l.to_owned()),
+            _ if l.starts_with("adaptive: {") => {
+                Some(format!("pace: {{rate: 100/s, max_delay: 1s, {l}}}"))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(examples.len() >= 10, "too few pace examples: {examples:?}");
+    for pace in examples {
+        let file = format!(
+            "listen: 127.0.0.1:0\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\n    \
+             {pace}\nroutes:\n  - {{name: all, upstream: api}}\n"
+        );
+        if let Err(e) = config::parse(&file, "pace.yaml", &|_| None) {
+            panic!("the example {pace:?} of {DOC} is invalid:\n{e}");
         }
     }
 }

@@ -653,3 +653,38 @@ fn concurrency_by_hand() {
         "an empty set is no key"
     );
 }
+
+/// adapt.lua by hand, as its header shows it: trouble lowers the rate once per period however
+/// often it is reported, health raises it a period later, quiet reads it; bad arguments get
+/// the usage line.
+#[test]
+fn adapt_by_hand() {
+    let redis = Redis::start();
+    let key = "tollgate:upstream:api:rate";
+    let at = |ms: u64| (1_700_000_000_000u64 + ms).to_string();
+    let run = |report: &str, ms: u64| {
+        let now = at(ms);
+        let args = ["100", "1", "200", "1", "0.7", report, "500", now.as_str()];
+        eval(&redis, "adapt.lua", key, &args)
+    };
+    assert_eq!(run("quiet", 0), ["100"]);
+    assert_eq!(run("trouble", 0), ["70"]);
+    assert_eq!(run("trouble", 100), ["70"], "one decrease per period");
+    assert_eq!(run("healthy", 400), ["70"], "an increase waits a period");
+    assert_eq!(run("healthy", 500), ["71"]);
+    assert_eq!(run("quiet", 600), ["71"]);
+    let ttl: u64 = redis.cli(&["pttl", key]).trim().parse().unwrap();
+    assert!(ttl > 3_600_000 && ttl <= 3_610_000, "kept an hour: {ttl}");
+    // the example of the header, on the server's clock
+    let header = ["100", "1", "200", "1", "0.7", "trouble", "500"];
+    assert_eq!(eval(&redis, "adapt.lua", "fresh", &header), ["70"]);
+    for bad in [
+        &["100", "1", "200", "1", "1.5", "trouble", "500"][..],
+        &["100", "1", "200", "1", "0.7", "sad", "500"],
+        &["100", "150", "200", "1", "0.7", "quiet", "500"],
+        &["100", "1", "200", "0", "0.7", "quiet", "500"],
+    ] {
+        let reply = eval(&redis, "adapt.lua", "bad", bad).join(" ");
+        assert!(reply.contains("usage: adapt.lua"), "{bad:?}: {reply}");
+    }
+}

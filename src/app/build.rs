@@ -172,7 +172,15 @@ pub fn build_proxy(
     for u in &config.upstreams {
         let pacer = u.pace.map(|pace| {
             let key = format!("{prefix}:upstream:{}:pace", u.name);
-            Pacer::new(&u.name, pace, key, u.max_waiting.map(|n| n.get()))
+            let pacer = Pacer::new(&u.name, pace, key, u.max_waiting.map(|n| n.get()));
+            match u.adaptive {
+                Some(a) => pacer.adaptive(crate::proxy::adapt::Adapter::new(
+                    a.aimd,
+                    a.target_latency,
+                    format!("{prefix}:upstream:{}:rate", u.name),
+                )),
+                None => pacer,
+            }
         });
         let upstream = Upstream {
             name: u.name.as_str().into(),
@@ -191,8 +199,12 @@ pub fn build_proxy(
         for kind in crate::proxy::ProxyError::UPSTREAM_KINDS {
             metrics.upstream_error_known(&upstream.name, kind);
         }
-        if upstream.pacer.is_some() {
+        if let Some(pacer) = &upstream.pacer {
             metrics.pacing_known(&upstream.name);
+            // (an adaptive rate is set by the adapting task once it has read the fleet's)
+            if pacer.adapt.is_none() {
+                metrics.pace_rate(&upstream.name, pacer.pace.rate.per_sec());
+            }
         }
         upstreams.insert(u.name.clone(), Arc::new(upstream));
     }

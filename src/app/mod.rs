@@ -4,6 +4,7 @@
 //! Entry points follow mini-redis: [`Server::bind`] binds (so tests can bind `127.0.0.1:0` and
 //! read the port), then [`Server::run`] serves until the `shutdown` future completes.
 
+mod adapt;
 mod build;
 mod console;
 mod reload;
@@ -172,6 +173,7 @@ impl Server {
         // one this instance must hear of
         let counts = console::read_counts(&self.shared).await;
         let resets = tokio::spawn(console::watch_resets(self.shared.clone(), counts));
+        let adapting = tokio::spawn(adapt::adapt_rates(self.shared.clone()));
         let workers = self.workers;
         tracing::info!(workers = workers.count(), "worker threads");
         let mut accepting = Vec::new();
@@ -203,6 +205,7 @@ impl Server {
         });
         shutdown.await;
         resets.abort();
+        adapting.abort();
         tracing::info!("shutting down: draining in-flight requests");
         self.shared.draining.store(true, Ordering::Release);
         let _ = stop_tx.send(true);

@@ -19,6 +19,7 @@
 //! it names; reloading (SIGHUP, a changed
 //! file) is the caller's: it calls [`load`] again and keeps the old config on an error.
 
+mod adaptive;
 mod backend;
 mod check;
 mod client_tls;
@@ -41,6 +42,7 @@ mod tests;
 use std::path::Path as FilePath;
 
 pub use problem::{ConfigError, Problem};
+pub use types::AdaptiveConfig;
 pub use types::{
     AccessLog, AdminConfig, AdminToken, Backend, ClientTls, Config, HeaderStyle, LimitConfig,
     LogClient, Mode, OnError, PaceConcurrency, PemFile, Protocol, RouteConfig, SentinelConfig,

@@ -235,6 +235,19 @@ pub(crate) struct RawPace {
     pub max_delay: Field<String>,
     pub max_waiting: Field<u64>,
     pub concurrency: Field<u64>,
+    pub adaptive: Field<RawAdaptive>,
+}
+
+/// `upstreams.NAME.pace.adaptive`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawAdaptive {
+    pub min: Field<String>,
+    pub max: Field<String>,
+    pub target_latency: Field<String>,
+    pub increase: Field<String>,
+    pub decrease: Field<f64>,
+    pub interval: Field<String>,
 }
 
 /// `routes[N]`

@@ -100,9 +100,10 @@ fn route(
             chk.error(path.key("upstream"), missing_upstream(up, upstreams));
         }
     }
-    // An upstream's pacing schedule is kept at `<key_prefix>:upstream:<upstream>:pace`: on a
-    // route named `upstream`, a limit named like an upstream would share it (with the client
-    // key `pace`, which a header or query key lets a client choose)
+    // An upstream's pacing schedule is kept at `<key_prefix>:upstream:<upstream>:pace`, and its
+    // adaptive rate at `...:rate`: on a route named `upstream`, a limit named like an upstream
+    // would share them (with the client key `pace` or `rate`, which a header or query key lets
+    // a client choose)
     let pacing_keys = match (name.as_deref(), upstreams) {
         (Some("upstream"), Some(upstreams)) => upstreams,
         _ => &[],

@@ -6,6 +6,7 @@ use std::num::NonZeroUsize;
 use serde_json::{json, Value};
 
 use super::backend::redact_url;
+use super::types::AdaptiveConfig;
 use super::types::{
     AccessLog, AdminToken, Backend, ClientTls, Config, HeaderStyle, LimitConfig, LogClient, Mode,
     OnError, PaceConcurrency, Protocol, RouteConfig, SentinelConfig, UpstreamConfig,
@@ -282,6 +283,9 @@ fn upstream_line(u: &UpstreamConfig) -> String {
             u.pace.is_none().then_some(u.max_waiting),
         ));
     }
+    if let Some(a) = &u.adaptive {
+        line.push_str(&adaptive_text(a));
+    }
     line
 }
 
@@ -299,6 +303,40 @@ fn concurrency_text(c: &PaceConcurrency, alone: Option<Option<NonZeroUsize>>) ->
     text
 }
 
+/// `; adaptive 1/s..200/s +1/s x0.7 per 500ms target_latency 300ms`
+fn adaptive_text(a: &AdaptiveConfig) -> String {
+    let p = &a.aimd;
+    let mut text = format!(
+        "; adaptive {}..{} +{} x{} per {}",
+        format_rate(p.min()),
+        format_rate(p.max()),
+        format_increase(p.increase()),
+        p.decrease(),
+        format_ms(p.period_ms())
+    );
+    if let Some(t) = a.target_latency {
+        text.push_str(&format!(" target_latency {}", format_duration(t)));
+    }
+    text
+}
+
+/// `increase` as a rate, the way the file writes it.
+fn format_increase(per_sec: f64) -> String {
+    crate::limit::Rate::per_second(per_sec).map_or_else(|_| per_sec.to_string(), format_rate)
+}
+
+fn adaptive_json(a: &AdaptiveConfig) -> Value {
+    let p = &a.aimd;
+    json!({
+        "min": format_rate(p.min()),
+        "max": format_rate(p.max()),
+        "increase": format_increase(p.increase()),
+        "decrease": p.decrease(),
+        "interval": format_ms(p.period_ms()),
+        "target_latency": a.target_latency.map(format_duration),
+    })
+}
+
 fn upstream_json(u: &UpstreamConfig) -> Value {
     json!({
         "name": u.name,
@@ -310,7 +348,7 @@ fn upstream_json(u: &UpstreamConfig) -> Value {
     })
 }
 
-/// `pace` with proxy.yaml's keys: the rate's, and `concurrency`'s.
+/// `pace` with proxy.yaml's keys: the rate's, `concurrency`'s and `adaptive`'s.
 fn pace_json(u: &UpstreamConfig) -> Value {
     if u.pace.is_none() && u.concurrency.is_none() {
         return Value::Null;
@@ -325,6 +363,7 @@ fn pace_json(u: &UpstreamConfig) -> Value {
         "max_delay": max_delay,
         "max_waiting": u.max_waiting.map(|n| n.get()),
         "concurrency": u.concurrency.map(|c| c.slots.limit.get()),
+        "adaptive": u.adaptive.as_ref().map(adaptive_json),
     })
 }
 

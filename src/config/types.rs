@@ -306,6 +306,8 @@ pub struct UpstreamConfig {
     pub max_waiting: Option<NonZeroUsize>,
     /// `pace.concurrency`: bound on requests in flight to it, across every instance
     pub concurrency: Option<PaceConcurrency>,
+    /// `pace.adaptive`: the pace's rate moves with what the upstream answers
+    pub adaptive: Option<AdaptiveConfig>,
     /// `protocol`: the HTTP version spoken to the targets
     pub protocol: Protocol,
     /// `tls`: the settings of `https://` targets; `None`: the defaults
@@ -396,4 +398,14 @@ pub enum Mode {
     Enforce,
     /// count and log requests over the limit, never deny
     Shadow,
+}
+
+/// `upstreams.NAME.pace.adaptive`: the shared rate starts at `pace.rate` and moves within
+/// `min` and `max` as AIMD moves it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdaptiveConfig {
+    /// `pace.rate`, `min`, `max`, `increase`, `decrease` and `interval`
+    pub aimd: crate::limit::Aimd,
+    /// `target_latency`: a response head slower than this counts as trouble
+    pub target_latency: Option<Duration>,
 }

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
+use super::adaptive;
 use super::backend;
 use super::check::{check_name, parse_net, Checker};
 use super::client_tls;
@@ -309,6 +310,10 @@ fn upstream(
         .pace
         .get()
         .and_then(|p| pace_concurrency(chk, p, &path.key("pace")));
+    let adaptive = raw.pace.get().and_then(|p| {
+        let start = pace.map(|p| p.rate);
+        adaptive::adaptive(chk, p.adaptive.get()?, start, &path.key("pace"))
+    });
     let protocol = match raw.protocol.get() {
         Some(RawProtocol::Http1) => Protocol::Http1,
         Some(RawProtocol::Http2) => Protocol::Http2,
@@ -326,6 +331,7 @@ fn upstream(
         pace,
         max_waiting,
         concurrency,
+        adaptive,
         protocol,
         tls,
     })
@@ -334,8 +340,9 @@ fn upstream(
 type PaceParts = (Option<Pace>, Option<NonZeroUsize>);
 
 fn pace(chk: &mut Checker<'_>, raw: &RawPace, path: &Path) -> Option<PaceParts> {
-    // (`concurrency` alone bounds requests in flight, with no rate)
-    let rate_needed = !raw.concurrency.is_given();
+    // (`concurrency` alone bounds requests in flight, with no rate; an adaptive rate starts
+    // from `rate`)
+    let rate_needed = !raw.concurrency.is_given() || raw.adaptive.is_given();
     if rate_needed {
         chk.required(&raw.rate, path, "rate");
     }

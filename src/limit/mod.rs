@@ -11,13 +11,16 @@
 //! * [`algorithms`]: the state kept per key ([`State`]) and the step function for each algorithm.
 //! * [`charge`](mod@charge): what the upstream reported after the response, charged to a key.
 //! * [`concurrency`]: slots held while requests run ([`acquire`], [`renew`], [`release`]).
+//! * [`adapt`]: an upstream's adaptive pacing rate, moved as AIMD moves it ([`Aimd`]).
 
+pub mod adapt;
 mod algorithms;
 mod charge;
 mod concurrency;
 mod decision;
 mod params;
 
+pub use adapt::{Adapted, Aimd, AimdError, Report};
 pub use algorithms::{apply, defer, give_back, State};
 pub use charge::{charge, Balance};
 pub use concurrency::{acquire, release, renew};

@@ -144,6 +144,7 @@ struct Answer {
     decision: Option<Decision>,
     limit: Option<Arc<str>>,
     pacing_delay: Duration,
+    pace_rate: Option<f64>,
     client: Option<IpAddr>,
     request_id: Option<HeaderValue>,
 }
@@ -179,6 +180,7 @@ impl Line {
             decision: outcome.decision,
             limit: outcome.limit.cloned(),
             pacing_delay: outcome.pacing_delay,
+            pace_rate: outcome.pace_rate,
             client: outcome.client,
             request_id: outcome.request_id.clone(),
         };
@@ -217,6 +219,7 @@ impl Line {
             decision = a.decision.map_or("-", Decision::as_str),
             limit = or_dash(&a.limit),
             pacing_delay_ms = millis(a.pacing_delay),
+            pace_rate = a.pace_rate,
             duration_ms = millis(self.started.elapsed()),
             bytes_in = self.report.received.load(Ordering::Relaxed),
             request_id = %Text(a.request_id.as_ref()),

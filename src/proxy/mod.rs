@@ -14,6 +14,7 @@
 //! the store only through the [`Store`] trait.
 
 pub mod access;
+pub mod adapt;
 mod charge;
 pub mod forward;
 pub mod h1;
@@ -374,6 +375,8 @@ struct Outcome<'a> {
     /// the limit that refused the request, would have (shadow), or made it wait
     limit: Option<&'a Arc<str>>,
     pacing_delay: Duration,
+    /// the rate the upstream's pacing gave the request's slot at, per second
+    pace_rate: Option<f64>,
     /// the admitting limits' figures: the rate-limit headers of the response, whoever makes it
     /// (the upstream, or the proxy when pacing, forwarding or the body fails)
     shown: Option<Showing<'a>>,
@@ -536,6 +539,7 @@ impl Proxy {
         if let Some(pacer) = &route.upstream.pacer {
             let paced = pacer.wait(&self.store).await?;
             outcome.pacing_delay += paced.delay;
+            outcome.pace_rate = Some(paced.rate);
             self.metrics.pacing_delay(&route.upstream.name, paced.delay);
         }
         if let Some(inflight) = &route.upstream.inflight {
@@ -577,8 +581,12 @@ impl Proxy {
             report: outcome.line.as_deref().map(|line| &line.report),
             held,
         };
-        let sent = f.report.map(|_| Instant::now());
+        let adapter = route.upstream.pacer.as_ref().and_then(|p| p.adapt.as_ref());
+        let sent = (f.report.is_some() || adapter.is_some()).then(Instant::now);
         let result = forward::forward(self.clients.of(conn.worker), req, &f).await;
+        if let (Some(adapter), Some(sent), Some(rate)) = (adapter, sent, outcome.pace_rate) {
+            adapter.observe(rate, adapter.met(&result, sent.elapsed()));
+        }
         if let Some(line) = outcome.line.as_deref_mut() {
             let target = line.report.target();
             line.upstream_addr = target.and_then(|i| route.upstream.targets.authority(i).cloned());

@@ -1,5 +1,6 @@
 //! Outbound pacing: before a request goes to a paced upstream, ask the store's leaky bucket
-//! for a slot shared by every instance, sleep the returned delay, then forward.
+//! for a slot shared by every instance, sleep the returned delay, then forward. With
+//! `pace.adaptive` the rate is the fleet's current one, which [`super::adapt`] keeps.
 //! Past `max_delay` the answer is 503 with `Retry-After`, and nothing was reserved.
 //! `max_waiting` bounds how many requests sleep here at once. A request that must wait takes
 //! its waiting place before it asks for a later slot, so a refusal for want of a place
@@ -47,6 +48,8 @@ pub struct Pacer {
     last_slot: Held,
     /// slots left by clients that hung up, for the next requests
     holes: Arc<Holes>,
+    /// with `pace.adaptive`, the fleet's current rate, which replaces `pace.rate`
+    pub adapt: Option<super::adapt::Adapter>,
 }
 
 /// What pacing did to a request.
@@ -54,6 +57,8 @@ pub struct Pacer {
 pub struct Paced {
     /// how long it slept
     pub delay: Duration,
+    /// the rate its slot was given at, per second
+    pub rate: f64,
 }
 
 /// How many times a request asks for a slot again when back-off holds it (each answer is a
@@ -79,7 +84,35 @@ impl Pacer {
             held: Held::new(),
             last_slot: Held::new(),
             holes: Arc::new(Holes::default()),
+            adapt: None,
         }
+    }
+
+    /// The same pacing at the rate `adapter` keeps, which starts at `pace.rate`.
+    pub fn adaptive(mut self, adapter: super::adapt::Adapter) -> Pacer {
+        self.adapt = Some(adapter);
+        self
+    }
+
+    /// The pace in force (at the adaptive rate, for an adaptive pace), as the schedule's
+    /// algorithm, and as the check of a request that may not wait.
+    fn in_force(&self) -> (Pace, Algorithm, Algorithm) {
+        let Some(adapter) = &self.adapt else {
+            return (self.pace, self.alg, self.now_only);
+        };
+        let pace = Pace {
+            rate: adapter.rate(),
+            ..self.pace
+        };
+        let now_only = Pace {
+            max_delay_ms: Some(0.0),
+            ..pace
+        };
+        (
+            pace,
+            Algorithm::LeakyBucket(pace),
+            Algorithm::LeakyBucket(now_only),
+        )
     }
 
     /// Waits for this request's slot, or refuses it.
@@ -93,6 +126,7 @@ impl Pacer {
     pub async fn wait(&self, store: &Arc<dyn Store>) -> Result<Paced, ProxyError> {
         let mut slept = Duration::ZERO;
         let mut permit = None;
+        let mut rate = self.pace.rate.per_sec();
         for asked in 1..=MAX_ASKS {
             if let Some(hold) = self.held.remaining() {
                 if self
@@ -111,7 +145,9 @@ impl Pacer {
                 tokio::time::sleep(hold).await;
                 slept += hold;
             }
-            let decision = self.ask(store, &mut permit).await?;
+            let in_force = self.in_force();
+            rate = in_force.0.rate.per_sec();
+            let decision = self.ask(store, &mut permit, in_force).await?;
             if !decision.allowed {
                 return Err(ProxyError::PacingRefused {
                     upstream: self.upstream.clone(),
@@ -128,6 +164,7 @@ impl Pacer {
                 pacer: self,
                 store,
                 slot: Some(Instant::now() + delay),
+                alg: in_force.1,
             };
             tokio::time::sleep(delay).await;
             slept += delay;
@@ -137,7 +174,7 @@ impl Pacer {
                 break;
             }
         }
-        Ok(Paced { delay: slept })
+        Ok(Paced { delay: slept, rate })
     }
 
     /// Asks the store for a slot. Under `max_waiting`, a request without a place first asks
@@ -148,23 +185,19 @@ impl Pacer {
         &self,
         store: &Arc<dyn Store>,
         permit: &mut Option<OwnedSemaphorePermit>,
+        (pace, alg, now_only): (Pace, Algorithm, Algorithm),
     ) -> Result<Decision, ProxyError> {
         if self.holes.any() && self.may_sleep(permit) {
             let not_before = Instant::now() + self.held.remaining().unwrap_or_default();
             if let Some(slot) = self.holes.take(not_before) {
                 let delay = slot.saturating_duration_since(Instant::now()).as_micros() as u64;
-                let interval = self.pace.rate.interval_ms();
-                return Ok(Decision::paced(
-                    true,
-                    delay,
-                    interval,
-                    self.pace.max_delay_ms,
-                ));
+                let interval = pace.rate.interval_ms();
+                return Ok(Decision::paced(true, delay, interval, pace.max_delay_ms));
             }
         }
         if self.waiting.is_some() && permit.is_none() {
             let now = store
-                .check(&self.key, &self.now_only, None)
+                .check(&self.key, &now_only, None)
                 .await
                 .map_err(ProxyError::StoreUnavailable)?;
             if now.allowed {
@@ -175,7 +208,7 @@ impl Pacer {
             }
         }
         store
-            .check(&self.key, &self.alg, None)
+            .check(&self.key, &alg, None)
             .await
             .map_err(ProxyError::StoreUnavailable)
     }
@@ -204,7 +237,7 @@ impl Pacer {
     /// When a request refused for want of a `max_waiting` permit may find one: a sleeper
     /// leaves at each slot, one interval apart, and none before a back-off ends.
     fn queue_retry_ms(&self) -> u64 {
-        let interval_ms = self.pace.rate.interval_ms();
+        let interval_ms = self.in_force().0.rate.interval_ms();
         let hold_ms = self
             .held
             .remaining()
@@ -220,6 +253,8 @@ struct Booked<'a> {
     store: &'a Arc<dyn Store>,
     /// when the slot is; `None` once the request went at it
     slot: Option<Instant>,
+    /// the schedule's algorithm when the slot was given
+    alg: Algorithm,
 }
 
 impl Booked<'_> {
@@ -238,7 +273,7 @@ impl Drop for Booked<'_> {
             return;
         };
         let (holes, store) = (self.pacer.holes.clone(), self.store.clone());
-        let (key, alg) = (self.pacer.key.clone(), self.pacer.alg);
+        let (key, alg) = (self.pacer.key.clone(), self.alg);
         runtime.spawn(async move { holes.leave(slot, &store, &key, &alg).await });
     }
 }

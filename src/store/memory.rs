@@ -13,10 +13,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lru::LruCache;
 
-use super::{ChargeFuture, GiveBackFuture, HoldFuture, Store, StoreFuture};
+use super::{ChargeFuture, GiveBackFuture, HoldFuture, RateFuture, Store, StoreFuture};
+use crate::limit::adapt::{adapt, Adapted};
 use crate::limit::{
-    acquire, apply, charge, defer, give_back, release, renew, Algorithm, Balance, Decision, Millis,
-    Pace, Slots, State,
+    acquire, apply, charge, defer, give_back, release, renew, Aimd, Algorithm, Balance, Decision,
+    Millis, Pace, Report, Slots, State,
 };
 
 type Hasher = foldhash::fast::RandomState;
@@ -32,6 +33,9 @@ const PURGE_EVERY: Duration = Duration::from_secs(5);
 /// In-process limiter state. Cheap to share behind an `Arc`.
 pub struct MemoryStore {
     shards: Arc<Shards>,
+    /// adaptive pacing rates with when each expires: one per adaptive upstream, so a plain
+    /// map beside the shards (an expired one is dropped when next read)
+    rates: Mutex<std::collections::HashMap<Box<str>, (Adapted, Millis)>>,
     /// Dropping the store drops this sender, which wakes and ends the purge task at once.
     _stop_purge: tokio::sync::watch::Sender<()>,
 }
@@ -102,6 +106,7 @@ impl MemoryStore {
         }
         MemoryStore {
             shards,
+            rates: Mutex::default(),
             _stop_purge: stop,
         }
     }
@@ -158,6 +163,22 @@ impl MemoryStore {
     pub fn free_slots(&self, key: &str, holders: &[String], now: Option<Millis>) -> u64 {
         let holders: Vec<&str> = holders.iter().map(String::as_str).collect();
         self.with_state(key, now, |state, now| release(state, now, &holders))
+    }
+
+    /// Applies `report` to the adaptive rate at `key` ([`crate::limit::adapt::adapt`]); the
+    /// current rate.
+    pub fn adapt_rate(&self, key: &str, aimd: &Aimd, report: Report, now: Option<Millis>) -> f64 {
+        let mut rates = self.rates.lock().unwrap_or_else(|e| e.into_inner());
+        let now = now.unwrap_or_else(|| self.shards.clock.now());
+        let mut state = rates
+            .get(key)
+            .filter(|(_, expires_at)| *expires_at > now)
+            .map(|(s, _)| *s);
+        let (rate, ttl) = adapt(aimd, &mut state, now, report);
+        if let (Some(state), Some(ttl)) = (state, ttl) {
+            rates.insert(key.into(), (state, now + ttl as f64));
+        }
+        rate
     }
 
     /// What a request for `key` under `alg` would get now; the state stays as it is.
@@ -359,6 +380,18 @@ impl Store for MemoryStore {
 
     fn forget<'a>(&'a self, key: &'a str) -> GiveBackFuture<'a> {
         Box::pin(std::future::ready(Ok(self.remove(key))))
+    }
+
+    fn adapt<'a>(
+        &'a self,
+        key: &'a str,
+        aimd: &'a Aimd,
+        report: Report,
+        now: Option<Millis>,
+    ) -> RateFuture<'a> {
+        Box::pin(std::future::ready(Ok(
+            self.adapt_rate(key, aimd, report, now)
+        )))
     }
 }
 

@@ -22,7 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::limit::{Algorithm, Balance, Decision, Millis, Pace, Slots};
+use crate::limit::{Aimd, Algorithm, Balance, Decision, Millis, Pace, Report, Slots};
 
 pub use memory::MemoryStore;
 pub use policy::{GuardedStore, OnError};
@@ -49,6 +49,9 @@ pub type GiveBackFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, StoreErro
 /// algorithm takes no charge.
 pub type ChargeFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Option<Balance>, StoreError>> + Send + 'a>>;
+
+/// The future of a [`Store::adapt`]: the current rate, per second.
+pub type RateFuture<'a> = Pin<Box<dyn Future<Output = Result<f64, StoreError>> + Send + 'a>>;
 
 /// The future of a [`Store::ready`]: why requests cannot be decided as configured, if so.
 pub type ReadyFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
@@ -141,6 +144,20 @@ pub trait Store: Send + Sync + 'static {
         _now: Option<Millis>,
     ) -> HoldFuture<'a> {
         Box::pin(std::future::ready(Ok(0)))
+    }
+
+    /// Adaptive pacing: applies one instance's `report` for its last period to the rate kept
+    /// at `key` under `aimd`, shared by the instances of one store (`lua/adapt.lua`;
+    /// [`crate::limit::adapt::adapt`]), and returns the current rate. `now` as for `check`. A
+    /// store that keeps no state cannot adapt: the rate stays where it starts.
+    fn adapt<'a>(
+        &'a self,
+        _key: &'a str,
+        aimd: &'a Aimd,
+        _report: Report,
+        _now: Option<Millis>,
+    ) -> RateFuture<'a> {
+        Box::pin(std::future::ready(Ok(aimd.start().per_sec())))
     }
 
     /// The refusal of `key` under `alg` that is remembered locally (the deny cache), if any:

@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 
 use super::{
-    ChargeFuture, GiveBackFuture, HoldFuture, MemoryStore, ReadyFuture, Store, StoreError,
-    StoreFuture, StoreObserver,
+    ChargeFuture, GiveBackFuture, HoldFuture, MemoryStore, RateFuture, ReadyFuture, Store,
+    StoreError, StoreFuture, StoreObserver,
 };
-use crate::limit::{Algorithm, Decision, Millis, Pace, Slots};
+use crate::limit::{Aimd, Algorithm, Decision, Millis, Pace, Report, Slots};
 
 /// Consecutive failures that open the breaker.
 pub const TRIP_AFTER: u32 = 5;
@@ -300,6 +300,18 @@ impl Store for GuardedStore {
 
     fn resets<'a>(&'a self, key: &'a str, bump: bool) -> HoldFuture<'a> {
         Box::pin(self.through_breaker(self.primary.resets(key, bump), false))
+    }
+
+    /// Whatever `on_error` says, a failed call is an error: the caller keeps pacing at the last
+    /// rate it was told, which the fleet agreed on, rather than one this instance made alone.
+    fn adapt<'a>(
+        &'a self,
+        key: &'a str,
+        aimd: &'a Aimd,
+        report: Report,
+        now: Option<Millis>,
+    ) -> RateFuture<'a> {
+        Box::pin(self.through_breaker(self.primary.adapt(key, aimd, report, now), false))
     }
 
     fn forget_local(&self) {

@@ -28,9 +28,10 @@ use super::pipe::{self, Addr, Endpoint, Failure, Pipe, Sentinel, Sentinels};
 use super::reply::{self, Reply};
 use super::scripts::{Call, Scripts, SlotsOp};
 use super::{
-    ChargeFuture, GiveBackFuture, HoldFuture, ReadyFuture, Store, StoreError, StoreFuture,
+    ChargeFuture, GiveBackFuture, HoldFuture, RateFuture, ReadyFuture, Store, StoreError,
+    StoreFuture,
 };
-use crate::limit::{Algorithm, Millis, Pace, Slots};
+use crate::limit::{Aimd, Algorithm, Millis, Pace, Report, Slots};
 pub use crate::tls::ClientTls;
 
 /// Reconnection attempts wait at least this long before their second try (one retry): a refusal
@@ -626,6 +627,24 @@ impl Store for RedisStore {
 
     fn forget_local(&self) {
         self.forget_leases();
+    }
+
+    fn adapt<'a>(
+        &'a self,
+        key: &'a str,
+        aimd: &'a Aimd,
+        report: Report,
+        now: Option<Millis>,
+    ) -> RateFuture<'a> {
+        Box::pin(async move {
+            let reply = self
+                .invoke(self.scripts.adapt(key, aimd, report, now))
+                .await?;
+            reply::rate(&reply).ok_or_else(|| StoreError::Reply {
+                script: "adapt",
+                detail: format!("expected a rate as a decimal string, got {reply:?}"),
+            })
+        })
     }
 }
 

@@ -50,6 +50,18 @@ pub(crate) fn decode_balance(reply: &Reply) -> Result<Balance, StoreError> {
     }
 }
 
+/// The rate `lua/adapt.lua` returns: a positive decimal string.
+pub(crate) fn rate(reply: &Reply) -> Option<f64> {
+    let text = match reply {
+        Reply::Value(Value::BulkString(bytes)) => std::str::from_utf8(bytes).ok()?,
+        Reply::Value(Value::SimpleString(text)) => text,
+        _ => return None,
+    };
+    text.parse::<f64>()
+        .ok()
+        .filter(|r| r.is_finite() && *r > 0.0)
+}
+
 /// Decodes a script's reply for `alg`: `{allowed, remaining, retry_after_ms, reset_ms}` for the
 /// counting algorithms, `{admitted, "delay_ms"}` for the leaky bucket.
 pub fn decode(alg: &Algorithm, value: &Value) -> Result<Decision, StoreError> {

@@ -12,7 +12,7 @@ use ::redis::{Script, ScriptInvocation};
 
 use super::coalesce::{Join, Kind};
 use super::resp::{bulk, push_count};
-use crate::limit::{Algorithm, Millis, Pace, Slots, Window};
+use crate::limit::{Aimd, Algorithm, Millis, Pace, Report, Slots, Window};
 
 /// One script: its body (for `EVAL` after a `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Lua {
@@ -51,6 +51,7 @@ pub(crate) struct Scripts {
     forget: Lua,
     resets: Lua,
     concurrency: Lua,
+    adapt: Lua,
 }
 
 /// One argument, written in Rust's shortest round-trip form for numbers, so the script's
@@ -65,10 +66,10 @@ enum Arg {
     Word(&'static str),
 }
 
-/// The most ARGV a [`Call`] takes: a charge's algorithm, two parameters, the amount and
-/// `now`; a charged token bucket's rate, burst, cost, `debt` and `now`; concurrency's op,
-/// limit, lease, holders and `now`.
-const MAX_ARGS: usize = 5;
+/// The most ARGV a [`Call`] takes: `lua/adapt.lua`'s seven and `now`. (A charge takes the
+/// algorithm, two parameters, the amount and `now`; a charged token bucket its rate, burst,
+/// cost, `debt` and `now`.)
+const MAX_ARGS: usize = 8;
 
 /// One script call: KEYS[1] = `key`, ARGV in the script's order, and `now` last when given.
 pub(crate) struct Call<'a> {
@@ -99,6 +100,7 @@ impl Scripts {
             forget: Lua::new(include_str!("../../lua/forget.lua")),
             resets: Lua::new(include_str!("../../lua/resets.lua")),
             concurrency: Lua::new(include_str!("../../lua/concurrency.lua")),
+            adapt: Lua::new(include_str!("../../lua/adapt.lua")),
         }
     }
 
@@ -322,6 +324,30 @@ impl<'a> SlotsCall<'a> {
             inv.arg(arg.as_str());
         }
         inv
+    }
+}
+
+impl Scripts {
+    /// The call of `lua/adapt.lua`: `report` applied to the adaptive rate at `key`.
+    pub(crate) fn adapt<'a>(
+        &'a self,
+        key: &'a str,
+        aimd: &Aimd,
+        report: Report,
+        now: Option<Millis>,
+    ) -> Call<'a> {
+        let mut call = Call::new(&self.adapt, key)
+            .arg(Arg::Num(aimd.start().per_sec()))
+            .arg(Arg::Num(aimd.min().per_sec()))
+            .arg(Arg::Num(aimd.max().per_sec()))
+            .arg(Arg::Num(aimd.increase()))
+            .arg(Arg::Num(aimd.decrease()))
+            .arg(Arg::Word(report.as_str()))
+            .arg(Arg::Num(aimd.period_ms()));
+        if let Some(now) = now {
+            call = call.arg(Arg::Num(now));
+        }
+        call
     }
 }
 

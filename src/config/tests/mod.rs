@@ -10,6 +10,7 @@ use crate::identity::KeyPart;
 use crate::limit::{Algorithm, Bucket, Pace, Rate, Window};
 use crate::routing::{HostPattern, PathMatch};
 
+mod adaptive;
 mod concurrency;
 mod defaults;
 mod env;

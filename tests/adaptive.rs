@@ -1,0 +1,369 @@
+//! Adaptive pacing end to end, with a real Redis, real upstreams and two tollgate instances:
+//! the fleet finds an upstream's capacity from its 503s and follows it when it grows; the rate
+//! is one for the fleet; a slow answer past `target_latency` lowers it; the memory store adapts
+//! too.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{eventually, get, Proxy, Redis, Upstream, Yaml};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+/// An upstream that serves at most `cap` requests in any second (a log of what it served in
+/// the last one) and answers 503, with no `Retry-After`, to the rest.
+struct Capped {
+    addr: std::net::SocketAddr,
+    cap: Arc<AtomicU32>,
+    /// every request: when it came and whether it was served
+    log: Arc<Mutex<Vec<(Instant, bool)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Capped {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Capped {
+    async fn start(cap: u32) -> Capped {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cap = Arc::new(AtomicU32::new(cap));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (cap2, log2) = (cap.clone(), log.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (cap, log) = (cap2.clone(), log2.clone());
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |_req| {
+                        let served = admit(&cap, &log);
+                        let status = if served { 200 } else { 503 };
+                        let resp = http::Response::builder()
+                            .status(status)
+                            .body(Full::new(bytes::Bytes::from_static(b"x")))
+                            .unwrap();
+                        async move { Ok::<_, Infallible>(resp) }
+                    });
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                });
+            }
+        });
+        Capped {
+            addr,
+            cap,
+            log,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Served per second and the share answered 503, of the requests that came between `from`
+    /// and `to` after `t0`.
+    fn window(&self, t0: Instant, from: f64, to: f64) -> (f64, f64) {
+        let log = self.log.lock().unwrap();
+        let inside = log.iter().filter(|(at, _)| {
+            let s = at.duration_since(t0).as_secs_f64();
+            s >= from && s < to
+        });
+        let (mut served, mut refused) = (0u32, 0u32);
+        for (_, ok) in inside {
+            if *ok {
+                served += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        let share = f64::from(refused) / f64::from((served + refused).max(1));
+        (f64::from(served) / (to - from), share)
+    }
+}
+
+/// Whether one more request fits in the last second's `cap`; it is logged either way.
+fn admit(cap: &AtomicU32, log: &Mutex<Vec<(Instant, bool)>>) -> bool {
+    let now = Instant::now();
+    let mut log = log.lock().unwrap();
+    let second_ago = now - Duration::from_secs(1);
+    let served = log
+        .iter()
+        .rev()
+        .take_while(|(at, _)| *at > second_ago)
+        .filter(|(_, ok)| *ok)
+        .count();
+    let ok = served < cap.load(Ordering::Relaxed) as usize;
+    log.push((now, ok));
+    ok
+}
+
+/// Sends `per_second` GETs a second, round robin over `urls`, until dropped.
+fn offer(urls: Vec<String>, per_second: f64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let client = common::http_client();
+        let mut every = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
+        for i in 0.. {
+            every.tick().await;
+            let client = client.clone();
+            let url = urls[i % urls.len()].clone();
+            tokio::spawn(async move {
+                let req = http::Request::get(url).body(common::full("")).unwrap();
+                if let Ok(resp) = client.request(req).await {
+                    let _ = resp.into_body().collect().await;
+                }
+            });
+        }
+    })
+}
+
+/// `tollgate_pace_rate{upstream="api"}` on the admin listener at `admin`.
+async fn pace_rate(admin: std::net::SocketAddr) -> Option<f64> {
+    let text = get(&format!("http://{admin}/metrics"), &[]).await.body;
+    text.lines()
+        .find(|l| l.starts_with("tollgate_pace_rate{upstream=\"api\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// A config for upstream `api` at `target`, paced by `pace`, with an admin listener.
+fn config(store: Option<&Redis>, target: &str, pace: &str) -> String {
+    let yaml = Yaml::to(&[target]).top("admin:\n  listen: 127.0.0.1:0");
+    let yaml = match store {
+        Some(redis) => yaml.redis(redis, "timeout: 500ms"),
+        None => yaml,
+    };
+    yaml.upstream(&format!("pace: {pace}"))
+        .route("api", "/", "")
+        .build()
+}
+
+/// The demonstration: an upstream that takes 20 requests a second (503 past that) behind two
+/// instances, paced from 100/s, offered 60/s. Within 10 s its 503s fall under a tenth of what
+/// it gets while it serves at least 14/s; when it takes 40/s, the rate follows within 10 s:
+/// it serves at least 28/s in the two seconds before then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_find_the_capacity_and_follow_it() {
+    let redis = Redis::start();
+    let upstream = Capped::start(20).await;
+    let pace = "{rate: 100/s, max_delay: 250ms, adaptive: {min: 1/s, max: 200/s}}";
+    let yaml = config(Some(&redis), &upstream.url(), pace);
+    let (a, b) = (Proxy::start(&yaml).await, Proxy::start(&yaml).await);
+    let t0 = Instant::now();
+    let load = offer(vec![a.url("/"), b.url("/")], 60.0);
+    let curve = tokio::spawn(sample_curve(t0, [a.admin.unwrap(), b.admin.unwrap()]));
+
+    tokio::time::sleep_until((t0 + Duration::from_secs(10)).into()).await;
+    let (served, refused) = upstream.window(t0, 7.0, 10.0);
+    upstream.cap.store(40, Ordering::Relaxed);
+    let doubled = t0.elapsed().as_secs_f64();
+    tokio::time::sleep_until((t0 + Duration::from_secs(20)).into()).await;
+    let (served_after, refused_after) = upstream.window(t0, doubled + 8.0, doubled + 10.0);
+    load.abort();
+    curve.abort();
+    let story = format!(
+        "7-10 s: {served:.1}/s served, {:.1} % 503; after doubling, +8-10 s: {served_after:.1}/s \
+         served, {:.1} % 503; per second (served, 503):\n{}",
+        refused * 100.0,
+        refused_after * 100.0,
+        (0..20)
+            .map(|s| {
+                let (ok, share) = upstream.window(t0, f64::from(s), f64::from(s + 1));
+                format!("{s}: {ok:.0} {:.0}%", share * 100.0)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!("{story}");
+    assert!(
+        refused < 0.10,
+        "503 share not under 10 % within 10 s: {story}"
+    );
+    assert!(served >= 14.0, "served under 70 % of capacity: {story}");
+    assert!(
+        served_after >= 28.0,
+        "the rate did not follow the doubling: {story}"
+    );
+    assert!(refused_after < 0.10, "{story}");
+}
+
+/// Reads both instances' rates once a second while the demonstration runs, printed for a
+/// reader of the test's output (`--nocapture`).
+async fn sample_curve(t0: Instant, admins: [std::net::SocketAddr; 2]) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (ra, rb) = (pace_rate(admins[0]).await, pace_rate(admins[1]).await);
+        println!("{:5.1} s: rate {ra:?} / {rb:?}", t0.elapsed().as_secs_f64());
+    }
+}
+
+/// The rate is the fleet's: trouble seen through one instance lowers the rate the other paces
+/// at, which itself sent nothing; the shared key holds that rate.
+#[tokio::test]
+async fn the_rate_is_shared_by_the_fleet() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let pace = "{rate: 50/s, max_delay: 1s, adaptive: {min: 5/s, max: 100/s, decrease: 0.5}}";
+    let yaml = config(Some(&redis), &upstream.url(), pace);
+    let (a, b) = (Proxy::start(&yaml).await, Proxy::start(&yaml).await);
+    let (admin_a, admin_b) = (a.admin.unwrap(), b.admin.unwrap());
+    eventually(Duration::from_secs(5), || async {
+        pace_rate(admin_b).await == Some(50.0)
+    })
+    .await;
+    // 503s through `a` only, for a little over one period
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(700) {
+        assert_eq!(get(&a.url("/status/503"), &[]).await.status, 503);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // (once `a` has reported its last period, both read the same)
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    eventually(Duration::from_secs(5), || async {
+        let (ra, rb) = (pace_rate(admin_a).await, pace_rate(admin_b).await);
+        ra == rb && rb.is_some_and(|r| r <= 25.0)
+    })
+    .await;
+    let rb = pace_rate(admin_b).await;
+    let stored: f64 = redis
+        .cli(&["hget", "tollgate:upstream:api:rate", "rate"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(Some(stored), rb);
+    // healthy answers raise it again, one step a period
+    let low = rb.unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(1500) {
+        assert_eq!(get(&b.url("/"), &[]).await.status, 200);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eventually(Duration::from_secs(3), || async {
+        pace_rate(admin_a).await.is_some_and(|r| r > low)
+    })
+    .await;
+}
+
+/// With `target_latency`, answers slower than it are trouble: a slow upstream brings the rate
+/// down although it answers 200, on the memory store (no Redis), and a fast one does not.
+#[tokio::test]
+async fn slow_answers_lower_the_rate_in_memory_too() {
+    let upstream = Upstream::start().await;
+    let pace = "{rate: 40/s, max_delay: 2s, adaptive: {min: 1/s, max: 40/s, \
+                target_latency: 100ms}}";
+    let proxy = Proxy::start(&config(None, &upstream.url(), pace)).await;
+    let admin = proxy.admin.unwrap();
+    eventually(Duration::from_secs(5), || async {
+        pace_rate(admin).await == Some(40.0)
+    })
+    .await;
+    // fast answers: healthy, and the rate is at its max already
+    for _ in 0..10 {
+        assert_eq!(get(&proxy.url("/"), &[]).await.status, 200);
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(pace_rate(admin).await, Some(40.0));
+    // answers after 250 ms: trouble, once a period
+    let slow: Vec<_> = (0..6)
+        .map(|_| {
+            let url = proxy.url("/slow/250");
+            tokio::spawn(async move { get(&url, &[]).await.status })
+        })
+        .collect();
+    for s in slow {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    eventually(Duration::from_secs(3), || async {
+        pace_rate(admin).await.is_some_and(|r| r <= 28.0)
+    })
+    .await;
+}
+
+/// While the store is out, an instance keeps pacing at the last rate it read: neither back to
+/// the start nor further down on what it alone sees; when the store is back, it adapts again.
+#[tokio::test]
+async fn the_last_rate_stays_while_the_store_is_out() {
+    let mut redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let pace = "{rate: 50/s, max_delay: 1s, adaptive: {min: 5/s, max: 100/s, decrease: 0.5}}";
+    let proxy = Proxy::start(&config(Some(&redis), &upstream.url(), pace)).await;
+    let admin = proxy.admin.unwrap();
+    let url = proxy.url("/status/503");
+    let trouble = move |for_ms: u64| {
+        let url = url.clone();
+        async move {
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_millis(for_ms) {
+                get(&url, &[]).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    trouble(300).await;
+    eventually(Duration::from_secs(5), || async {
+        pace_rate(admin).await.is_some_and(|r| r < 50.0)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let before = pace_rate(admin).await.unwrap();
+    redis.kill();
+    trouble(1500).await;
+    assert_eq!(
+        pace_rate(admin).await,
+        Some(before),
+        "the rate moved without the store"
+    );
+    // a restarted Redis has lost the rate: it starts again from `rate`, in the store
+    redis.restart();
+    let more = tokio::spawn(trouble(4000));
+    eventually(Duration::from_secs(5), || async {
+        let stored = redis.cli(&["hget", "tollgate:upstream:api:rate", "rate"]);
+        let stored: Option<f64> = stored.trim().parse().ok();
+        stored.is_some() && stored == pace_rate(admin).await
+    })
+    .await;
+    more.abort();
+}
+
+/// A reload's new pacer takes over the rate the store keeps, within the new bounds: the task
+/// follows the proxy in force. (The memory store, which a reload that keeps `store` keeps.)
+#[tokio::test]
+async fn a_reload_keeps_the_rate_within_its_new_bounds() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proxy.yaml");
+    let pace = "{rate: 50/s, max_delay: 1s, adaptive: {min: 5/s, max: 100/s, decrease: 0.5}}";
+    std::fs::write(&path, config(None, &upstream.url(), pace)).unwrap();
+    let proxy = Proxy::start_watching(&path).await;
+    let admin = proxy.admin.unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(300) {
+        get(&proxy.url("/status/503"), &[]).await;
+    }
+    eventually(Duration::from_secs(3), || async {
+        pace_rate(admin).await == Some(25.0)
+    })
+    .await;
+    // the new file starts at 8/s and caps the rate at 10/s: the kept 25 is brought to 10
+    let narrower = "{rate: 8/s, max_delay: 1s, adaptive: {min: 5/s, max: 10/s}}";
+    let text = config(None, &upstream.url(), narrower).replace(
+        "admin:\n  listen: 127.0.0.1:0",
+        &format!("admin:\n  listen: {admin}"),
+    );
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    eventually(Duration::from_secs(5), || async {
+        pace_rate(admin).await == Some(10.0)
+    })
+    .await;
+}
