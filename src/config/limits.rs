@@ -117,9 +117,14 @@ fn charge(
     kind: Option<RawAlgorithm>,
     path: &Path,
 ) -> Option<Charge> {
-    if let Some(kind @ (RawAlgorithm::LeakyBucket | RawAlgorithm::SlidingWindow)) = kind {
+    if let Some(
+        kind
+        @ (RawAlgorithm::LeakyBucket | RawAlgorithm::SlidingWindow | RawAlgorithm::Concurrency),
+    ) = kind
+    {
         let why = match kind {
             RawAlgorithm::LeakyBucket => "a leaky bucket has paced the request already",
+            RawAlgorithm::Concurrency => "a slot counts requests running, not what they used",
             _ => "a sliding log would need one entry per unit charged",
         };
         let message = format!(

@@ -564,6 +564,15 @@ fn charge_needs_a_chargeable_algorithm_and_a_header() {
         ],
     );
     let text = route_with(
+        "    limits:\n      - {name: l, algorithm: concurrency, limit: 2, charge: {response_header: x-used}}\n",
+    );
+    assert_problems(
+        &text,
+        &[
+            "proxy.yaml:9:53: routes[0].limits[0].charge: charge needs token_bucket, fixed_window or sliding_window_counter, not concurrency (a slot counts requests running, not what they used)",
+        ],
+    );
+    let text = route_with(
         "    limits:\n      - {name: l, algorithm: token_bucket, rate: 1/s, charge: {}}\n      - {name: m, algorithm: token_bucket, rate: 1/s, charge: {response_header: \"a b\"}}\n",
     );
     assert_problems(
