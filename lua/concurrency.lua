@@ -67,9 +67,16 @@ if key == nil or #ARGV > 5 or not ops[op] or limit == nil or limit < 1 or limit 
 end
 
 -- A key of another type was left under this name by another algorithm (a reload changed the
--- limit's algorithm and kept its name): its state means nothing here, so it starts afresh.
+-- limit's algorithm and kept its name): it holds no slot. acquire starts afresh; renew and
+-- release, sent for requests from before the reload, leave the new limit's state alone, and
+-- look takes nothing.
 local kind = redis.call('TYPE', key).ok
 if kind ~= 'zset' and kind ~= 'none' then
+  if op == 'renew' or op == 'release' then
+    return 0
+  elseif op == 'look' then
+    return {1, limit - 1, 0, 0}
+  end
   redis.call('DEL', key)
 end
 -- Scores are written with %.17g so they read back as the exact double that was summed.

@@ -257,8 +257,9 @@ async fn a_key_left_by_another_algorithm_starts_afresh() {
     assert_eq!(redis.cli(&["type", "pace:list"]), "string");
 }
 
-/// A concurrency key expires with its lease, vanishes with its last slot, and a key another
-/// algorithm left under its name starts afresh.
+/// A concurrency key expires with its lease and vanishes with its last slot. A key another
+/// algorithm left under its name is left alone by renewals and releases, and starts afresh at
+/// the next acquire.
 #[tokio::test]
 async fn concurrency_keys_expire_and_replace_other_types() {
     let redis = common::Redis::start();
@@ -280,6 +281,13 @@ async fn concurrency_keys_expire_and_replace_other_types() {
     assert_eq!(s.release("exp:slots", &slots, &one, None).await.unwrap(), 1);
     assert_eq!(redis.cli(&["exists", "exp:slots"]), "0");
     s.check("swap:slots", &bucket(5.0, 10), None).await.unwrap();
+    // renewals and releases of requests from before a reload leave the new limit's key alone
+    assert_eq!(s.renew("swap:slots", &slots, &one, None).await.unwrap(), 0);
+    assert_eq!(
+        s.release("swap:slots", &slots, &one, None).await.unwrap(),
+        0
+    );
+    assert_eq!(redis.cli(&["type", "swap:slots"]), "string");
     let got = s.acquire("swap:slots", &slots, "a", None).await.unwrap();
     assert!(got.allowed && got.remaining == 1, "{got:?}");
     assert_eq!(redis.cli(&["type", "swap:slots"]), "zset");

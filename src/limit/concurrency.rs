@@ -46,9 +46,18 @@ pub fn acquire(
     (decision, None)
 }
 
+/// Whether `state` is another algorithm's: it holds no slot, and renewals and releases leave
+/// it alone (the script's `TYPE` check).
+fn foreign(state: &Option<State>) -> bool {
+    state.as_ref().is_some_and(|s| !matches!(s, State::Held(_)))
+}
+
 /// What [`acquire`] would answer, taking nothing (the console's look at a client, and
 /// `Store::check`).
 pub(super) fn look(s: &Slots, state: &mut Option<State>, now: Millis) -> Decision {
+    if foreign(state) {
+        return decide(s, &mut None, now, None).0;
+    }
     let decision = decide(s, state, now, None).0;
     tidy(state);
     decision
@@ -83,6 +92,9 @@ pub fn renew(
     now: Millis,
     holders: &[&str],
 ) -> (u64, Option<u64>) {
+    if foreign(state) {
+        return (0, None);
+    }
     let lease = s.lease_ms.get() as f64;
     let held = live(state, now);
     let mut renewed = 0;
@@ -99,6 +111,9 @@ pub fn renew(
 /// Frees the slots of `holders`. Returns how many held one, and `Some(0)` as the time to live
 /// when none is left.
 pub fn release(state: &mut Option<State>, now: Millis, holders: &[&str]) -> (u64, Option<u64>) {
+    if foreign(state) {
+        return (0, None);
+    }
     let held = live(state, now);
     let released = holders
         .iter()
@@ -169,5 +184,22 @@ mod tests {
         assert!(again.allowed && again.remaining == 1);
         assert_eq!(release(&mut state, 2.0, &["a"]), (1, Some(0)));
         assert_eq!(state, None);
+    }
+
+    /// Another algorithm's state under the key (a reload kept the limit's name): renewals and
+    /// releases leave it, a look sees no slot taken and changes nothing, an acquire replaces it.
+    #[test]
+    fn another_algorithms_state_is_left_to_it_until_an_acquire() {
+        let s = slots(2, 1000);
+        let bucket = Some(State::At(5.0));
+        let mut state = bucket.clone();
+        assert_eq!(renew(&s, &mut state, 1.0, &["a"]), (0, None));
+        assert_eq!(release(&mut state, 1.0, &["a"]), (0, None));
+        let seen = look(&s, &mut state, 1.0);
+        assert!(seen.allowed && seen.remaining == 1, "{seen:?}");
+        assert_eq!(state, bucket);
+        let (taken, ttl) = acquire(&s, &mut state, 1.0, "a");
+        assert!(taken.allowed && taken.remaining == 1 && ttl == Some(1000));
+        assert!(matches!(state, Some(State::Held(_))));
     }
 }

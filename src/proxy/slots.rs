@@ -160,6 +160,18 @@ impl Holders {
     }
 }
 
+impl Holders {
+    /// Marks the slots at `key` as due for renewal at the renewer's next tick.
+    fn renew_soon(&self, key: &str) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(group) = inner.groups.get_mut(key) {
+            if let Some(earlier) = Instant::now().checked_sub(group.slots.lease()) {
+                group.renewed = earlier;
+            }
+        }
+    }
+}
+
 /// Renews the leases of every slot held, a batch per key, until none is held.
 async fn renewer(holders: Arc<Holders>) {
     loop {
@@ -167,11 +179,17 @@ async fn renewer(holders: Arc<Holders>) {
         let Some(due) = holders.due() else {
             return;
         };
-        for (key, slots, ids) in due {
-            if let Err(e) = holders.store.renew(&key, &slots, &ids, None).await {
+        // all at once: the store pipelines them, and one slow key must not make the others'
+        // leases run out
+        let holders = &holders;
+        let renewals = due.iter().map(|(key, slots, ids)| async move {
+            if let Err(e) = holders.store.renew(key, slots, ids, None).await {
                 tracing::debug!(key, error = %e, "could not renew concurrency slots");
+                // tried again at the next tick, not a third of a lease later
+                holders.renew_soon(key);
             }
-        }
+        });
+        futures_util::future::join_all(renewals).await;
     }
 }
 

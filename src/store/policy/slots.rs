@@ -2,7 +2,8 @@
 //! applies `on_error` as a check does, but never through the deny cache: a slot can free at
 //! any moment, so a refusal must not be remembered. Renewals and releases go to the shared
 //! store and to the `local` fallback both: a holder's id is unique, so the one that never saw
-//! it finds nothing to do, and no one has to remember which store gave the slot.
+//! it finds nothing to do, and no one has to remember which store gave the slot. Releases skip
+//! the breaker: one lost would leave its slot taken for a whole lease.
 
 use super::{GuardedStore, OnError};
 use crate::limit::{Decision, Millis, Slots};
@@ -42,6 +43,11 @@ impl GuardedStore {
                 let share = slots.share(self.instances);
                 let mut d = self.local.take_slot(key, &share, holder, now);
                 d.share = (self.instances.get() > 1).then_some(self.instances);
+                if !d.allowed && matches!(error, StoreError::Timeout(_)) {
+                    // Redis may have run the acquire after the time-out: a refused holder
+                    // sends no release of its own, so one goes to Redis now
+                    self.release_late(key, slots, holder);
+                }
                 Ok(d)
             }
         }
@@ -67,10 +73,33 @@ impl GuardedStore {
         } else {
             self.primary.renew(key, slots, holders, now)
         };
-        match self.through_breaker(shared, false).await {
+        // A release skips the breaker: a slot it leaves in Redis would stay taken, renewed by
+        // no one, for a whole lease. The store's timeout still bounds it.
+        let shared = if release {
+            shared.await
+        } else {
+            self.through_breaker(shared, false).await
+        };
+        match shared {
             Ok(n) => Ok(n),
             Err(_) if self.on_error == OnError::Local => Ok(local),
             Err(e) => Err(e),
         }
+    }
+
+    /// Releases `holder`'s slot at `key` in the shared store on a task of its own.
+    fn release_late(&self, key: &str, slots: &Slots, holder: &str) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (primary, key, slots, holders) = (
+            self.primary.clone(),
+            key.to_owned(),
+            *slots,
+            vec![holder.to_owned()],
+        );
+        runtime.spawn(async move {
+            let _ = primary.release(&key, &slots, &holders, None).await;
+        });
     }
 }
