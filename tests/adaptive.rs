@@ -367,3 +367,53 @@ async fn a_reload_keeps_the_rate_within_its_new_bounds() {
     })
     .await;
 }
+
+/// A reload while the store is out keeps the rate the fleet had cut, not the file's `rate`:
+/// the new pacer starts where the old one was.
+#[tokio::test]
+async fn a_reload_while_the_store_is_out_keeps_the_cut_rate() {
+    let mut redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proxy.yaml");
+    let pace = "{rate: 50/s, max_delay: 1s, adaptive: {min: 5/s, max: 100/s, decrease: 0.5}}";
+    std::fs::write(&path, config(Some(&redis), &upstream.url(), pace)).unwrap();
+    let proxy = Proxy::start_watching(&path).await;
+    let admin = proxy.admin.unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(300) {
+        get(&proxy.url("/status/503"), &[]).await;
+    }
+    eventually(Duration::from_secs(3), || async {
+        pace_rate(admin).await == Some(25.0)
+    })
+    .await;
+    redis.kill();
+    // the same pace with another max_delay: a new pacer, with the store out
+    let text = config(Some(&redis), &upstream.url(), &pace.replace("1s", "2s")).replace(
+        "admin:\n  listen: 127.0.0.1:0",
+        &format!("admin:\n  listen: {admin}"),
+    );
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    let max_delay = || async {
+        let config = get(&format!("http://{admin}/config"), &[]).await.body;
+        let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+        config["upstreams"][0]["pace"]["max_delay"].clone()
+    };
+    assert_eq!(max_delay().await, "1s");
+    eventually(Duration::from_secs(5), || async {
+        max_delay().await == "2s"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        pace_rate(admin).await,
+        Some(25.0),
+        "the reload reset the rate"
+    );
+    let stats = get(&format!("http://{admin}/api/stats"), &[]).await.body;
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(stats["upstreams"][0]["pace_rate"], 25.0, "{stats}");
+}

@@ -105,6 +105,7 @@ impl Reloader {
             },
             ..config
         };
+        crate::proxy::adapt::carry_over(&self.shared.live.proxy.load(), &proxy);
         self.shared.live.proxy.store(Arc::new(proxy));
         self.shared.live.timeouts.store(Arc::new(config.timeouts));
         *self.shared.token.lock().unwrap_or_else(|e| e.into_inner()) = token;

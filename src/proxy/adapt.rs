@@ -178,6 +178,39 @@ pub async fn tick(proxy: &Arc<Proxy>) -> bool {
     !seen.is_empty()
 }
 
+/// Each adaptive upstream of `new` starts at the rate its namesake in `old` last read, held
+/// within its new bounds: a reload neither resets a rate the fleet has cut nor, while the
+/// store is out, forgets it.
+pub fn carry_over(old: &Proxy, new: &Proxy) {
+    let before = adapters(old);
+    for (name, adapter) in adapters(new) {
+        let Some((_, was)) = before
+            .iter()
+            .find(|(n, a)| *n == name && a.key == adapter.key)
+        else {
+            continue;
+        };
+        let rate = was.rate().per_sec();
+        let held = rate.clamp(adapter.aimd.min().per_sec(), adapter.aimd.max().per_sec());
+        adapter.rate.store(held.to_bits(), Ordering::Relaxed);
+        new.metrics.pace_rate(name, held);
+    }
+}
+
+/// The adapters of `proxy`'s upstreams, with their upstream's name.
+fn adapters(proxy: &Proxy) -> Vec<(&Arc<str>, &Adapter)> {
+    proxy
+        .routes
+        .routes()
+        .iter()
+        .filter_map(|(_, route)| {
+            let upstream = &route.upstream;
+            let adapter = upstream.pacer.as_ref()?.adapt.as_ref()?;
+            Some((&upstream.name, adapter))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::num::NonZeroUsize;
