@@ -251,6 +251,65 @@ async fn a_thousand_routes_are_paged_and_searched() {
     proxy.shutdown().await;
 }
 
+/// The contrast ratios (WCAG 2: from 1 to 21) of the page's text on its background and of a
+/// table heading's muted text on its card, and the background's relative luminance.
+const CONTRAST: &str = "const rgb = (css) => css.match(/[\\d.]+/g).slice(0, 3).map(Number);
+  const luminance = (css) => {
+    const [r, g, b] = rgb(css).map((c) => {
+      c /= 255;
+      return c <= 0.04045 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+    });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  const ratio = (a, b) => {
+    const [x, y] = [luminance(a), luminance(b)].sort((p, q) => q - p);
+    return (x + 0.05) / (y + 0.05);
+  };
+  const body = getComputedStyle(document.body);
+  const card = getComputedStyle(document.querySelector('section'));
+  const th = getComputedStyle(document.querySelector('section th'));
+  return [ratio(body.color, body.backgroundColor), ratio(th.color, card.backgroundColor),
+    luminance(body.backgroundColor)];";
+
+/// In light and in dark mode the page's text and its muted headings stand out from their
+/// background by at least WCAG's 4.5:1, and dark mode is dark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_reads_well_in_light_and_dark_mode() {
+    let browser = Browser::start().await;
+    let upstream = Upstream::start().await;
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("admin: {listen: 127.0.0.1:0}")
+        .route("api", "/", "")
+        .build();
+    let proxy = Proxy::start(&yaml).await;
+    browser
+        .open(&format!(
+            "http://{}/",
+            proxy.admin.expect("an admin listener")
+        ))
+        .await;
+    browser.wait_for("route api", SHOWN_WITHIN, API_RPS).await;
+    let mut backgrounds = Vec::new();
+    for dark in [false, true] {
+        browser.color_scheme(dark).await;
+        let got = browser.run(CONTRAST).await;
+        let [text, muted, background] = [0, 1, 2].map(|i| got[i].as_f64().expect("a number"));
+        assert!(text >= 4.5, "text contrast {text:.1} (dark: {dark})");
+        assert!(
+            muted >= 4.5,
+            "muted text contrast {muted:.1} (dark: {dark})"
+        );
+        backgrounds.push(background);
+    }
+    assert!(
+        backgrounds[1] < 0.05 && backgrounds[0] > 0.8,
+        "light, then dark backgrounds: {backgrounds:?}"
+    );
+    assert!(browser.console_errors().await.is_empty());
+    browser.quit().await;
+    proxy.shutdown().await;
+}
+
 /// Requests to `url` from `clients` in turn, about `per_second` a second, rising and falling
 /// over a few seconds so that the sparklines have a shape, until aborted.
 async fn load(url: String, clients: &'static [&'static str], per_second: f64) {

@@ -156,6 +156,17 @@ impl Browser {
             .expect("set the viewport");
     }
 
+    /// Shows the page as a system set to dark mode would (`prefers-color-scheme: dark`), or
+    /// light.
+    pub async fn color_scheme(&self, dark: bool) {
+        let value = if dark { "dark" } else { "light" };
+        let features = [json!({"name": "prefers-color-scheme", "value": value})];
+        let body = json!({"cmd": "Emulation.setEmulatedMedia", "params": {"features": features}});
+        self.post("/goog/cdp/execute", body)
+            .await
+            .expect("set the colour scheme");
+    }
+
     /// A PNG of the viewport.
     pub async fn screenshot(&self) -> Vec<u8> {
         use base64::Engine as _;
