@@ -56,7 +56,7 @@ fn answer(path: &str) -> Response<TestBody> {
                 Ok(Frame::data(Bytes::from_static(b"answer"))),
                 Ok(Frame::trailers(trailers)),
             ];
-            let stream = futures_util_iter(frames);
+            let stream = common::iter_stream(frames);
             Response::builder()
                 .header("trailer", "x-tokens-used")
                 .body(StreamBody::new(stream).boxed())
@@ -64,21 +64,6 @@ fn answer(path: &str) -> Response<TestBody> {
         }
         _ => Response::new(common::full("answer")),
     }
-}
-
-/// A stream of `items`, one at a time.
-fn futures_util_iter<T: Unpin>(items: Vec<T>) -> impl futures_core::Stream<Item = T> {
-    struct S<T>(std::collections::VecDeque<T>);
-    impl<T: Unpin> futures_core::Stream for S<T> {
-        type Item = T;
-        fn poll_next(
-            mut self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Option<T>> {
-            std::task::Poll::Ready(self.0.pop_front())
-        }
-    }
-    S(items.into())
 }
 
 /// A route `api` whose limit `tokens` charges `x-tokens-used`, with `alg` its algorithm and

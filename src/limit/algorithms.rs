@@ -264,15 +264,35 @@ pub(super) fn window_start(now: Millis, window: f64) -> Millis {
     (now / window).floor() * window
 }
 
+/// The count a fixed window's state holds for the window starting at `start` (none when it
+/// holds an older window's).
+pub(super) fn fixed_count(state: &Option<State>, start: Millis) -> u64 {
+    match state {
+        Some(State::Fixed { start: s, count }) if *s == start => *count,
+        _ => 0,
+    }
+}
+
+/// The `(current, previous)` counts a sliding-window counter's state holds for the window
+/// starting at `start`: the state's own window becomes the previous one when the next has begun.
+pub(super) fn counter_counts(state: &Option<State>, start: Millis, window: f64) -> (u64, u64) {
+    match state {
+        Some(State::Counter {
+            start: s,
+            curr,
+            prev,
+        }) if *s == start => (*curr, *prev),
+        Some(State::Counter { start: s, curr, .. }) if *s == start - window => (0, *curr),
+        _ => (0, 0),
+    }
+}
+
 /// Aligned windows: see `lua/fixed_window.lua`.
 fn fixed_window(w: &Window, state: &mut Option<State>, now: Millis) -> (Decision, Option<u64>) {
     let (limit, window) = (w.limit.get(), w.window_ms.get() as f64);
     let start = window_start(now, window);
     let reset = ceil_ms(start + window - now);
-    let count = match state {
-        Some(State::Fixed { start: s, count }) if *s == start => *count,
-        _ => 0,
-    };
+    let count = fixed_count(state, start);
     if count >= limit {
         return (Decision::counted(false, 0, reset, reset), None);
     }
@@ -321,15 +341,7 @@ fn sliding_window_counter(
     let (limit, window) = (w.limit.get() as f64, w.window_ms.get() as f64);
     let start = window_start(now, window);
     let window_end = start + window;
-    let (curr, prev) = match state {
-        Some(State::Counter {
-            start: s,
-            curr,
-            prev,
-        }) if *s == start => (*curr, *prev),
-        Some(State::Counter { start: s, curr, .. }) if *s == start - window => (0, *curr),
-        _ => (0, 0),
-    };
+    let (curr, prev) = counter_counts(state, start, window);
     // the time from now until the estimate admits one more, with these counts (see the script)
     let wait_for_one = |curr: f64, prev: f64| {
         if curr + 1.0 <= limit {

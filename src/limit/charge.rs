@@ -10,7 +10,7 @@
 //!   `now`, never below zero. A count past the limit refuses until the window ends (the
 //!   counter: until its weight falls under the limit, in the next window at the latest).
 
-use super::algorithms::{ceil0, stored_at, window_start};
+use super::algorithms::{ceil0, counter_counts, fixed_count, stored_at, window_start};
 use super::decision::ceil_ms;
 use super::{Algorithm, Bucket, Millis, State, Window, EPS_MS};
 
@@ -76,11 +76,7 @@ fn fixed(
 ) -> (Balance, Option<u64>) {
     let window = w.window_ms.get() as f64;
     let start = window_start(now, window);
-    let count = match state {
-        Some(State::Fixed { start: s, count }) if *s == start => *count,
-        _ => 0,
-    };
-    let count = count.saturating_add_signed(amount);
+    let count = fixed_count(state, start).saturating_add_signed(amount);
     *state = Some(State::Fixed { start, count });
     let reset = ceil_ms(start + window - now);
     let balance = Balance {
@@ -99,15 +95,7 @@ fn counter(
     let (limit, window) = (w.limit.get() as f64, w.window_ms.get() as f64);
     let start = window_start(now, window);
     let window_end = start + window;
-    let (curr, prev) = match state {
-        Some(State::Counter {
-            start: s,
-            curr,
-            prev,
-        }) if *s == start => (*curr, *prev),
-        Some(State::Counter { start: s, curr, .. }) if *s == start - window => (0, *curr),
-        _ => (0, 0),
-    };
+    let (curr, prev) = counter_counts(state, start, window);
     let curr = curr.saturating_add_signed(amount);
     *state = Some(State::Counter { start, curr, prev });
     let estimate = prev as f64 * (window - now + start) / window + curr as f64;

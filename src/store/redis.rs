@@ -26,7 +26,7 @@ mod slots;
 
 use super::pipe::{self, Addr, Endpoint, Failure, Pipe, Sentinel, Sentinels};
 use super::reply::{self, Reply};
-use super::scripts::{Call, Scripts, SlotsOp};
+use super::scripts::{ScriptCall, Scripts, SlotsOp};
 use super::{
     ChargeFuture, GiveBackFuture, HoldFuture, RateFuture, ReadyFuture, Store, StoreError,
     StoreFuture,
@@ -290,8 +290,9 @@ impl RedisStore {
         }
     }
 
-    /// Runs one script call on the key's connection, bounded by the timeout.
-    async fn invoke(&self, call: Call<'_>) -> Result<Reply, StoreError> {
+    /// Runs one script call on the key's connection, bounded by the timeout; sent again with
+    /// the script's body after `NOSCRIPT`.
+    async fn invoke<'c>(&self, call: impl ScriptCall<'c>) -> Result<Reply, StoreError> {
         match &self.conn {
             Conn::Pipe(pipe) => {
                 let deadline = tokio::time::Instant::now() + self.timeout;

@@ -299,9 +299,28 @@ impl Scripts {
     }
 }
 
-impl<'a> SlotsCall<'a> {
-    /// As [`Call::encode`]; never joined.
-    pub(crate) fn encode(&self, out: &mut Vec<u8>, body: bool) {
+/// A script call the Redis store sends: as RESP bytes on its own connection, or as a redis-rs
+/// invocation.
+pub(crate) trait ScriptCall<'a> {
+    /// As [`Call::encode`].
+    fn encode(&self, out: &mut Vec<u8>, body: bool) -> Option<Join>;
+    /// As [`Call::invocation`].
+    fn invocation(&self) -> ScriptInvocation<'a>;
+}
+
+impl<'a> ScriptCall<'a> for Call<'a> {
+    fn encode(&self, out: &mut Vec<u8>, body: bool) -> Option<Join> {
+        Call::encode(self, out, body)
+    }
+
+    fn invocation(&self) -> ScriptInvocation<'a> {
+        Call::invocation(self)
+    }
+}
+
+/// Never joined.
+impl<'a> ScriptCall<'a> for SlotsCall<'a> {
+    fn encode(&self, out: &mut Vec<u8>, body: bool) -> Option<Join> {
         out.push(b'*');
         push_count(out, 4 + self.args.len() as u64);
         if body {
@@ -315,10 +334,10 @@ impl<'a> SlotsCall<'a> {
         for arg in &self.args {
             bulk(out, arg.as_bytes());
         }
+        None
     }
 
-    /// As [`Call::invocation`].
-    pub(crate) fn invocation(&self) -> ScriptInvocation<'a> {
+    fn invocation(&self) -> ScriptInvocation<'a> {
         let mut inv = self.lua.script.key(self.key);
         for arg in &self.args {
             inv.arg(arg.as_str());

@@ -364,7 +364,7 @@ async fn upstream_handle(
 }
 
 /// A stream of `items`, one at a time.
-fn iter_stream<T: Unpin>(items: Vec<T>) -> impl futures_core::Stream<Item = T> {
+pub fn iter_stream<T: Unpin>(items: Vec<T>) -> impl futures_core::Stream<Item = T> {
     struct S<T>(std::collections::VecDeque<T>);
     impl<T: Unpin> futures_core::Stream for S<T> {
         type Item = T;
