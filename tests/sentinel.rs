@@ -1,12 +1,14 @@
 //! `store.sentinel` against real processes: a master, a replica and three Sentinels. tollgate
 //! finds the master through the Sentinels, limits there, and follows a failover without a
-//! restart; meanwhile `on_error` answers and no request waits past the store's timeout.
+//! restart, whether the master died or hangs; meanwhile `on_error` answers and no request
+//! waits past the store's timeout, and nothing is written to a master that was replaced.
 
 mod common;
 
-use common::sentinel::SentinelSet;
+use common::sentinel::{debug_sleep, Monitor, SentinelSet};
 use common::{get, Proxy, Upstream, Yaml};
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The per-call bound of the test's store.
@@ -132,4 +134,118 @@ async fn no_sentinel_answering_applies_on_error_within_the_timeout() {
         assert!(took <= TIMEOUT + SLACK, "{took:?}");
     }
     assert!(upstream.seen().is_empty());
+}
+
+/// How long the master hangs in [`leaves_a_hung_master_and_never_writes_to_it_again`]: long
+/// enough for the Sentinels to promote the replica (500 ms down-after) and tollgate to follow.
+const SLEEP_SECS: u32 = 8;
+/// How long requests go on after the old master wakes.
+const WOKEN: Duration = Duration::from_secs(3);
+
+/// When a Sentinel first names the replica, polled from a thread of its own.
+fn watch_switch(set: &Arc<SentinelSet>) -> Arc<Mutex<Option<Instant>>> {
+    let switched = Arc::new(Mutex::new(None));
+    let (set, seen) = (set.clone(), switched.clone());
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if set.any_names(set.replica.port) {
+                *seen.lock().unwrap() = Some(Instant::now());
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    switched
+}
+
+/// A master that hangs (`DEBUG SLEEP`) is left: Redis decides again within a bound after the
+/// Sentinels promote the replica, although the old master never breaks its connections; and
+/// when it wakes still calling itself master, nothing started after the switch is written to
+/// it (its `MONITOR` shows no such key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaves_a_hung_master_and_never_writes_to_it_again() {
+    let set = Arc::new(SentinelSet::start());
+    let upstream = Upstream::start().await;
+    let proxy = proxy(&set, &upstream).await;
+    for expected in [200, 200, 200, 429] {
+        assert_eq!(request(&proxy, "alice").await.0, expected);
+    }
+    let monitor = Monitor::start(set.master.port);
+    let _sleeping = debug_sleep(set.master.port, SLEEP_SECS);
+    set.master.wait_blocked();
+    let hung = Instant::now();
+    let switched = watch_switch(&set);
+
+    // until Redis decides again: requests named by whether the switch was seen before they
+    // started, so that those named `after-` must never reach the old master
+    let (mut n, mut slowest) = (0, Duration::ZERO);
+    let mut client;
+    let decided = loop {
+        n += 1;
+        let seen = *switched.lock().unwrap();
+        client = format!("{}-{n}", if seen.is_some() { "after" } else { "during" });
+        let (status, took) = request(&proxy, &client).await;
+        slowest = slowest.max(took);
+        assert!(
+            took <= TIMEOUT + SLACK,
+            "a request took {took:?} while the master hung"
+        );
+        match status {
+            503 => {}
+            200 => {
+                // (the thread polling the Sentinels may not have seen the switch yet)
+                let now = Instant::now();
+                let seen = seen.or_else(|| set.any_names(set.replica.port).then_some(now));
+                break (
+                    now,
+                    seen.expect("Redis decided before any Sentinel named the replica"),
+                );
+            }
+            other => panic!("status {other} from {client} while the master hung"),
+        }
+        assert!(
+            hung.elapsed() < Duration::from_secs(SLEEP_SECS.into()),
+            "Redis did not decide again before the old master woke ({n} requests)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (decided_at, switch_at) = decided;
+    let after = decided_at.duration_since(switch_at);
+    assert!(
+        after < Duration::from_secs(5),
+        "decided {after:?} after the switch"
+    );
+    assert_eq!(
+        set.replica
+            .cli(&["exists", &format!("tg:api:three:{client}")]),
+        "1",
+        "{client} decided by Redis, yet not on the new master: {}",
+        set.replica.cli(&["keys", "*"])
+    );
+
+    // on through the old master's waking, still calling itself master (the Sentinels demote
+    // it several seconds later), all decided by the new one
+    let woke = hung + Duration::from_secs(SLEEP_SECS.into());
+    while Instant::now() < woke + WOKEN {
+        n += 1;
+        let client = format!("after-{n}");
+        assert_eq!(request(&proxy, &client).await.0, 200, "{client}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = monitor.lines();
+    assert!(
+        seen.iter().any(|l| l.contains("\"INFO\"")),
+        "MONITOR saw not even the Sentinels: {seen:?}"
+    );
+    let written: Vec<_> = seen.iter().filter(|l| l.contains("after-")).collect();
+    assert!(
+        written.is_empty(),
+        "written to the old master after the switch: {written:?}"
+    );
+    eprintln!(
+        "the Sentinels switched {:?} after the hang; Redis decided {after:?} after the switch; \
+         {n} requests, the slowest {slowest:?}",
+        switch_at.duration_since(hung)
+    );
 }

@@ -65,6 +65,7 @@ use super::lease::{self, Leases};
 use super::reply::Reply;
 use super::resp::{encode_command, parse, parse_four, protocol};
 use batch::{answer_joined, answer_keys, queue};
+use sentinel::Follow;
 pub(crate) use sentinel::{Sentinel, Sentinels};
 
 mod batch;
@@ -406,6 +407,13 @@ async fn drive(
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut alarm = Alarm::new();
+    let mut follow = match &endpoint.addr {
+        Addr::Sentinel(sentinels) => {
+            sentinels.listen(endpoint.tls.as_ref(), asking(&endpoint));
+            sentinels.follow()
+        }
+        _ => Follow::fixed(),
+    };
     loop {
         if batch.is_empty() {
             tokio::select! {
@@ -432,10 +440,14 @@ async fn drive(
         let mut later = Vec::new();
         let connecting = tokio::time::timeout(endpoint.connect_timeout, connect(&endpoint));
         tokio::pin!(connecting);
+        follow.on(None);
         let connected = loop {
             tokio::select! {
                 biased;
-                connected = &mut connecting => break connected,
+                connected = &mut connecting => break Some(connected),
+                // a failover while connecting: to the new master at once, not after the
+                // attempt on the old one times out
+                () = follow.moved() => break None,
                 () = alarm.rung() => {
                     alarm.expire(&mut batch, &mut VecDeque::new());
                     alarm.expire(&mut later, &mut VecDeque::new());
@@ -447,6 +459,10 @@ async fn drive(
                     alarm.set_for(&later[later.len() - n..]);
                 }
             }
+        };
+        let Some(connected) = connected else {
+            batch.append(&mut later);
+            continue;
         };
         let connected = connected.unwrap_or_else(|_| {
             Err(RedisError::from(io::Error::new(
@@ -465,12 +481,20 @@ async fn drive(
                 batch.append(&mut later);
                 continue;
             }
-            Ok(stream) => {
+            Ok((stream, named)) => {
                 batch.append(&mut later);
+                follow.on(named.as_ref());
+                let mut lane = Driver {
+                    calls: &mut calls,
+                    batch: &mut batch,
+                    alarm: &mut alarm,
+                    leases: &leases,
+                    follow: &mut follow,
+                };
                 match stream {
-                    Stream::Tcp(s) => serve(s, &mut calls, &mut batch, &mut alarm, &leases).await,
-                    Stream::Tls(s) => serve(*s, &mut calls, &mut batch, &mut alarm, &leases).await,
-                    Stream::Unix(s) => serve(s, &mut calls, &mut batch, &mut alarm, &leases).await,
+                    Stream::Tcp(s) => serve(s, &mut lane).await,
+                    Stream::Tls(s) => serve(*s, &mut lane).await,
+                    Stream::Unix(s) => serve(s, &mut lane).await,
                 }
             }
         };
@@ -487,25 +511,54 @@ pub(crate) enum Stream {
 }
 
 /// Opens the socket and sends `AUTH` and `SELECT` as the URL asks. For a master named by
-/// Sentinels, asks them where it is first, and makes sure it is the master (`ROLE`): a
-/// Sentinel that has not yet seen a failover may name a node that is now a replica.
-async fn connect(endpoint: &Endpoint) -> Result<Stream, RedisError> {
-    let mut commands = handshake(endpoint);
+/// Sentinels, also the master it is on: see [`to_master`].
+async fn connect(endpoint: &Endpoint) -> Result<(Stream, Option<sentinel::Named>), RedisError> {
+    let commands = handshake(endpoint);
     let mut stream = match &endpoint.addr {
         Addr::Tcp(host, port) => tcp(host, *port, endpoint.tls.as_ref()).await?,
         Addr::Unix(path) => Stream::Unix(UnixStream::connect(path).await?),
         Addr::Sentinel(sentinels) => {
-            let (host, port) = sentinels.master(endpoint).await?;
-            commands.push(words(&[b"ROLE"]));
-            let mut stream = tcp(&host, port, endpoint.tls.as_ref()).await?;
-            let replies = exchange(&mut stream, &commands).await?;
-            sentinel::check_role(replies.last(), &host, port)?;
-            sentinels.connected(&host, port);
-            return Ok(stream);
+            let (stream, named) = to_master(endpoint, sentinels, commands).await?;
+            return Ok((stream, Some(named)));
         }
     };
     exchange(&mut stream, &commands).await?;
-    Ok(stream)
+    Ok((stream, None))
+}
+
+/// The Sentinels' share of the connect timeout, for asking them all at once (twice: before and
+/// after `ROLE`); the rest is for the master.
+fn asking(endpoint: &Endpoint) -> Duration {
+    endpoint.connect_timeout / 3
+}
+
+/// Connects to the master the Sentinels name, once it answers `ROLE` as master and the
+/// Sentinels, asked again after that answer, still name it (at the newest epoch): a Sentinel
+/// that has not yet seen a failover may name a node that is a replica now, and a master that
+/// hung may wake up still calling itself master after it was replaced.
+async fn to_master(
+    endpoint: &Endpoint,
+    sentinels: &Sentinels,
+    mut commands: Vec<Words>,
+) -> Result<(Stream, sentinel::Named), RedisError> {
+    let tls = endpoint.tls.as_ref();
+    let named = sentinels.master(tls, asking(endpoint)).await?;
+    commands.push(words(&[b"ROLE"]));
+    let mut stream = tcp(&named.host, named.port, tls).await?;
+    let replies = exchange(&mut stream, &commands).await?;
+    sentinel::check_role(replies.last(), &named.host, named.port)?;
+    let still = sentinels.master(tls, asking(endpoint)).await?;
+    if still.host != named.host || still.port != named.port || !sentinels.name(&still) {
+        return Err(RedisError::from(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            format!(
+                "{}:{} answered as master, but the Sentinels name another now",
+                named.host, named.port
+            ),
+        )));
+    }
+    sentinels.connected(&still.host, still.port);
+    Ok((stream, still))
 }
 
 /// A TCP connection (TLS over it with `tls`), with the socket options of every Redis
@@ -602,15 +655,27 @@ async fn exchange_on<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(replies)
 }
 
+/// What a lane's driver keeps from one connection to the next.
+struct Driver<'a> {
+    calls: &'a mut mpsc::UnboundedReceiver<Call>,
+    batch: &'a mut Vec<Call>,
+    alarm: &'a mut Alarm,
+    leases: &'a lease::Lane,
+    follow: &'a mut Follow,
+}
+
 /// Serves calls on an open connection until it breaks (returns true: connect again when the
-/// next call comes) or every handle is dropped (false).
-async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
-    mut stream: S,
-    calls: &mut mpsc::UnboundedReceiver<Call>,
-    batch: &mut Vec<Call>,
-    alarm: &mut Alarm,
-    leases: &lease::Lane,
-) -> bool {
+/// next call comes) or every handle is dropped (false). A connection to a master named by
+/// Sentinels is also dropped when they name another, and when a call written on it is late:
+/// the master may hang, and the next connection asks the Sentinels again.
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, lane: &mut Driver<'_>) -> bool {
+    let Driver {
+        calls,
+        batch,
+        alarm,
+        leases,
+        follow,
+    } = lane;
     let mut waiting: VecDeque<Waiting> = VecDeque::with_capacity(BATCH);
     let mut entries = Vec::with_capacity(BATCH);
     // the joins of one joined call, for coalesce (kept, so as not to allocate per call)
@@ -736,6 +801,9 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 if let Some(end) = leases.with(|l| l.expire(Instant::now())) {
                     alarm.set(end);
                 }
+                if overdue && follow.is_sentinel() {
+                    return broken(&mut waiting, &hung());
+                }
             }
             n = calls.recv_many(batch, BATCH) => {
                 if n == 0 {
@@ -743,6 +811,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 alarm.set_for(&batch[batch.len() - n..]);
             }
+            () = follow.moved() => return broken(&mut waiting, &moved()),
         }
     }
 }
@@ -855,6 +924,20 @@ fn closed() -> RedisError {
     RedisError::from(io::Error::new(
         io::ErrorKind::ConnectionReset,
         "Redis closed the connection",
+    ))
+}
+
+fn hung() -> RedisError {
+    RedisError::from(io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the master did not answer in time: asking the Sentinels again",
+    ))
+}
+
+fn moved() -> RedisError {
+    RedisError::from(io::Error::new(
+        io::ErrorKind::ConnectionReset,
+        "the Sentinels named another master",
     ))
 }
 

@@ -1,8 +1,12 @@
 //! A master, a replica and three Redis Sentinels watching them, as real processes on free
-//! ports, ready for a failover: the Sentinels know each other and the replica.
+//! ports, ready for a failover: the Sentinels know each other and the replica. Both servers
+//! take `DEBUG SLEEP` (a master that hangs), and [`Monitor`] records what one executes.
 
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{cli, free_port, Redis};
@@ -34,9 +38,11 @@ pub struct SentinelSet {
 
 impl SentinelSet {
     pub fn start() -> SentinelSet {
-        let master = Redis::start();
+        let debug = ["--enable-debug-command", "local"];
+        let master = Redis::start_with(&debug);
         let port = master.port.to_string();
-        let replica = Redis::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let replica =
+            Redis::start_with(&[&debug[..], &["--replicaof", "127.0.0.1", &port]].concat());
         wait_for(Duration::from_secs(10), "the replica to sync", || {
             replica
                 .cli(&["info", "replication"])
@@ -81,6 +87,17 @@ impl SentinelSet {
             .nth(1)
             .and_then(|p| p.trim().parse().ok())
             .expect("a master address")
+    }
+
+    /// Whether any Sentinel names the node on `port` as the master.
+    pub fn any_names(&self, port: u16) -> bool {
+        self.sentinels.iter().any(|s| {
+            let addr = cli(
+                s.port,
+                &["sentinel", "get-master-addr-by-name", MASTER_NAME],
+            );
+            addr.lines().nth(1).map(str::trim) == Some(&port.to_string())
+        })
     }
 
     /// Where the Sentinels keep their files.
@@ -128,4 +145,53 @@ fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// `MONITOR` on one server: every command it executes, as lines, from a thread of its own.
+pub struct Monitor {
+    lines: Arc<Mutex<Vec<String>>>,
+    stream: TcpStream,
+}
+
+impl Monitor {
+    /// Starts monitoring the server on `port` (it must answer now).
+    pub fn start(port: u16) -> Monitor {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect for MONITOR");
+        stream.write_all(b"MONITOR\r\n").expect("send MONITOR");
+        let mut reader = BufReader::new(stream.try_clone().expect("clone the socket"));
+        let mut ok = String::new();
+        reader.read_line(&mut ok).expect("MONITOR's answer");
+        assert_eq!(ok.trim(), "+OK", "MONITOR refused");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let kept = lines.clone();
+        std::thread::spawn(move || {
+            for line in reader.lines() {
+                let Ok(line) = line else { return };
+                kept.lock().unwrap().push(line);
+            }
+        });
+        Monitor { lines, stream }
+    }
+
+    /// The commands seen so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Sends `DEBUG SLEEP secs` to the server on `port` without waiting for it to wake: the socket
+/// returned must be kept until then.
+pub fn debug_sleep(port: u16, secs: u32) -> TcpStream {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect for DEBUG SLEEP");
+    let command = format!("DEBUG SLEEP {secs}\r\n");
+    stream
+        .write_all(command.as_bytes())
+        .expect("send DEBUG SLEEP");
+    stream
 }
