@@ -228,6 +228,15 @@ impl Follow {
         self.at = at
             .or(now.as_ref().map(|(n, _)| n))
             .map(|n| (n.host.clone(), n.port));
+        // named anew since the lane's connection was checked: it moves at once
+        let behind = match (now.as_ref(), self.at.as_ref()) {
+            (Some((n, _)), Some((host, port))) => !n.is(host, *port),
+            _ => false,
+        };
+        drop(now);
+        if behind {
+            named.mark_changed();
+        }
     }
 
     /// Returns when the Sentinels name another node than the lane's; never for a plain address.
@@ -400,6 +409,11 @@ mod tests {
             .expect("the lane on :1 moves");
         assert!(!s.name(&named(1, 3)), "an answer from before the failover");
         assert!(s.name(&named(2, 4)));
+        // a lane whose connection was checked just before the move still moves
+        follow.on(Some(&named(1, 3)));
+        tokio::time::timeout(Duration::from_secs(1), follow.moved())
+            .await
+            .expect("a lane behind the master named moves at once");
     }
 
     /// `config-epoch` is read from the flat reply of `SENTINEL master`.
