@@ -138,9 +138,9 @@ async fn no_sentinel_answering_applies_on_error_within_the_timeout() {
 
 /// How long the master hangs in [`leaves_a_hung_master_and_never_writes_to_it_again`]: long
 /// enough for the Sentinels to promote the replica (500 ms down-after) and tollgate to follow.
-const SLEEP_SECS: u32 = 8;
+const SLEEP_SECS: u32 = 7;
 /// How long requests go on after the old master wakes.
-const WOKEN: Duration = Duration::from_secs(3);
+const WOKEN: Duration = Duration::from_secs(2);
 
 /// When a Sentinel first names the replica, polled from a thread of its own.
 fn watch_switch(set: &Arc<SentinelSet>) -> Arc<Mutex<Option<Instant>>> {
