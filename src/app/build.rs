@@ -14,8 +14,8 @@ use crate::metrics::{Metrics, RouteSeries};
 use crate::proxy::inflight::Inflight;
 use crate::proxy::slots::Holders;
 use crate::proxy::{
-    access, Dial, HeaderStyle, Limit, Pacer, Protocol, Proxy, Route, Settings, Targets, Upstream,
-    UpstreamClients,
+    access, Dial, H2Settings, HeaderStyle, Limit, Pacer, Protocol, Proxy, Route, Settings, Targets,
+    Upstream, UpstreamClients,
 };
 use crate::routing::{PathMatch, RouteTable};
 use crate::store::{
@@ -101,8 +101,18 @@ fn dial(u: &config::UpstreamConfig, clients: &UpstreamClients) -> anyhow::Result
         config::Protocol::Http2 => Protocol::Http2,
         config::Protocol::Auto => Protocol::Auto,
     };
+    let h2 = H2Settings {
+        keepalive_interval: u.http2.keepalive_interval,
+        keepalive_timeout: u.http2.keepalive_timeout,
+        max_connections: u.http2.max_connections.get(),
+    };
     let Some(tls) = &u.tls else {
-        return Ok(clients.default_dial(protocol));
+        if h2 == H2Settings::default() {
+            return Ok(clients.default_dial(protocol));
+        }
+        // (a dial of its own: its connections start again on a reload)
+        let tls = (*ClientTls::default().client_config()?).clone();
+        return Ok(Arc::new(Dial::new(protocol, tls, None).with_http2(h2)));
     };
     let config = client_tls(tls)
         .and_then(|tls| Ok(tls.client_config()?))
@@ -114,11 +124,9 @@ fn dial(u: &config::UpstreamConfig, clients: &UpstreamClients) -> anyhow::Result
         ),
         None => None,
     };
-    Ok(Arc::new(Dial::new(
-        protocol,
-        (*config).clone(),
-        server_name,
-    )))
+    Ok(Arc::new(
+        Dial::new(protocol, (*config).clone(), server_name).with_http2(h2),
+    ))
 }
 
 /// The access log's settings for the proxy.

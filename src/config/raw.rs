@@ -204,7 +204,17 @@ pub(crate) struct RawUpstream {
     pub preserve_host: Field<bool>,
     pub pace: Field<RawPace>,
     pub protocol: Field<RawProtocol>,
+    pub http2: Field<RawHttp2>,
     pub tls: Field<RawClientTls>,
+}
+
+/// `upstreams.NAME.http2`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawHttp2 {
+    pub keepalive_interval: Field<String>,
+    pub keepalive_timeout: Field<String>,
+    pub max_connections: Field<u64>,
 }
 
 /// `upstreams.NAME.protocol`

@@ -8,8 +8,9 @@ use serde_json::{json, Value};
 use super::backend::redact_url;
 use super::types::AdaptiveConfig;
 use super::types::{
-    AccessLog, AdminToken, Backend, ClientTls, Config, HeaderStyle, LimitConfig, LogClient, Mode,
-    OnError, PaceConcurrency, Protocol, RouteConfig, SentinelConfig, UpstreamConfig,
+    AccessLog, AdminToken, Backend, ClientTls, Config, HeaderStyle, Http2Config, LimitConfig,
+    LogClient, Mode, OnError, PaceConcurrency, Protocol, RouteConfig, SentinelConfig,
+    UpstreamConfig,
 };
 use super::units::{format_duration, format_rate, format_size};
 use crate::identity::KeyPart;
@@ -265,6 +266,15 @@ fn upstream_line(u: &UpstreamConfig) -> String {
     if u.protocol != Protocol::Auto {
         line.push_str(&format!(" ({})", u.protocol.as_str()));
     }
+    if u.http2 != Http2Config::default() {
+        let h = &u.http2;
+        line.push_str(&format!(
+            " (http2 keepalive {} timeout {}, max_connections {})",
+            format_duration(h.keepalive_interval),
+            format_duration(h.keepalive_timeout),
+            h.max_connections
+        ));
+    }
     if let Some(tls) = &u.tls {
         line.push_str(&format!(" ({})", tls_text(tls)));
     }
@@ -343,6 +353,11 @@ fn upstream_json(u: &UpstreamConfig) -> Value {
         "targets": u.targets.iter().map(target_text).collect::<Vec<_>>(),
         "preserve_host": u.preserve_host,
         "protocol": u.protocol.as_str(),
+        "http2": {
+            "keepalive_interval": format_duration(u.http2.keepalive_interval),
+            "keepalive_timeout": format_duration(u.http2.keepalive_timeout),
+            "max_connections": u.http2.max_connections,
+        },
         "tls": u.tls.as_ref().map(tls_json),
         "pace": pace_json(u),
     })

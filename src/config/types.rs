@@ -310,6 +310,8 @@ pub struct UpstreamConfig {
     pub adaptive: Option<AdaptiveConfig>,
     /// `protocol`: the HTTP version spoken to the targets
     pub protocol: Protocol,
+    /// `http2`: how HTTP/2 connections to the targets are kept
+    pub http2: Http2Config,
     /// `tls`: the settings of `https://` targets; `None`: the defaults
     pub tls: Option<ClientTls>,
 }
@@ -322,6 +324,29 @@ pub struct PaceConcurrency {
     pub slots: Slots,
     /// `pace.max_delay`
     pub max_delay: Option<Duration>,
+}
+
+/// `upstreams.NAME.http2`: how the HTTP/2 connections to an upstream's targets are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Config {
+    /// `keepalive_interval`: a PING goes out after this long without a frame from the target
+    pub keepalive_interval: Duration,
+    /// `keepalive_timeout`: a PING unanswered this long closes the connection
+    pub keepalive_timeout: Duration,
+    /// `max_connections`: connections per target when every stream of the open ones is in use
+    pub max_connections: NonZeroUsize,
+}
+
+impl Default for Http2Config {
+    fn default() -> Http2Config {
+        Http2Config {
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(5),
+            // Envoy opens connections without bound; 4 × a typical 100-128 streams each is
+            // 400-500 requests in flight per target, more than one target serves at once
+            max_connections: NonZeroUsize::new(4).expect("4 is not zero"),
+        }
+    }
 }
 
 /// `upstreams.NAME.protocol`: the HTTP version spoken to an upstream.

@@ -14,13 +14,14 @@ use super::check::{check_name, parse_net, Checker};
 use super::client_tls;
 use super::problem::Path;
 use super::raw::{
-    Field, RawAccessLog, RawAdmin, RawConfig, RawEscapedSlashes, RawHeaderStyle, RawLogClient,
-    RawPace, RawPaths, RawProtocol, RawSegmentParams, RawTimeouts, RawUpstream, StrList,
+    Field, RawAccessLog, RawAdmin, RawConfig, RawEscapedSlashes, RawHeaderStyle, RawHttp2,
+    RawLogClient, RawPace, RawPaths, RawProtocol, RawSegmentParams, RawTimeouts, RawUpstream,
+    StrList,
 };
 use super::routes;
 use super::types::{
-    AccessLog, AdminConfig, AdminToken, Config, HeaderStyle, LogClient, PaceConcurrency, Protocol,
-    Timeouts, TlsConfig, UpstreamConfig,
+    AccessLog, AdminConfig, AdminToken, Config, HeaderStyle, Http2Config, LogClient,
+    PaceConcurrency, Protocol, Timeouts, TlsConfig, UpstreamConfig,
 };
 use super::units;
 use crate::limit::{Pace, Slots};
@@ -319,6 +320,11 @@ fn upstream(
         Some(RawProtocol::Http2) => Protocol::Http2,
         Some(RawProtocol::Auto) | None => Protocol::Auto,
     };
+    let http2 = raw
+        .http2
+        .get()
+        .map(|h| http2(chk, h, &path.key("http2")))
+        .unwrap_or_default();
     let tls = (raw.tls.get()).map(|t| client_tls::upstream(chk, t, &path.key("tls")));
     if tls.is_some() && !targets.iter().any(|t| t.scheme() == Some(&Scheme::HTTPS)) {
         let message = "tls applies to https:// targets only, and this upstream has none";
@@ -333,8 +339,37 @@ fn upstream(
         concurrency,
         adaptive,
         protocol,
+        http2,
         tls,
     })
+}
+
+fn http2(chk: &mut Checker<'_>, raw: &RawHttp2, path: &Path) -> Http2Config {
+    let default = Http2Config::default();
+    // (more connections than this to one target is a misconfiguration, not a need)
+    const MOST_CONNECTIONS: u64 = 1024;
+    let max_connections = chk
+        .positive_to(
+            &raw.max_connections,
+            &path.key("max_connections"),
+            "max_connections",
+            MOST_CONNECTIONS,
+        )
+        .and_then(|n| NonZeroUsize::new(n as usize))
+        .unwrap_or(default.max_connections);
+    Http2Config {
+        keepalive_interval: chk.duration(
+            &raw.keepalive_interval,
+            &path.key("keepalive_interval"),
+            default.keepalive_interval,
+        ),
+        keepalive_timeout: chk.duration(
+            &raw.keepalive_timeout,
+            &path.key("keepalive_timeout"),
+            default.keepalive_timeout,
+        ),
+        max_connections,
+    }
 }
 
 type PaceParts = (Option<Pace>, Option<NonZeroUsize>);

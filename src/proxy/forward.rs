@@ -24,7 +24,9 @@ use tokio_util::task::TaskTracker;
 
 use super::access::Report;
 pub use super::hop::{strip_hop_by_hop, Message};
-use super::pool::{Dial, H2Conns, Http1Client, Key, Pool, Pooled, Protocol, Resend, UpstreamError};
+use super::pool::{
+    Dial, H2Conns, Http1Client, Key, Pool, Pooled, Protocol, Resend, UpstreamError, Waits,
+};
 use super::upload::{head_in_time, Upload};
 use super::{Body, BoxError, ProxyError};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -60,7 +62,7 @@ impl UpstreamClients {
         tcp.set_nodelay(true);
         tcp.set_connect_timeout(Some(connect));
         tcp.set_keepalive(Some(UPSTREAM_KEEPALIVE));
-        let h2 = Arc::new(H2Conns::new(idle));
+        let h2 = Arc::new(H2Conns::new(idle, connect));
         let pools = (0..workers.max(1)).map(|_| Pool::new(tcp.clone(), h2.clone(), idle, http1));
         let dial = |protocol| Arc::new(Dial::new(protocol, tls.clone(), None));
         UpstreamClients {
@@ -398,12 +400,17 @@ fn attempts<'a>(
 ) -> impl Future<Output = (usize, Option<Result<Response<Pooled>, UpstreamError>>)> + Send + 'a {
     async move {
         let timeout = f.response_timeout;
+        let waits = Waits::new(stream_wait(timeout));
         // (the first attempt, and its answer, are gone before the second attempt, so the
         // future holds no room for them while that attempt is under way)
         let (again, other) = {
-            let first = std::pin::pin!(client.request(&f.targets.targets[target].key, req));
-            match head_in_time(first, upload.as_deref(), timeout, start).await {
-                None => return (target, None),
+            let key = &f.targets.targets[target].key;
+            let first = std::pin::pin!(client.request(key, req, Some(&waits)));
+            match head_in_time(first, upload.as_deref(), &waits, timeout, start).await {
+                None => {
+                    waits.timed_out();
+                    return (target, None);
+                }
                 Some(Err(mut e)) if e.is_connect() => {
                     // the request again: from its head, or as the pool handed it back
                     let unsent = e.take_unsent();
@@ -430,11 +437,26 @@ fn attempts<'a>(
         }
         // boxed: the rare second attempt would make every request's future larger. Its head is
         // awaited as the first's: the same deadline, moved on by a body still uploading.
-        let mut second = Box::pin(client.request(&f.targets.targets[other].key, again));
-        let answer = head_in_time(second.as_mut(), upload.as_deref(), timeout, start).await;
+        let waits = Waits::new(stream_wait(timeout));
+        let key = &f.targets.targets[other].key;
+        let mut second = Box::pin(client.request(key, again, Some(&waits)));
+        let answer = head_in_time(second.as_mut(), upload.as_deref(), &waits, timeout, start).await;
+        if answer.is_none() {
+            waits.timed_out();
+        }
         (other, answer)
     }
 }
+
+/// The longest a request waits for a stream on a target's HTTP/2 connections, with
+/// `upstream_response` as `timeout`: apart from it, since a full connection is not a slow
+/// upstream, and never under [`STREAM_WAIT`].
+fn stream_wait(timeout: Duration) -> Duration {
+    timeout.max(STREAM_WAIT)
+}
+
+/// See [`stream_wait`]: as long as the default `upstream_response`.
+const STREAM_WAIT: Duration = Duration::from_secs(30);
 
 /// How a request is sent again to another target when no connection could be made to the
 /// first.
@@ -596,6 +618,13 @@ fn upstream_error(upstream: &str, e: UpstreamError) -> ProxyError {
     }
     if client_body {
         return ProxyError::BadBody;
+    }
+    if let UpstreamError::Busy(_) = e {
+        // (every stream in use: the target is busy, not down, and a retry may find one)
+        return ProxyError::TooManyWaiting {
+            upstream,
+            retry_after_ms: 1000,
+        };
     }
     if e.is_connect() {
         ProxyError::UpstreamConnect {

@@ -53,7 +53,7 @@ use respond::Showing;
 pub use forward::{Targets, UpstreamClients};
 pub use limits::Limit;
 pub use pacing::Pacer;
-pub use pool::{Dial, Http1Client, Protocol};
+pub use pool::{Dial, H2Settings, Http1Client, Protocol};
 pub use respond::HeaderStyle;
 
 /// Boxed error of a streamed body.

@@ -21,6 +21,8 @@
 
 mod dial;
 mod h2;
+mod peer;
+mod replay;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -44,7 +46,7 @@ use super::h1;
 use super::{Body, BoxError};
 pub use dial::{Dial, Protocol};
 use dial::{Opened, Stream};
-pub use h2::Conns as H2Conns;
+pub use h2::{Conns as H2Conns, H2Settings, Waits};
 
 /// Which HTTP/1 client carries a request without a body to an `http://` target. Every other
 /// request goes over hyper's.
@@ -190,6 +192,9 @@ pub enum UpstreamError {
     /// the target's scheme and authority make no URI to connect to
     #[error("target is not a URI")]
     NoAuthority,
+    /// every HTTP/2 stream the target's connections allow stayed in use this long
+    #[error("no HTTP/2 stream to the target came free within {0:?}")]
+    Busy(Duration),
 }
 
 impl UpstreamError {
@@ -242,6 +247,7 @@ impl Pool {
         &'a self,
         target: &'a Key,
         mut req: Request<Body>,
+        waits: Option<&'a Waits>,
     ) -> impl Future<Output = Result<Response<Pooled>, UpstreamError>> + Send + 'a {
         async move {
             let switching =
@@ -259,7 +265,7 @@ impl Pool {
                 || (target.scheme == Scheme::HTTPS && target.dial.protocol() == Protocol::Auto);
             if maybe_h2 && !switching {
                 if let Some(slot) = self.inner.h2.slot(target, target.dial.h2_only()) {
-                    return Box::pin(self.over_h2(target, &slot, None, req)).await;
+                    return Box::pin(self.over_h2(target, &slot, None, req, waits)).await;
                 }
             }
             // A request without a body and with an idempotent method goes again, once, on a new
@@ -293,7 +299,8 @@ impl Pool {
             if opened.h2 {
                 // TLS chose HTTP/2: the target's requests go over this connection from now on
                 let slot = self.inner.h2.slot(target, true).expect("made when asked");
-                return Box::pin(self.over_h2(target, &slot, Some(opened.stream), req)).await;
+                let over = self.over_h2(target, &slot, Some(opened.stream), req, waits);
+                return Box::pin(over).await;
             }
             let mut sender = self.handshake(opened.stream).await?;
             match sender.send_request(req).await {
@@ -303,36 +310,35 @@ impl Pool {
         }
     }
 
-    /// Sends `req` over `target`'s HTTP/2 connection in `slot`: the one open, else `opened`,
-    /// else a new one. A request the connection closed on before taking it goes again, once,
-    /// on a new connection. Should TLS choose HTTP/1.1 on the new connection, the target's
+    /// Sends `req` over one of `target`'s HTTP/2 connections in `slot`: one with a stream
+    /// free, else `opened`, else a new one. A request the connection closed on before taking
+    /// it goes again, once; so does one the upstream did not process (GOAWAY, REFUSED_STREAM),
+    /// on another connection. Should TLS choose HTTP/1.1 on a new connection, the target's
     /// slot goes and the request goes over HTTP/1.1.
     async fn over_h2(
         &self,
         target: &Key,
-        slot: &h2::Slot,
+        slot: &Arc<h2::Slot>,
         mut opened: Option<Stream>,
         mut req: Request<Body>,
+        waits: Option<&Waits>,
     ) -> Result<Response<Pooled>, UpstreamError> {
         h2::for_h2(&mut req, target);
+        let settings = target.dial.h2_settings();
+        let mut again = Some(replay::Again::keep(&mut req));
         let mut retried = false;
         loop {
-            let mut sender = match slot.sender().await {
-                h2::Found::Sender(sender) => sender,
-                h2::Found::Empty(mut conn) => {
+            let stream = match slot.stream(settings.max_connections, waits).await? {
+                h2::Acquired::Stream(stream) => stream,
+                h2::Acquired::Open(opening) => {
                     let stream = match opened.take() {
                         Some(stream) => stream,
                         None => match self.open(target, false).await {
                             Ok(Opened { stream, h2: true }) => stream,
                             Ok(Opened { stream, h2: false }) => {
                                 self.inner.h2.forget(target);
-                                drop(conn);
-                                let mut sender = self.handshake(stream).await?;
-                                *req.version_mut() = http::Version::HTTP_11;
-                                return match sender.send_request(req).await {
-                                    Ok(resp) => self.inner.pooled(resp, target.clone(), sender),
-                                    Err(e) => Err(UpstreamError::Http(e)),
-                                };
+                                drop(opening);
+                                return self.over_h1_instead(target, stream, req).await;
                             }
                             Err(UpstreamError::Connect(e)) => {
                                 return Err(UpstreamError::Unsent(e, Box::new(req)))
@@ -340,19 +346,66 @@ impl Pool {
                             Err(e) => return Err(e),
                         },
                     };
-                    h2::start(&mut conn, stream).await?
+                    match h2::start(stream, &settings, self.inner.h2.connect()).await {
+                        Ok(conn) => opening.made(conn),
+                        // (a peer that sends no SETTINGS was not connected to)
+                        Err(UpstreamError::Connect(e)) => {
+                            return Err(UpstreamError::Unsent(e, Box::new(req)))
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             };
-            match h2::send(&mut sender, req).await {
+            if let Some(waits) = waits {
+                waits.sent_on(&stream);
+            }
+            match h2::send(&stream, req).await {
                 Ok(resp) => {
-                    return Ok(resp.map(|body| Pooled::of(Reading::Hyper { body, back: None })))
+                    let (parts, body) = resp.into_parts();
+                    let reading = Reading::Hyper {
+                        body,
+                        back: None,
+                        stream: Some(stream),
+                    };
+                    return Ok(Response::from_parts(parts, Pooled::of(reading)));
                 }
                 Err((_, Some(unsent))) if !retried => {
+                    // (closing: the next try must not find it)
+                    stream.retire();
                     retried = true;
                     req = unsent;
                 }
+                Err((e, None)) if h2::unprocessed(&e) => {
+                    // RFC 9113 §8.7: not processed, so safe to send again, whatever the method
+                    stream.retire();
+                    drop(stream);
+                    match again.take() {
+                        Some(again) => match again.request().await {
+                            Some(next) => req = next,
+                            None => return Err(e),
+                        },
+                        None => return Err(e),
+                    }
+                    tracing::debug!(target = %target.authority, "upstream did not process an HTTP/2 stream: sent again");
+                }
                 Err((e, _)) => return Err(e),
             }
+        }
+    }
+
+    /// Sends `req` over HTTP/1.1 on `stream`, a new connection to `target` on which TLS chose
+    /// HTTP/1.1 rather than HTTP/2.
+    async fn over_h1_instead(
+        &self,
+        target: &Key,
+        stream: Stream,
+        mut req: Request<Body>,
+    ) -> Result<Response<Pooled>, UpstreamError> {
+        let mut sender = self.handshake(stream).await?;
+        *req.version_mut() = http::Version::HTTP_11;
+        match sender.send_request(req).await {
+            Ok(resp) => self.inner.pooled(resp, target.clone(), sender),
+            Err(e) => Err(UpstreamError::Http(e)),
         }
     }
 
@@ -524,7 +577,8 @@ impl Inner {
                 back.give();
             }
         }
-        Ok(resp.map(|body| Pooled::of(Reading::Hyper { body, back })))
+        let stream = None;
+        Ok(resp.map(|body| Pooled::of(Reading::Hyper { body, back, stream })))
     }
 
     fn put(self: &Arc<Inner>, key: Key, sender: Sender) {
@@ -644,8 +698,13 @@ struct Stall {
 }
 
 enum Reading {
-    /// from hyper's client: the connection is handed back by `back`
-    Hyper { body: Incoming, back: Option<Back> },
+    /// from hyper's client: the connection is handed back by `back`; over HTTP/2, `stream`
+    /// is the stream given back when the body ends
+    Hyper {
+        body: Incoming,
+        back: Option<Back>,
+        stream: Option<h2::StreamSlot>,
+    },
     /// from the own client, which hands its connection back itself
     Own(h1::Reading<Home>),
 }
@@ -698,9 +757,9 @@ impl Pooled {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let (body, back) = match &mut self.reading {
+        let (body, back, stream) = match &mut self.reading {
             Reading::Own(body) => return Pin::new(body).poll_frame(cx).map_err(BoxError::from),
-            Reading::Hyper { body, back } => (body, back),
+            Reading::Hyper { body, back, stream } => (body, back, stream),
         };
         let frame = ready!(Pin::new(&mut *body).poll_frame(cx));
         let ended = match &frame {
@@ -715,6 +774,10 @@ impl Pooled {
             if let Some(back) = back.take() {
                 back.give();
             }
+        }
+        if ended || matches!(frame, Some(Err(_))) {
+            // the stream is over: another request may have it
+            *stream = None;
         }
         Poll::Ready(frame.map(|f| f.map_err(BoxError::from)))
     }

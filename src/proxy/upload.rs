@@ -19,6 +19,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Frame, SizeHint};
 use tokio::time::Instant;
 
+use super::pool::Waits;
 use super::{Body, BoxError};
 
 /// How a request body's upload is going: written by the body as the upstream connection reads
@@ -75,7 +76,8 @@ impl Upload {
 }
 
 /// Awaits `head` until `timeout` passes with neither a response head nor progress of the
-/// upload (none: from `start`). `None` when it passed.
+/// upload (none: from `start`), not counting a wait for an HTTP/2 stream (`waits`). `None`
+/// when it passed.
 ///
 /// (`head` is borrowed, pinned where the caller keeps it: taken by value, the request's
 /// ~800-byte exchange would be copied into this future and again into its `Timeout`, and held
@@ -83,19 +85,27 @@ impl Upload {
 pub async fn head_in_time<F: Future>(
     mut head: Pin<&mut F>,
     upload: Option<&Upload>,
+    waits: &Waits,
     timeout: Duration,
     start: Instant,
 ) -> Option<F::Output> {
-    let Some(upload) = upload else {
-        return tokio::time::timeout_at(start + timeout, head).await.ok();
-    };
     let mut deadline = start + timeout;
     loop {
         if let Ok(answer) = tokio::time::timeout_at(deadline, head.as_mut()).await {
             return Some(answer);
         }
-        let next = upload.state().last + timeout;
-        if next <= Instant::now() {
+        let now = Instant::now();
+        // a wait for an HTTP/2 stream is not the upstream's time (the pool bounds it)
+        let (waited, waiting) = waits.waited();
+        let mut next = if waiting {
+            now + timeout
+        } else {
+            start + waited + timeout
+        };
+        if let Some(upload) = upload {
+            next = next.max(upload.state().last + timeout);
+        }
+        if next <= now {
             return None;
         }
         deadline = next;

@@ -583,3 +583,36 @@ fn charge_needs_a_chargeable_algorithm_and_a_header() {
         ],
     );
 }
+
+/// `http2` takes its defaults key by key; a zero or unreadable value is an error at its key,
+/// and an unknown key is refused.
+#[test]
+fn upstream_http2_settings_are_checked() {
+    let with = |http2: &str| {
+        MINIMAL.replace(
+            "    targets: [http://127.0.0.1:8000]\n",
+            &format!("    targets: [http://127.0.0.1:8000]\n    http2: {http2}\n"),
+        )
+    };
+    let loaded = ok(&with("{keepalive_interval: 2s, max_connections: 8}"));
+    let h = loaded.config.upstreams[0].http2;
+    assert_eq!(h.keepalive_interval, std::time::Duration::from_secs(2));
+    assert_eq!(h.keepalive_timeout, std::time::Duration::from_secs(5));
+    assert_eq!(h.max_connections.get(), 8);
+    let got = problems(&with(
+        "{keepalive_interval: 0s, keepalive_timeout: soon, max_connections: 0}",
+    ));
+    let expected = [
+        "upstreams.api.http2.keepalive_interval: must be greater than zero",
+        "upstreams.api.http2.keepalive_timeout: ",
+        "upstreams.api.http2.max_connections: max_connections must be at least 1, found 0",
+    ];
+    for e in expected {
+        assert!(got.iter().any(|p| p.contains(e)), "{e:?} not in {got:?}");
+    }
+    let got = problems(&with("{pings: 1s}"));
+    assert!(
+        got.iter().any(|p| p.contains("upstreams.api.http2")),
+        "{got:?}"
+    );
+}

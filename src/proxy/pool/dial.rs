@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
+use super::h2::H2Settings;
 use crate::tls::{ALPN_H2, ALPN_HTTP1};
 
 /// The HTTP version spoken to an upstream.
@@ -38,6 +39,8 @@ pub struct Dial {
     tls_http1: TlsConnector,
     /// the name the server's certificate is checked for, instead of the target's host
     server_name: Option<ServerName<'static>>,
+    /// how HTTP/2 connections are kept
+    h2: H2Settings,
 }
 
 impl std::fmt::Debug for Dial {
@@ -72,7 +75,19 @@ impl Dial {
             tls: with(offered),
             tls_http1: with(&[ALPN_HTTP1]),
             server_name,
+            h2: H2Settings::default(),
         }
+    }
+
+    /// The same, keeping HTTP/2 connections as `h2` says.
+    pub fn with_http2(mut self, h2: H2Settings) -> Dial {
+        self.h2 = h2;
+        self
+    }
+
+    /// How HTTP/2 connections are kept.
+    pub(super) fn h2_settings(&self) -> H2Settings {
+        self.h2
     }
 
     /// `auto` with the default TLS setup, for unit tests.

@@ -1,14 +1,21 @@
-//! HTTP/2 to upstreams: one connection per target, shared by every worker, each request a
-//! stream on it.
+//! HTTP/2 to upstreams: connections per target shared by every worker, each request a stream
+//! on one of them.
 //!
 //! A target gets a slot here when its upstream speaks only HTTP/2, or when TLS chose `h2` on a
-//! connection to it. Requests to a target with a slot go over the slot's connection. The first
-//! request makes the connection while the others wait for it, so a burst opens one, not many.
-//! A connection that closed (the upstream's GOAWAY, an error) or idled past the pool's `idle`
-//! is replaced by the next request.
+//! connection to it. A request takes a stream on the first of the slot's connections with one
+//! free (as many as the peer's `SETTINGS_MAX_CONCURRENT_STREAMS`). When all are in use, one
+//! request opens another connection, up to the upstream's `max_connections`; past that,
+//! requests wait for a stream to end, and the wait is not the upstream being slow ([`Waits`]).
+//! Connections open one at a time, so a burst opens one, not many.
+//!
+//! A connection is made when the peer's SETTINGS came, within the connect timeout (a peer that
+//! accepts TCP and says nothing is a target that cannot be connected to). PINGs keep it
+//! honest: one unanswered closes it. A connection that closed (the upstream's GOAWAY, an
+//! error, a PING), idled past the pool's `idle`, or stayed silent while a request on it timed
+//! out takes no new streams.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -17,49 +24,223 @@ use http::{header, Request, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::sync::Notify;
 
 use super::dial::Stream;
+use super::peer::{Heard, Peer};
 use super::{Key, UpstreamError};
 use crate::proxy::h1::MAX_HEAD;
 use crate::proxy::Body;
 
 type Sender = http2::SendRequest<Body>;
 
-/// The HTTP/2 connections of every worker, one per target.
+/// How one upstream's HTTP/2 connections are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct H2Settings {
+    /// a PING goes out after this long without a frame from the peer
+    pub keepalive_interval: Duration,
+    /// an unanswered PING closes the connection after this long
+    pub keepalive_timeout: Duration,
+    /// connections per target, when the open ones have no stream free
+    pub max_connections: usize,
+}
+
+impl Default for H2Settings {
+    fn default() -> H2Settings {
+        H2Settings {
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(5),
+            max_connections: 4,
+        }
+    }
+}
+
+/// The HTTP/2 connections of every worker, by target.
 pub struct Conns {
     slots: Mutex<HashMap<Key, Arc<Slot>, foldhash::fast::RandomState>>,
     /// connections unused this long close
     idle_for: Duration,
+    /// the peer's SETTINGS come within this, or the connection counts as not made
+    connect: Duration,
     reaping: AtomicBool,
 }
 
-/// One target's connection: `None` until made, and again once it closed.
+/// One target's connections.
 #[derive(Default)]
 pub(super) struct Slot {
-    conn: Arc<tokio::sync::Mutex<Option<Live>>>,
+    open: Mutex<Open>,
+    /// a stream ended, a connection closed or was made, or one failed to open
+    freed: Notify,
 }
 
-pub(super) struct Live {
+#[derive(Default)]
+struct Open {
+    conns: Vec<Arc<Conn>>,
+    /// a request is opening a connection
+    opening: bool,
+}
+
+/// One HTTP/2 connection.
+pub(super) struct Conn {
     sender: Sender,
-    last_used: Instant,
+    peer: Arc<Peer>,
+    /// streams open on it (requests sent whose response has not ended)
+    streams: AtomicUsize,
+    retired: AtomicBool,
+    last_used: Mutex<Instant>,
 }
 
-/// What [`Slot::sender`] found or made.
-pub(super) enum Found {
-    /// a connection to send on
-    Sender(Sender),
-    /// the slot needs a connection; the caller opens one and hands it to [`Slot::start`]
-    Empty(tokio::sync::OwnedMutexGuard<Option<Live>>),
+impl Conn {
+    fn usable(&self) -> bool {
+        !self.retired.load(Ordering::Relaxed) && !self.sender.is_closed()
+    }
+
+    /// No new stream goes on it; those open finish or fail on their own.
+    fn retire(&self) {
+        if !self.retired.swap(true, Ordering::Relaxed) {
+            tracing::debug!("upstream HTTP/2 connection retired");
+        }
+    }
+}
+
+/// What [`Slot::stream`] found.
+pub(super) enum Acquired {
+    /// a stream on an open connection
+    Stream(StreamSlot),
+    /// the caller opens a connection and hands it to [`Opening::made`]
+    Open(Opening),
+}
+
+/// A stream taken on a connection: given back when dropped.
+pub(super) struct StreamSlot {
+    conn: Arc<Conn>,
+    slot: Arc<Slot>,
+}
+
+impl StreamSlot {
+    /// The connection's sender.
+    pub(super) fn sender(&self) -> Sender {
+        self.conn.sender.clone()
+    }
+
+    /// Its connection takes no new stream.
+    pub(super) fn retire(&self) {
+        self.conn.retire();
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.conn.streams.fetch_sub(1, Ordering::Relaxed);
+        self.slot.freed.notify_waiters();
+    }
+}
+
+/// The right to open a target's next connection; dropped without one, the next waiter may try.
+pub(super) struct Opening {
+    slot: Arc<Slot>,
+}
+
+impl Opening {
+    /// `conn` joins the slot, with the caller's stream on it.
+    pub(super) fn made(self, conn: Conn) -> StreamSlot {
+        let conn = Arc::new(conn);
+        conn.streams.store(1, Ordering::Relaxed);
+        self.slot.lock().conns.push(conn.clone());
+        StreamSlot {
+            conn,
+            slot: self.slot.clone(),
+        }
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        self.slot.lock().opening = false;
+        self.slot.freed.notify_waiters();
+    }
+}
+
+/// One request's dealings with HTTP/2 connections: how long it waited for a stream (which is
+/// not the upstream being slow), and the connection it went out on.
+pub struct Waits {
+    /// the longest a request waits for a stream
+    limit: Duration,
+    state: Mutex<WaitState>,
+}
+
+#[derive(Default)]
+struct WaitState {
+    since: Option<Instant>,
+    waited: Duration,
+    sent: Option<(Weak<Conn>, Instant)>,
+}
+
+impl Waits {
+    /// A request that waits `limit` at most for a stream.
+    pub fn new(limit: Duration) -> Waits {
+        Waits {
+            limit,
+            state: Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, WaitState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn waiting(&self, now: bool) {
+        let mut s = self.state();
+        match (now, s.since.take()) {
+            (true, since) => s.since = Some(since.unwrap_or_else(Instant::now)),
+            (false, Some(since)) => s.waited += since.elapsed(),
+            (false, None) => {}
+        }
+    }
+
+    pub(super) fn sent_on(&self, stream: &StreamSlot) {
+        self.state().sent = Some((Arc::downgrade(&stream.conn), Instant::now()));
+    }
+
+    /// How long the request waited for a stream so far, and whether it still does.
+    pub fn waited(&self) -> (Duration, bool) {
+        let s = self.state();
+        match s.since {
+            Some(since) => (s.waited + since.elapsed(), true),
+            None => (s.waited, false),
+        }
+    }
+
+    /// The request got no response head in time: its connection, silent since the request
+    /// went out, is retired (a connection that reads nothing while a request waits is
+    /// wedged, and PINGs may not have told yet).
+    pub fn timed_out(&self) {
+        let s = self.state();
+        if let Some((conn, at)) = &s.sent {
+            if let Some(conn) = conn.upgrade() {
+                if conn.peer.silent_since(*at) {
+                    conn.retire();
+                }
+            }
+        }
+    }
 }
 
 impl Conns {
-    /// No connections yet; those made close after `idle_for` unused.
-    pub fn new(idle_for: Duration) -> Conns {
+    /// No connections yet; those made close after `idle_for` unused, and count as made when
+    /// the peer's SETTINGS came within `connect`.
+    pub fn new(idle_for: Duration, connect: Duration) -> Conns {
         Conns {
             slots: Mutex::default(),
             idle_for,
+            connect,
             reaping: AtomicBool::new(false),
         }
+    }
+
+    /// The connect timeout, which bounds the HTTP/2 handshake too.
+    pub(super) fn connect(&self) -> Duration {
+        self.connect
     }
 
     /// `target`'s slot: made when `make` (its upstream speaks only HTTP/2).
@@ -98,70 +279,140 @@ impl Conns {
                 slots.values().cloned().collect()
             };
             for slot in slots {
-                // (a slot whose connection is being made is busy, not idle)
-                if let Ok(mut conn) = slot.conn.try_lock() {
-                    let idle = conn
-                        .as_ref()
-                        .is_some_and(|live| live.last_used.elapsed() >= idle_for);
-                    if idle {
-                        // streams under way keep the connection open until they end
-                        *conn = None;
-                    }
-                }
+                // (streams under way keep a connection open until they end)
+                slot.lock().conns.retain(|c| {
+                    let last = *c.last_used.lock().unwrap_or_else(|e| e.into_inner());
+                    c.usable()
+                        && (c.streams.load(Ordering::Relaxed) > 0 || last.elapsed() < idle_for)
+                });
             }
         }
     }
 }
 
 impl Slot {
-    /// The slot's open connection, or the slot itself, locked, for the caller to connect.
-    pub(super) async fn sender(&self) -> Found {
-        let mut conn = self.conn.clone().lock_owned().await;
-        match conn.as_mut() {
-            Some(live) if !live.sender.is_closed() => {
-                live.last_used = Instant::now();
-                Found::Sender(live.sender.clone())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A stream on one of the slot's connections, or the right to open one; waits, within
+    /// `waits`' limit, when neither is to be had.
+    pub(super) async fn stream(
+        self: &Arc<Self>,
+        max_connections: usize,
+        waits: Option<&Waits>,
+    ) -> Result<Acquired, UpstreamError> {
+        let limit = waits.map_or(Duration::from_secs(30), |w| w.limit);
+        let deadline = tokio::time::Instant::now() + limit;
+        let got = loop {
+            let freed = self.freed.notified();
+            let mut freed = std::pin::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(got) = self.try_stream(max_connections) {
+                break got;
             }
-            _ => {
-                *conn = None;
-                Found::Empty(conn)
+            if let Some(w) = waits {
+                w.waiting(true);
             }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                if let Some(w) = waits {
+                    w.waiting(false);
+                }
+                return Err(UpstreamError::Busy(limit));
+            }
+        };
+        if let Some(w) = waits {
+            w.waiting(false);
         }
+        Ok(got)
+    }
+
+    fn try_stream(self: &Arc<Self>, max_connections: usize) -> Option<Acquired> {
+        let mut open = self.lock();
+        open.conns.retain(|c| c.usable());
+        let free = open
+            .conns
+            .iter()
+            .find(|c| c.streams.load(Ordering::Relaxed) < c.peer.max_streams());
+        if let Some(conn) = free {
+            conn.streams.fetch_add(1, Ordering::Relaxed);
+            *conn.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+            return Some(Acquired::Stream(StreamSlot {
+                conn: conn.clone(),
+                slot: self.clone(),
+            }));
+        }
+        if !open.opening && open.conns.len() < max_connections {
+            open.opening = true;
+            return Some(Acquired::Open(Opening { slot: self.clone() }));
+        }
+        None
     }
 }
 
-/// Starts HTTP/2 on `stream` and keeps the connection in `slot`.
+/// Starts HTTP/2 on `stream`: made once the peer's SETTINGS came, within `within`.
 pub(super) async fn start(
-    slot: &mut Option<Live>,
     stream: Stream,
-) -> Result<Sender, UpstreamError> {
+    settings: &H2Settings,
+    within: Duration,
+) -> Result<Conn, UpstreamError> {
+    let peer = Peer::new();
     let (sender, connection) = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         // response heads are bounded as over HTTP/1.1
         .max_header_list_size(MAX_HEAD as u32)
         // streamed bodies (gRPC) get the window they use
         .adaptive_window(true)
-        .handshake(TokioIo::new(stream))
+        // an idle connection is checked too: the next request must not find it dead
+        .keep_alive_interval(settings.keepalive_interval)
+        .keep_alive_timeout(settings.keepalive_timeout)
+        .keep_alive_while_idle(true)
+        .handshake(TokioIo::new(Heard::new(stream, peer.clone())))
         .await
         .map_err(UpstreamError::Http)?;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "upstream HTTP/2 connection ended with an error");
         }
     });
-    *slot = Some(Live {
-        sender: sender.clone(),
-        last_used: Instant::now(),
-    });
-    Ok(sender)
+    // hyper's handshake ends when tollgate's preface is written; the peer's comes after
+    if tokio::time::timeout(within, peer.settled()).await.is_err() {
+        task.abort();
+        let e = format!("no HTTP/2 SETTINGS from the upstream within {within:?}");
+        return Err(UpstreamError::Connect(e.into()));
+    }
+    Ok(Conn {
+        sender,
+        peer,
+        streams: AtomicUsize::new(0),
+        retired: AtomicBool::new(false),
+        last_used: Mutex::new(Instant::now()),
+    })
+}
+
+/// Whether an HTTP/2 stream failed unprocessed (RFC 9113 §8.7): above a GOAWAY's
+/// `last_stream_id`, or refused with `REFUSED_STREAM`. A GOAWAY with an error code is not
+/// taken as such: h2 reports it on every stream, processed or not.
+pub(super) fn unprocessed(e: &UpstreamError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            let reason = h2.reason();
+            return h2.is_remote()
+                && ((h2.is_go_away() && reason == Some(h2::Reason::NO_ERROR))
+                    || (h2.is_reset() && reason == Some(h2::Reason::REFUSED_STREAM)));
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// Sends `req` on `sender`; the request back when the connection closed before taking it.
 pub(super) async fn send(
-    sender: &mut Sender,
+    stream: &StreamSlot,
     req: Request<Body>,
 ) -> Result<hyper::Response<Incoming>, (UpstreamError, Option<Request<Body>>)> {
-    match sender.try_send_request(req).await {
+    match stream.sender().try_send_request(req).await {
         Ok(resp) => Ok(resp),
         Err(mut e) => {
             let unsent = e.take_message();
