@@ -146,7 +146,11 @@ impl Pacer {
                 slept += hold;
             }
             let in_force = self.in_force();
-            rate = in_force.0.rate.per_sec();
+            // (what this instance paces at: while the store is away, the fallback's share)
+            rate = self
+                .adapt
+                .as_ref()
+                .map_or(in_force.0.rate.per_sec(), |a| a.paced_at());
             let decision = self.ask(store, &mut permit, in_force).await?;
             if !decision.allowed {
                 return Err(ProxyError::PacingRefused {
