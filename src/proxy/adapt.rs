@@ -43,6 +43,9 @@ pub struct Adapter {
     instances: NonZeroU32,
     /// the store did not answer the last report
     away: AtomicBool,
+    /// µs after `base` until which this instance, back with the store, still paces at its
+    /// share (0: not rejoining): see [`REJOIN`]
+    rejoin_until_us: AtomicU64,
     /// the origin of `fresh_from_us`
     base: Instant,
     /// µs after `base` before which a sent request's answer counts for nothing
@@ -92,6 +95,7 @@ impl Adapter {
             rate: AtomicU64::new(aimd.start().per_sec().to_bits()),
             instances,
             away: AtomicBool::new(false),
+            rejoin_until_us: AtomicU64::new(0),
             base: Instant::now(),
             fresh_from_us: AtomicU64::new(0),
             healthy: AtomicU32::new(0),
@@ -104,23 +108,37 @@ impl Adapter {
         }
     }
 
-    /// The fleet's rate in force, as this instance last read it (its own estimate while the
-    /// store is away): the rate of the shared schedule, of which the store's fallback takes
-    /// this instance's share.
+    /// The rate the pacer asks the store's schedule for: the fleet's rate in force, as this
+    /// instance last read it (its own estimate while the store is away, of which the store's
+    /// fallback takes this instance's share); while rejoining, this instance's share.
     pub fn rate(&self) -> Rate {
-        let rate = f64::from_bits(self.rate.load(Ordering::Relaxed));
+        let fleet = self.fleet();
+        let rate = if self.rejoining() {
+            fleet / f64::from(self.instances.get())
+        } else {
+            fleet
+        };
         Rate::per_second(rate).unwrap_or(self.aimd.start())
     }
 
+    /// The fleet's rate, as this instance last read or estimated it, per second.
+    fn fleet(&self) -> f64 {
+        f64::from_bits(self.rate.load(Ordering::Relaxed))
+    }
+
     /// The rate this instance paces at, per second: the fleet's, or while the store is away
-    /// its share of it.
+    /// (or it is rejoining) its share of it.
     pub fn paced_at(&self) -> f64 {
-        let rate = self.rate().per_sec();
-        if self.away.load(Ordering::Relaxed) {
-            rate / f64::from(self.instances.get())
+        if self.store_away() || self.rejoining() {
+            self.fleet() / f64::from(self.instances.get())
         } else {
-            rate
+            self.fleet()
         }
+    }
+
+    /// Whether the store came back less than [`REJOIN`] ago.
+    fn rejoining(&self) -> bool {
+        self.rejoin_until_us.load(Ordering::Relaxed) != 0
     }
 
     /// Whether the store failed to answer the last report.
@@ -170,9 +188,14 @@ impl Adapter {
     pub async fn tick(&self, store: &dyn Store, now: Instant) -> Option<f64> {
         let report = self.period_over(now)?;
         let away = self.store_away();
-        // (while away, what this instance saw is its own: the store is only asked for the rate)
-        let asked = if away { Report::Quiet } else { report };
-        let aimd = self.aimd.resume_at(self.rate().per_sec());
+        // (while away, what this instance saw is its own: the store is only asked for the rate;
+        // while rejoining the fleet offers less than its rate, and health says nothing of it)
+        let asked = match report {
+            _ if away => Report::Quiet,
+            Report::Healthy if self.rejoining() => Report::Quiet,
+            report => report,
+        };
+        let aimd = self.aimd.resume_at(self.fleet());
         let answer = store.adapt(&self.key, &aimd, asked, None).await;
         let mut periods = self.periods();
         match answer {
@@ -202,9 +225,13 @@ impl Adapter {
         Some(self.paced_at())
     }
 
-    /// The store answered again: what was seen before now counts for nothing.
+    /// The store answered again: what was seen before now counts for nothing, and the
+    /// instance rejoins the shared schedule at its share for [`REJOIN`].
     fn back(&self, periods: &mut Periods, now: Instant, rate: f64) {
         self.fresh_from(now);
+        let until = (now + REJOIN).saturating_duration_since(self.base);
+        self.rejoin_until_us
+            .store(until.as_micros().max(1) as u64, Ordering::Relaxed);
         self.away.store(false, Ordering::Relaxed);
         periods.alone = None;
         tracing::info!(key = %self.key, rate, "adaptive pacing: the store answers again");
@@ -214,6 +241,10 @@ impl Adapter {
     /// report, after the process stood still.
     fn period_over(&self, now: Instant) -> Option<Report> {
         let mut periods = self.periods();
+        let until = self.rejoin_until_us.load(Ordering::Relaxed);
+        if until != 0 && now.saturating_duration_since(self.base).as_micros() as u64 >= until {
+            self.rejoin_until_us.store(0, Ordering::Relaxed);
+        }
         let period = Duration::from_secs_f64(self.aimd.period_ms() / 1000.0);
         let stalled = periods
             .looked
@@ -258,6 +289,13 @@ impl Adapter {
         self.periods.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// How long an instance back with the store paces at its share of the fleet's rate on the
+/// shared schedule. The others find the store back within about a second (the breaker
+/// probes once a second) and pace at their share meanwhile; at the whole rate this instance
+/// would add that rate to theirs (an upstream of 20/s got 5 503s in that second).
+/// Health seen meanwhile does not raise the rate: the fleet offered less than it.
+const REJOIN: Duration = Duration::from_secs(2);
 
 /// A gap between two looks of the task longer than this means the process stood still (a
 /// SIGSTOP, a starved runtime): two periods, and at least a second, far above the task's tick.
@@ -312,7 +350,7 @@ pub fn carry_over(old: &Proxy, new: &Proxy) {
         else {
             continue;
         };
-        let rate = was.rate().per_sec();
+        let rate = was.fleet();
         let held = rate.clamp(adapter.aimd.min().per_sec(), adapter.aimd.max().per_sec());
         adapter.rate.store(held.to_bits(), Ordering::Relaxed);
         adapter.away.store(was.store_away(), Ordering::Relaxed);

@@ -184,15 +184,25 @@ async fn alone_while_the_store_is_away_then_fresh() {
     // (the store lost the rate meanwhile: it never held one, as the first read was quiet)
     a.observe(25.5, at(1100), Met::Trouble);
     store.down.store(false, Ordering::Relaxed);
-    assert_eq!(a.tick(store.at(1500.0), at(1500)).await, Some(51.0));
+    // back: the fleet's 51, of which this instance takes its share for REJOIN
+    assert_eq!(a.tick(store.at(1500.0), at(1500)).await, Some(25.5));
     assert!(!a.store_away());
+    assert_eq!(a.rate().per_sec(), 25.5, "rejoining at its share");
     // sent while the store was away, answered after: counts for nothing
     a.observe(25.5, at(1400), Met::Trouble);
-    assert_eq!(a.tick(store.at(2000.0), at(2000)).await, Some(51.0));
-    a.observe(51.0, at(2100), Met::Healthy);
-    assert_eq!(a.tick(store.at(2500.0), at(2500)).await, Some(52.0));
+    assert_eq!(a.tick(store.at(2000.0), at(2000)).await, Some(25.5));
+    // health while rejoining does not raise the rate; trouble would lower it
+    a.observe(25.5, at(2100), Met::Healthy);
+    assert_eq!(a.tick(store.at(2500.0), at(2500)).await, Some(25.5));
+    assert_eq!(a.tick(store.at(3500.0), at(3500)).await, Some(51.0));
+    assert_eq!(a.rate().per_sec(), 51.0);
+    a.observe(51.0, at(3600), Met::Healthy);
+    assert_eq!(a.tick(store.at(4000.0), at(4000)).await, Some(52.0));
     use Report::{Healthy, Quiet};
-    assert_eq!(store.reports(), [Quiet, Quiet, Quiet, Healthy]);
+    assert_eq!(
+        store.reports(),
+        [Quiet, Quiet, Quiet, Quiet, Quiet, Healthy]
+    );
 }
 
 /// After the process stood still (a SIGSTOP), answers to requests sent before the stop,
