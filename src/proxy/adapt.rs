@@ -43,6 +43,9 @@ pub struct Adapter {
     instances: NonZeroU32,
     /// the store did not answer the last report
     away: AtomicBool,
+    /// the fleet's rate as last read from the store, as `f64` bits: caps what this instance
+    /// hands back after an outage
+    read: AtomicU64,
     /// µs after `base` until which this instance, back with the store, still paces at its
     /// share (0: not rejoining): see [`REJOIN`]
     rejoin_until_us: AtomicU64,
@@ -95,6 +98,7 @@ impl Adapter {
             rate: AtomicU64::new(aimd.start().per_sec().to_bits()),
             instances,
             away: AtomicBool::new(false),
+            read: AtomicU64::new(aimd.start().per_sec().to_bits()),
             rejoin_until_us: AtomicU64::new(0),
             base: Instant::now(),
             fresh_from_us: AtomicU64::new(0),
@@ -195,7 +199,15 @@ impl Adapter {
             Report::Healthy if self.rejoining() => Report::Quiet,
             report => report,
         };
-        let aimd = self.aimd.resume_at(self.fleet());
+        // (an instance alone may have raised its share past its fair part while another cut
+        // its own: what it hands back is at most the rate the fleet last agreed on)
+        let known = match away {
+            true => self
+                .fleet()
+                .min(f64::from_bits(self.read.load(Ordering::Relaxed))),
+            false => self.fleet(),
+        };
+        let aimd = self.aimd.resume_at(known);
         let answer = store.adapt(&self.key, &aimd, asked, None).await;
         let mut periods = self.periods();
         match answer {
@@ -203,6 +215,7 @@ impl Adapter {
                 if away {
                     self.back(&mut periods, now, rate);
                 }
+                self.read.store(rate.to_bits(), Ordering::Relaxed);
                 let was = f64::from_bits(self.rate.swap(rate.to_bits(), Ordering::Relaxed));
                 if was != rate {
                     tracing::debug!(key = %self.key, report = asked.as_str(), was, rate,
