@@ -2,7 +2,9 @@
 instance, and moves it as AIMD does: down by a factor on trouble, up by a step when healthy.
 
 KEYS[1]  the rate's key: tollgate:upstream:<upstream>:rate
-ARGV[1]  start: the rate before any report, requests per second (> 0; decimals allowed)
+ARGV[1]  start: the rate when the key holds none, requests per second (> 0; decimals allowed):
+         the configured rate, or the rate the caller last knew, so that a rate lost with an
+         emptied Redis resumes from where the fleet was
 ARGV[2]  min: the rate never falls below this (> 0, <= start)
 ARGV[3]  max: the rate never rises above this (>= start)
 ARGV[4]  increase: requests per second added after a healthy period (> 0)

@@ -887,6 +887,17 @@ async fn adaptive_rates_agree() {
         let from_lua = replay_reports(&redis, "ad", &narrower, &later).await;
         assert_eq!(from_rust, from_lua);
         assert_eq!(from_lua, [20.0, 10.0]);
+        // a rate the store lost (an emptied Redis) resumes from the caller's last known one
+        let resumed = p.resume_at(21.5);
+        let lost = [(T0, Q), (T0, T), (T0 + 250.0, H), (T0 + 500.0, H)];
+        let from_rust = replay_reports(&memory, "lost", &resumed, &lost).await;
+        let from_lua = replay_reports(&redis, "lost", &resumed, &lost).await;
+        assert_eq!(
+            bits(&from_rust),
+            bits(&from_lua),
+            "{from_rust:?}\n{from_lua:?}"
+        );
+        assert_eq!(from_lua, [21.5, 21.5 * 0.7, 21.5 * 0.7, 21.5 * 0.7 + 1.0]);
     }
 }
 

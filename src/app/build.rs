@@ -186,6 +186,7 @@ pub fn build_proxy(
                     a.aimd,
                     a.target_latency,
                     format!("{prefix}:upstream:{}:rate", u.name),
+                    config.store.instances,
                 )),
                 None => pacer,
             }

@@ -268,7 +268,7 @@ fn upstreams(view: &View<'_>, change: &Change<'_>) -> Vec<Value> {
                 "name": u.name,
                 "forwarded_per_second": round(forwarded.get(u.name.as_str()).copied().unwrap_or(0.0) / secs),
                 "paced": pacer.is_some(),
-                "pace_rate": pacer.map(|p| round(p.adapt.as_ref().map_or(p.pace.rate, |a| a.rate()).per_sec())),
+                "pace_rate": pacer.map(|p| round(p.adapt.as_ref().map_or(p.pace.rate.per_sec(), |a| a.paced_at()))),
                 "adaptive": pacer.is_some_and(|p| p.adapt.is_some()),
                 "pacing_delay_ms": {"p50": delay(0.5), "p99": delay(0.99)},
                 "waiting": pacer.and_then(|p| p.waiting_now()),

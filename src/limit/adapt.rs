@@ -111,6 +111,17 @@ impl Aimd {
         self.start
     }
 
+    /// The same parameters with the rate starting at `rate`, held within `[min, max]`: the
+    /// rate an instance last knew, so that a state lost with an emptied store resumes from it
+    /// instead of from the configured start. A `rate` that is not a rate leaves the start.
+    pub fn resume_at(self, rate: f64) -> Aimd {
+        let held = rate.clamp(self.min.per_sec(), self.max.per_sec());
+        match Rate::per_second(held) {
+            Ok(start) => Aimd { start, ..self },
+            Err(_) => self,
+        }
+    }
+
     /// The floor (ARGV[2]).
     pub fn min(&self) -> Rate {
         self.min
@@ -274,6 +285,29 @@ mod tests {
         assert_eq!(adapt(&p, &mut s, 1.0, Report::Healthy).0, 3.0);
         let narrower = Aimd::new(r(2.0), r(1.0), r(2.0), 5.0, 0.1, 1.0).unwrap();
         assert_eq!(adapt(&narrower, &mut s, 1.5, Report::Quiet).0, 2.0);
+    }
+
+    /// A lost state resumes from the rate an instance last knew, held within the bounds.
+    #[test]
+    fn a_lost_state_resumes_from_the_last_known_rate() {
+        let p = aimd();
+        let mut s = None;
+        assert_eq!(
+            adapt(&p.resume_at(21.5), &mut s, 0.0, Report::Quiet).0,
+            21.5
+        );
+        assert_eq!(
+            adapt(&p.resume_at(21.5), &mut s, 0.0, Report::Trouble).0,
+            21.5 * 0.7
+        );
+        // a state that exists is not moved by a caller's last known rate
+        assert_eq!(
+            adapt(&p.resume_at(90.0), &mut s, 1.0, Report::Quiet).0,
+            21.5 * 0.7
+        );
+        assert_eq!(p.resume_at(500.0).start().per_sec(), 200.0);
+        assert_eq!(p.resume_at(0.0).start().per_sec(), 1.0);
+        assert_eq!(p.resume_at(f64::NAN), p);
     }
 
     /// Parameters that make no sense cannot be built.

@@ -585,7 +585,7 @@ impl Proxy {
         let sent = (f.report.is_some() || adapter.is_some()).then(Instant::now);
         let result = forward::forward(self.clients.of(conn.worker), req, &f).await;
         if let (Some(adapter), Some(sent), Some(rate)) = (adapter, sent, outcome.pace_rate) {
-            adapter.observe(rate, adapter.met(&result, sent.elapsed()));
+            adapter.observe(rate, sent, adapter.met(&result, sent.elapsed()));
         }
         if let Some(line) = outcome.line.as_deref_mut() {
             let target = line.report.target();

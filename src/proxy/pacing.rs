@@ -48,6 +48,9 @@ pub struct Pacer {
     last_slot: Held,
     /// slots left by clients that hung up, for the next requests
     holes: Arc<Holes>,
+    /// whether this instance's last slot from the store came from its fallback (the
+    /// decision's `share`): a change means the schedule changed under it
+    fallback: std::sync::atomic::AtomicBool,
     /// with `pace.adaptive`, the fleet's current rate, which replaces `pace.rate`
     pub adapt: Option<super::adapt::Adapter>,
 }
@@ -84,6 +87,7 @@ impl Pacer {
             held: Held::new(),
             last_slot: Held::new(),
             holes: Arc::new(Holes::default()),
+            fallback: std::sync::atomic::AtomicBool::new(false),
             adapt: None,
         }
     }
@@ -146,8 +150,12 @@ impl Pacer {
                 slept += hold;
             }
             let in_force = self.in_force();
-            rate = in_force.0.rate.per_sec();
-            let decision = self.ask(store, &mut permit, in_force).await?;
+            // (what this instance paces at: while the store is away, the fallback's share)
+            rate = self
+                .adapt
+                .as_ref()
+                .map_or(in_force.0.rate.per_sec(), |a| a.paced_at());
+            let (decision, switched) = self.ask(store, &mut permit, in_force).await?;
             if !decision.allowed {
                 return Err(ProxyError::PacingRefused {
                     upstream: self.upstream.clone(),
@@ -155,7 +163,8 @@ impl Pacer {
                 });
             }
             let delay = Duration::from_micros(decision.delay_us);
-            if delay.is_zero() {
+            // (after a switch of schedule the request asks again once the hold is over)
+            if delay.is_zero() && !switched {
                 break;
             }
             self.last_slot.hold(delay);
@@ -181,18 +190,20 @@ impl Pacer {
     /// for a slot free now; only when there is none does it take a place and ask for a later
     /// slot. So a request refused for want of a place has reserved nothing, and one that need
     /// not wait never needs a place.
+    /// Also says whether the schedule changed under this instance (see [`Pacer::switched`]).
     async fn ask(
         &self,
         store: &Arc<dyn Store>,
         permit: &mut Option<OwnedSemaphorePermit>,
         (pace, alg, now_only): (Pace, Algorithm, Algorithm),
-    ) -> Result<Decision, ProxyError> {
+    ) -> Result<(Decision, bool), ProxyError> {
         if self.holes.any() && self.may_sleep(permit) {
             let not_before = Instant::now() + self.held.remaining().unwrap_or_default();
             if let Some(slot) = self.holes.take(not_before) {
                 let delay = slot.saturating_duration_since(Instant::now()).as_micros() as u64;
                 let interval = pace.rate.interval_ms();
-                return Ok(Decision::paced(true, delay, interval, pace.max_delay_ms));
+                let d = Decision::paced(true, delay, interval, pace.max_delay_ms);
+                return Ok((d, false));
             }
         }
         if self.waiting.is_some() && permit.is_none() {
@@ -201,16 +212,42 @@ impl Pacer {
                 .await
                 .map_err(ProxyError::StoreUnavailable)?;
             if now.allowed {
-                return Ok(now);
+                let switched = self.switched(store, &now, &pace).await;
+                if switched && !self.may_sleep(permit) {
+                    return Err(self.queue_full());
+                }
+                return Ok((now, switched));
             }
             if !self.may_sleep(permit) {
                 return Err(self.queue_full());
             }
         }
-        store
+        let d = store
             .check(&self.key, &alg, None)
             .await
-            .map_err(ProxyError::StoreUnavailable)
+            .map_err(ProxyError::StoreUnavailable)?;
+        let switched = d.allowed && self.switched(store, &d, &pace).await;
+        Ok((d, switched))
+    }
+
+    /// Whether `d` came from another schedule than this instance's last slot from the store:
+    /// the store's fallback (its `share` says so) or the shared one. A new schedule hands out
+    /// slots from now, while requests sleeping on the old one's slots still go (6 503s from
+    /// an upstream of 20/s at each switch), so it is held until this instance's last slot.
+    async fn switched(&self, store: &Arc<dyn Store>, d: &Decision, pace: &Pace) -> bool {
+        let fallback = d.share.is_some();
+        if self.fallback.swap(fallback, Ordering::Relaxed) == fallback {
+            return false;
+        }
+        let Some(ahead) = self.last_slot.remaining() else {
+            return false;
+        };
+        self.held.hold(ahead);
+        let hold_ms = ahead.as_millis() as u64 + 1;
+        if let Err(e) = store.defer(&self.key, pace, hold_ms, None).await {
+            tracing::debug!(upstream = %self.upstream, error = %e, "pacing: schedule not held");
+        }
+        true
     }
 
     /// Whether the request holds a `max_waiting` permit to sleep with (taking one if it has

@@ -302,8 +302,8 @@ impl Store for GuardedStore {
         Box::pin(self.through_breaker(self.primary.resets(key, bump), false))
     }
 
-    /// Whatever `on_error` says, a failed call is an error: the caller keeps pacing at the last
-    /// rate it was told, which the fleet agreed on, rather than one this instance made alone.
+    /// Whatever `on_error` says, a failed call is an error: the caller decides what to pace
+    /// at meanwhile (its share of the last rate the fleet agreed on).
     fn adapt<'a>(
         &'a self,
         key: &'a str,
