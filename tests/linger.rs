@@ -11,7 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls::pki_types::pem::PemObject;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use common::raw::{parse_response, RawResponse};
@@ -38,7 +39,10 @@ fn head(path: &str, len: usize, extra: &str) -> String {
 }
 
 /// What a client that writes first and reads after got: the response, or what went wrong.
-async fn read_after_writing(stream: &mut TcpStream, bytes: &[u8]) -> Result<RawResponse, String> {
+async fn read_after_writing<S>(stream: &mut S, bytes: &[u8]) -> Result<RawResponse, String>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     stream
         .write_all(bytes)
         .await
@@ -164,6 +168,48 @@ async fn a_client_that_stalled_reads_its_408_after_sending_the_rest() {
     let resp = resp.expect("the 408 is read");
     assert_eq!(resp.status, 408);
     assert_eq!(common::raw::error_code(&resp), "request_timeout");
+}
+
+/// Over TLS too: the close_notify and the FIN follow the 413, and the client, which wrote its
+/// whole body first, reads the answer.
+#[tokio::test]
+async fn over_tls_a_client_writing_first_reads_the_413() {
+    let pki = common::pki::Pki::new();
+    let server = pki.issue("proxy", &["localhost"]);
+    let upstream = Upstream::start().await;
+    let tls = format!(
+        "tls: {{cert: {}, key: {}}}",
+        server.cert.display(),
+        server.key.display()
+    );
+    let proxy = proxy(&upstream, &tls).await;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(pki.ca()).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut results = Vec::new();
+    for _ in 0..20 {
+        let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+        let mut stream = connector
+            .connect(name.clone(), tcp)
+            .await
+            .expect("handshake");
+        stream
+            .write_all(head("/v1/upload", BODY, "").as_bytes())
+            .await
+            .unwrap();
+        results.push(read_after_writing(&mut stream, &vec![b'x'; BODY]).await);
+    }
+    let counts = tally(&results);
+    assert_eq!(counts.get("413"), Some(&20), "{counts:?}");
 }
 
 /// Python's `http.client` (and `requests`, when installed) read the 413 of a 2 MiB POST over
