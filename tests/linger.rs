@@ -163,7 +163,7 @@ async fn a_client_that_stalled_reads_its_408_after_sending_the_rest() {
     let mut first = head("/s/slow/5000", 1_000_000, "").into_bytes();
     first.resize(first.len() + 1000, b'x');
     stream.write_all(&first).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
     let resp = read_after_writing(&mut stream, &vec![b'y'; 999_000]).await;
     let resp = resp.expect("the 408 is read");
     assert_eq!(resp.status, 408);

@@ -519,6 +519,25 @@ mod tests {
         assert!(a.check().is_ok(), "idle since the request's end");
     }
 
+    /// A close lingers after a request that came with a body, once; not after one without,
+    /// nor when the connection closes idle or at shutdown with no request in flight.
+    #[tokio::test]
+    async fn a_close_lingers_only_after_a_request_with_a_body() {
+        let a = Activity::new(LIMITS, Instant::now());
+        let guard = InFlight::start(&a, Version::HTTP_11);
+        a.linger_after(Duration::from_secs(2));
+        a.owe_nothing();
+        assert_eq!(a.take_linger(), Some(Duration::from_secs(2)), "in flight");
+        assert_eq!(a.take_linger(), None, "asked once");
+        a.linger_after(Duration::from_secs(2));
+        drop(guard);
+        a.owe_nothing();
+        assert_eq!(a.take_linger(), None, "closed idle");
+        let _guard = InFlight::start(&a, Version::HTTP_11);
+        a.linger_after(Duration::ZERO);
+        assert_eq!(a.take_linger(), None, "no body");
+    }
+
     /// After an HTTP/2 request, reads between requests (control frames) leave only `idle`.
     #[tokio::test(start_paused = true)]
     async fn http2_reads_between_requests_are_not_heads() {
