@@ -33,9 +33,9 @@ async fn proxy(upstream: &Upstream, top: &str) -> Proxy {
     Proxy::start(&yaml).await
 }
 
-/// A request head for `POST path` announcing a body of `len` bytes, with `extra` header lines.
-fn head(path: &str, len: usize, extra: &str) -> String {
-    format!("POST {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {len}\r\n{extra}\r\n")
+/// A request head for `POST path` announcing a body of `len` bytes.
+fn head(path: &str, len: usize) -> String {
+    format!("POST {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {len}\r\n\r\n")
 }
 
 /// What a client that writes first and reads after got: the response, or what went wrong.
@@ -107,7 +107,7 @@ async fn a_client_writing_a_large_body_without_waiting_reads_the_413() {
     let proxy = proxy(&upstream, "").await;
     let mut results = Vec::new();
     for _ in 0..20 {
-        results.push(write_then_read(proxy.addr, head("/v1/upload", BODY, ""), BODY).await);
+        results.push(write_then_read(proxy.addr, head("/v1/upload", BODY), BODY).await);
     }
     let counts = tally(&results);
     assert_eq!(counts.get("413"), Some(&20), "{counts:?}");
@@ -144,10 +144,10 @@ async fn early_400_and_429_are_read_too() {
         .route("api", "/v1", limit)
         .build();
     let limited = Proxy::start(&yaml).await;
-    let first = write_then_read(limited.addr, head("/v1/a", 1024, ""), 1024).await;
+    let first = write_then_read(limited.addr, head("/v1/a", 1024), 1024).await;
     assert_eq!(first.map(|r| r.status), Ok(200));
     for _ in 0..5 {
-        let resp = write_then_read(limited.addr, head("/v1/a", BODY, ""), BODY).await;
+        let resp = write_then_read(limited.addr, head("/v1/a", BODY), BODY).await;
         assert_eq!(resp.map(|r| r.status), Ok(429));
     }
 }
@@ -160,7 +160,7 @@ async fn a_client_that_stalled_reads_its_408_after_sending_the_rest() {
     let proxy = proxy(&upstream, "timeouts: {upstream_response: 1s, linger: 10s}").await;
     let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
     // the upstream answers after 5 s without reading: the body waits on the client meanwhile
-    let mut first = head("/s/slow/5000", 1_000_000, "").into_bytes();
+    let mut first = head("/s/slow/5000", 1_000_000).into_bytes();
     first.resize(first.len() + 1000, b'x');
     stream.write_all(&first).await.unwrap();
     tokio::time::sleep(Duration::from_millis(3000)).await;
@@ -203,7 +203,7 @@ async fn over_tls_a_client_writing_first_reads_the_413() {
             .await
             .expect("handshake");
         stream
-            .write_all(head("/v1/upload", BODY, "").as_bytes())
+            .write_all(head("/v1/upload", BODY).as_bytes())
             .await
             .unwrap();
         results.push(read_after_writing(&mut stream, &vec![b'x'; BODY]).await);
@@ -313,7 +313,7 @@ async fn a_client_that_never_stops_sending_is_cut_off_at_the_time_bound() {
     let proxy = proxy(&upstream, "timeouts: {linger: 1s}").await;
     let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
     stream
-        .write_all(head("/v1/upload", 1 << 30, "").as_bytes())
+        .write_all(head("/v1/upload", 1 << 30).as_bytes())
         .await
         .unwrap();
     let mut answer = [0u8; 12];
@@ -336,7 +336,7 @@ async fn a_client_that_never_stops_sending_is_cut_off_at_the_byte_bound() {
     let proxy = proxy(&upstream, "timeouts: {linger: 60s}").await;
     let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
     stream
-        .write_all(head("/v1/upload", 1 << 30, "").as_bytes())
+        .write_all(head("/v1/upload", 1 << 30).as_bytes())
         .await
         .unwrap();
     let (sent, took) = send_until_cut(&mut stream, 64 * 1024, Duration::ZERO).await;
