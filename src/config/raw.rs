@@ -193,6 +193,7 @@ pub(crate) struct RawTimeouts {
     pub upstream_response: Field<String>,
     pub idle: Field<String>,
     pub send: Field<String>,
+    pub linger: Field<String>,
     pub shutdown: Field<String>,
 }
 

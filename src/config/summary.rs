@@ -93,6 +93,7 @@ impl Config {
                 "upstream_response": format_duration(t.upstream_response),
                 "idle": format_duration(t.idle),
                 "send": format_duration(t.send),
+                "linger": format_duration(t.linger),
                 "shutdown": format_duration(t.shutdown),
             },
             "max_body_size": self.max_body_size,

@@ -274,6 +274,10 @@ pub struct Timeouts {
     /// `send`: a client that takes none of its response's bytes for this long is cut off, as
     /// by nginx's `send_timeout` (default 60s)
     pub send: Duration,
+    /// `linger`: after an HTTP/1 answer that closes the connection before the request body
+    /// was read, how long tollgate keeps reading and discarding it, so the client can read the
+    /// answer; zero closes at once (default 2s)
+    pub linger: Duration,
     /// `shutdown`: drain time after SIGTERM (default 30s)
     pub shutdown: Duration,
 }
@@ -286,6 +290,7 @@ impl Default for Timeouts {
             upstream_response: Duration::from_secs(30),
             idle: Duration::from_secs(60),
             send: Duration::from_secs(60),
+            linger: Duration::from_secs(2),
             shutdown: Duration::from_secs(30),
         }
     }

@@ -261,6 +261,12 @@ fn timeouts(chk: &mut Checker<'_>, raw: &RawTimeouts) -> Timeouts {
         ),
         idle: chk.duration(&raw.idle, &path.key("idle"), default.idle),
         send: chk.duration(&raw.send, &path.key("send"), default.send),
+        // Zero turns lingering off: close at once, as nginx's `lingering_close off`.
+        linger: {
+            let path = path.key("linger");
+            let parsed = chk.parse(&raw.linger, &path, units::parse_duration);
+            chk.at_most_a_year(parsed, &path).unwrap_or(default.linger)
+        },
         // Zero is a valid drain time: stop at once.
         shutdown: {
             let path = path.key("shutdown");

@@ -23,6 +23,9 @@
 //! are bounded by the upstream timeouts instead. [`Tracked`] also notes writes that find the
 //! socket full, and the next write that goes through.
 //!
+//! The close itself may linger ([`super::linger`]): a request that came with a body records how
+//! long in [`Activity::linger_after`], and [`Tracked`] lingers when hyper shuts it down.
+//!
 //! On HTTP/2, bytes between requests are mostly control frames (WINDOW_UPDATE, PING, SETTINGS
 //! acknowledgements), not the start of a head, so once a connection has carried an HTTP/2
 //! request only `idle` applies between its requests; its first request is still owed within
@@ -42,6 +45,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::linger::Linger;
 use crate::proxy::{Body, BoxError};
 
 /// The connection's timeouts, from `timeouts`.
@@ -83,6 +87,9 @@ pub(super) struct Activity {
     send_blocked: AtomicU64,
     /// when the connection's timer is due; a head whose deadline comes earlier wakes it
     armed: AtomicU64,
+    /// how long a close lingers, in ms, should it come before the body of the last request was
+    /// read; 0: it closes at once
+    linger: AtomicU64,
     /// woken when a head begins, the last request in flight ends, or a write finds the socket
     /// full, with a deadline before `armed`: on a busy keep-alive connection the timer is
     /// usually due sooner, so requests cost no wake-up
@@ -103,6 +110,7 @@ impl Activity {
             multiplexed: AtomicBool::new(false),
             send_blocked: AtomicU64::new(0),
             armed: AtomicU64::new(0),
+            linger: AtomicU64::new(0),
             sooner: Notify::new(),
         };
         activity.arm_at(activity.origin + limits.client_header);
@@ -194,6 +202,26 @@ impl Activity {
         self.armed.store(due, SeqCst);
     }
 
+    /// The request now in flight came with a body (`limit`), or without (zero): should the
+    /// connection close after it with its body unread, the close lingers this long.
+    pub(super) fn linger_after(&self, limit: Duration) {
+        self.linger.store(ms(limit), SeqCst);
+    }
+
+    /// The connection closes with no request in flight (idle, or at shutdown): hyper read the
+    /// last request's body to its end before it kept the connection, so no close lingers.
+    pub(super) fn owe_nothing(&self) {
+        if self.in_flight.load(SeqCst) == 0 {
+            self.linger.store(0, SeqCst);
+        }
+    }
+
+    /// How long this close lingers, if it does; asked once, when the close begins.
+    fn take_linger(&self) -> Option<Duration> {
+        let ms = self.linger.swap(0, SeqCst);
+        (ms > 0).then(|| Duration::from_millis(ms))
+    }
+
     /// Completes when a request head begins to arrive, the connection fell idle, or a write
     /// found the socket full, with a deadline before the one the timer is set for.
     pub(super) async fn sooner(&self) {
@@ -278,11 +306,17 @@ impl hyper::body::Body for Guarded {
 pub(super) struct Tracked<I> {
     io: I,
     activity: Arc<Activity>,
+    /// the lingering close under way, once hyper began to shut the connection down
+    linger: Option<Box<Linger>>,
 }
 
 impl<I> Tracked<I> {
     pub(super) fn new(io: I, activity: Arc<Activity>) -> Tracked<I> {
-        Tracked { io, activity }
+        Tracked {
+            io,
+            activity,
+            linger: None,
+        }
     }
 }
 
@@ -313,7 +347,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for Tracked<I> {
     }
 }
 
-impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
+impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -341,8 +375,17 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
         self.write(|io| io.poll_flush(cx))
     }
 
+    // A close that lingers waits on the client's bytes, not on room in the socket: not noted.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.write(|io| io.poll_shutdown(cx))
+        let this = self.get_mut();
+        if this.linger.is_none() {
+            let limit = this.activity.take_linger();
+            this.linger = limit.map(|limit| Box::new(Linger::new(limit)));
+        }
+        match &mut this.linger {
+            Some(linger) => linger.poll_close(Pin::new(&mut this.io), cx),
+            None => Pin::new(this).write(|io| io.poll_shutdown(cx)),
+        }
     }
 }
 
@@ -474,6 +517,25 @@ mod tests {
         assert_eq!(a.check(), Err(Expired::Send));
         a.note_write(false);
         assert!(a.check().is_ok(), "idle since the request's end");
+    }
+
+    /// A close lingers after a request that came with a body, once; not after one without,
+    /// nor when the connection closes idle or at shutdown with no request in flight.
+    #[tokio::test]
+    async fn a_close_lingers_only_after_a_request_with_a_body() {
+        let a = Activity::new(LIMITS, Instant::now());
+        let guard = InFlight::start(&a, Version::HTTP_11);
+        a.linger_after(Duration::from_secs(2));
+        a.owe_nothing();
+        assert_eq!(a.take_linger(), Some(Duration::from_secs(2)), "in flight");
+        assert_eq!(a.take_linger(), None, "asked once");
+        a.linger_after(Duration::from_secs(2));
+        drop(guard);
+        a.owe_nothing();
+        assert_eq!(a.take_linger(), None, "closed idle");
+        let _guard = InFlight::start(&a, Version::HTTP_11);
+        a.linger_after(Duration::ZERO);
+        assert_eq!(a.take_linger(), None, "no body");
     }
 
     /// After an HTTP/2 request, reads between requests (control frames) leave only `idle`.

@@ -10,13 +10,15 @@
 //! part of an idle keep-alive connection's memory.
 //!
 //! Connection-level hardening lives here: each connection's task enforces `client_header` and
-//! `idle` ([`idle`]), drains on shutdown, and refuses ambiguous HTTP/1 framing before the
-//! proxy sees a request ([`framing`]). hyper bounds the head (size and count of header lines)
-//! and HTTP/2 (concurrent streams, reset floods).
+//! `idle` ([`idle`]), drains on shutdown, refuses ambiguous HTTP/1 framing before the proxy
+//! sees a request ([`framing`]), and lingers when it closes before a request body was read, so
+//! that the client reads the answer ([`linger`]). hyper bounds the head (size and count of
+//! header lines) and HTTP/2 (concurrent streams, reset floods).
 
 mod framing;
 mod gate;
 mod idle;
+mod linger;
 mod pass;
 mod workers;
 
@@ -241,6 +243,8 @@ async fn serve<I>(
 {
     let activity = Activity::new(deadlines, began);
     let live = ctx.live.clone();
+    // (read with the connection's other timeouts: a reload applies from the next connection)
+    let linger = live.timeouts.load().linger;
     let requests = activity.clone();
     // The proxy in force is looked up per request, so a reload applies to the next request of
     // a kept-alive connection. The connection holds it in a handle of its own, and a request
@@ -254,6 +258,8 @@ async fn serve<I>(
     let service_conn = conn.clone();
     let service = service_fn(move |req| {
         let in_flight = InFlight::start(&requests, req.version());
+        let owed = linger::may_leave_body(&req);
+        requests.linger_after(if owed { linger } else { Duration::ZERO });
         let proxy: Arc<Arc<Proxy>> = {
             let mut held = held.borrow_mut();
             let current = live.proxy.load();
@@ -391,6 +397,7 @@ where
         match event {
             Side::Stop => {
                 closing = true;
+                activity.owe_nothing();
                 graceful_shutdown(connection.as_mut());
             }
             // after idle, the timer holds the grace deadline: nothing moves it
@@ -406,6 +413,7 @@ where
                 Err(Expired::Idle) if !closing => {
                     closing = true;
                     grace = true;
+                    activity.owe_nothing();
                     graceful_shutdown(connection.as_mut());
                     // an HTTP/2 client gets this long to acknowledge the GOAWAY
                     let until = Instant::now() + deadlines.client_header;

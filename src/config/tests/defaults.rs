@@ -26,18 +26,22 @@ fn a_file_with_only_listen_gets_every_default() {
     assert_eq!(c.timeouts.upstream_response, Duration::from_secs(30));
     assert_eq!(c.timeouts.idle, Duration::from_secs(60));
     assert_eq!(c.timeouts.send, Duration::from_secs(60));
+    assert_eq!(c.timeouts.linger, Duration::from_secs(2));
     assert_eq!(c.timeouts.shutdown, Duration::from_secs(30));
     assert_eq!(c.max_body_size, None);
     assert_eq!(c.access_log, crate::config::AccessLog::default());
     assert!(c.upstreams.is_empty() && c.routes.is_empty());
 }
 
-/// A partly written `timeouts` keeps the defaults of the keys it leaves out.
+/// A partly written `timeouts` keeps the defaults of the keys it leaves out; `linger` and
+/// `shutdown` may be zero.
 #[test]
 fn timeouts_not_written_keep_their_defaults() {
-    let c = ok("listen: 0.0.0.0:8080\ntimeouts: {idle: 5m, send: 15s, shutdown: 0s}\n").config;
+    let text = "listen: 0.0.0.0:8080\ntimeouts: {idle: 5m, send: 15s, linger: 0s, shutdown: 0s}\n";
+    let c = ok(text).config;
     assert_eq!(c.timeouts.idle, Duration::from_secs(300));
     assert_eq!(c.timeouts.send, Duration::from_secs(15));
+    assert_eq!(c.timeouts.linger, Duration::ZERO);
     assert_eq!(c.timeouts.shutdown, Duration::ZERO);
     assert_eq!(c.timeouts.upstream_connect, Duration::from_secs(2));
 }
