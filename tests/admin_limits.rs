@@ -363,6 +363,7 @@ async fn proxy_accept_out_of_descriptors_sheds_idle_admin_connections() {
     let (bin, refused, shed, status, took) = outcome;
     let lines = bin.lines();
     let log = lines.join("\n");
+    eprintln!("{refused} admin connections refused, {shed} shed; proxy 200 again after {took:?}");
     assert!(
         refused > 0 && refused < 160,
         "some held, some refused: {refused}\n{log}"
