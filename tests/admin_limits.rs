@@ -286,13 +286,14 @@ async fn idle_admin_flood_under_a_low_descriptor_limit_leaves_the_proxy_serving(
     let bin = tokio::task::spawn_blocking(move || {
         let bin = Binary::start(256, &url, more);
         let mut flood = idle_connections(bin.admin, 400);
+        // those past the reserve are closed at once; the held ones at client_header (4 s)
+        std::thread::sleep(Duration::from_secs(1));
+        let at_once = closed(&mut flood);
         let mut statuses = Vec::new();
         for _ in 0..10 {
             statuses.push(proxy_get(bin.proxy));
             std::thread::sleep(Duration::from_millis(200));
         }
-        let at_once = closed(&mut flood);
-        // the held ones: closed at client_header (4 s from their accept)
         let waited = Instant::now();
         let mut all = at_once;
         while !flood.is_empty() && waited.elapsed() < Duration::from_secs(10) {
