@@ -20,7 +20,9 @@
 //! that change state get 403: nobody may reset limits on an open listener. `/api/` answers
 //! and errors are JSON.
 //!
-//! This module owns only the HTTP side. It uses nothing of the crate but [`Metrics`]: what
+//! This module owns only the answers. The connections are the server's
+//! (`server::side`): they are bounded as the proxy listener's are, and held to a cap and to
+//! the descriptors the proxy needs. It uses nothing else of the crate but [`Metrics`]: what
 //! "ready" means and what the effective configuration is (with its secrets redacted) are the
 //! caller's, handed in as closures, so a reload is seen on the next request without telling
 //! this module anything.
@@ -30,27 +32,17 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use crate::metrics::{self, Metrics};
-
-/// How long a connection may take to send a request head: admin clients are scrapers and
-/// probes, so a slow one is stuck, not busy.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long shutdown waits for in-flight admin requests. Every answer is built in memory
-/// without waiting on anything, so this only bounds a client that stops reading.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::server::{side_accept_loop, SideBounds};
 
 const TEXT: &str = "text/plain; charset=utf-8";
 const JSON: &str = "application/json";
@@ -148,60 +140,31 @@ impl std::fmt::Debug for AdminState {
 /// Serves the admin endpoints on `listener` until `shutdown` completes, then stops accepting
 /// and lets in-flight requests finish (for up to a few seconds) before returning.
 ///
-/// Accept errors (such as running out of file descriptors) are logged and retried, never
-/// fatal, so this only returns on shutdown.
-pub async fn serve(
+/// The connections are held to `bounds`: the proxy listener's deadlines from the first byte,
+/// `admin.max_connections`, and the descriptors kept for the proxy. Accept errors (such as
+/// running out of descriptors) pause accepting, never end it, so this only returns on
+/// shutdown.
+pub(crate) async fn serve(
     listener: TcpListener,
     state: AdminState,
+    bounds: SideBounds,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let state = Arc::new(state);
-    let builder = http_builder();
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning
-                    tracing::warn!(error = %e, "admin: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
+    let (stop, stopped) = watch::channel(false);
+    let make = move |peer: SocketAddr| {
         let state = state.clone();
-        let service = service_fn(move |req| {
+        service_fn(move |req| {
             let state = state.clone();
             async move { Ok::<_, Infallible>(answer(&state, &req, peer).await) }
-        });
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn.into_owned());
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "admin: connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(DRAIN_TIMEOUT) => {
-            tracing::warn!(after = ?DRAIN_TIMEOUT, "admin: drain timed out; closing connections");
-        }
-    }
-}
-
-fn http_builder() -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    builder.http2().timer(TokioTimer::new());
-    builder
+        })
+    };
+    let serving = side_accept_loop("admin", listener, bounds, make, stopped);
+    let stopping = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
+    tokio::join!(serving, stopping);
 }
 
 /// Whether the client's `Accept` prefers OpenMetrics (Prometheus's scraper asks for it first)
@@ -520,9 +483,11 @@ mod tests {
 
     use std::net::SocketAddr;
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
 
     use http_body_util::{BodyExt, Empty};
     use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
     use tokio::sync::oneshot;
     use tokio::task::JoinHandle;
 
@@ -624,7 +589,8 @@ mod tests {
             page: test_page(),
         };
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, state, async move {
+        let bounds = SideBounds::alone(crate::config::Timeouts::default(), 256);
+        let task = tokio::spawn(serve(listener, state, bounds, async move {
             let _ = stopped.await;
         }));
         Running {

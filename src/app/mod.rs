@@ -26,7 +26,7 @@ use crate::config::{Config, StoreConfig};
 use crate::console::{Console, Refusals, Reloaded};
 use crate::metrics::Metrics;
 use crate::proxy::{Http1Client, UpstreamClients};
-use crate::server::{accept_loop, http_builder, AcceptCtx, Live, Workers};
+use crate::server::{accept_loop, http_builder, AcceptCtx, Descriptors, Live, SideBounds, Workers};
 use crate::store::Store;
 use crate::tls;
 
@@ -169,6 +169,8 @@ impl Server {
         let graceful = Arc::new(GracefulShutdown::new());
         let config = self.shared.config();
         let http = Arc::new(http_builder(&config));
+        // one budget for every listener: the admin's connections never take the proxy's share
+        let descriptors = Arc::new(Descriptors::default());
         // where the fleet's resets stand before the first request: one made from now on is
         // one this instance must hear of
         let counts = console::read_counts(&self.shared).await;
@@ -182,6 +184,7 @@ impl Server {
             let ctx = AcceptCtx {
                 live: self.shared.live.clone(),
                 http: http.clone(),
+                descriptors: descriptors.clone(),
             };
             let loop_ = accept_loop(
                 listener,
@@ -199,7 +202,19 @@ impl Server {
             }
             let mut stop = admin_stopped;
             let state = admin_state(&self.shared);
-            tokio::spawn(admin::serve(listener, state, async move {
+            let live = self.shared.live.clone();
+            let bounds = SideBounds {
+                timeouts: Arc::new(move || **live.timeouts.load()),
+                http: http.clone(),
+                max_connections: config
+                    .admin
+                    .as_ref()
+                    .map_or(crate::config::AdminConfig::DEFAULT_MAX_CONNECTIONS, |a| {
+                        a.max_connections
+                    }),
+                descriptors: descriptors.clone(),
+            };
+            tokio::spawn(admin::serve(listener, state, bounds, async move {
                 let _ = stop.changed().await;
             }))
         });

@@ -80,12 +80,13 @@ impl Reloader {
         if was.listen != config.listen
             || was.tls != config.tls
             || was.workers != config.workers
-            || was.admin.as_ref().map(|a| a.listen) != config.admin.as_ref().map(|a| a.listen)
+            || was.admin.as_ref().map(|a| (a.listen, a.max_connections))
+                != config.admin.as_ref().map(|a| (a.listen, a.max_connections))
             || was.timeouts.upstream_connect != config.timeouts.upstream_connect
         {
             tracing::warn!(
-                "listen, tls, workers, admin.listen and timeouts.upstream_connect changes take \
-                 effect at the next restart"
+                "listen, tls, workers, admin.listen, admin.max_connections and \
+                 timeouts.upstream_connect changes take effect at the next restart"
             );
         }
         // what is in force: those stay as they were at the start (so /config shows them, and a

@@ -86,6 +86,7 @@ pub(crate) struct RawAdmin {
     pub listen: Field<String>,
     pub token: Field<String>,
     pub token_file: Field<String>,
+    pub max_connections: Field<u64>,
 }
 
 /// `store`

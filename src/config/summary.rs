@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 use super::backend::redact_url;
 use super::types::AdaptiveConfig;
 use super::types::{
-    AccessLog, AdminToken, Backend, ClientTls, Config, HeaderStyle, Http2Config, LimitConfig,
+    AccessLog, AdminConfig, AdminToken, Backend, ClientTls, Config, HeaderStyle, Http2Config,
+    LimitConfig,
     LogClient, Mode, OnError, PaceConcurrency, Protocol, RouteConfig, SentinelConfig,
     UpstreamConfig,
 };
@@ -28,9 +29,13 @@ impl Config {
         let tls = if self.tls.is_some() { " (tls)" } else { "" };
         out.push(format!("listen: {}{tls}", addrs.join(", ")));
         if let Some(admin) = &self.admin {
+            let cap = match admin.max_connections {
+                AdminConfig::DEFAULT_MAX_CONNECTIONS => String::new(),
+                n => format!(", max_connections {n}"),
+            };
             match admin.token {
-                Some(_) => out.push(format!("admin: {} (api token set)", admin.listen)),
-                None => out.push(format!("admin: {}", admin.listen)),
+                Some(_) => out.push(format!("admin: {}{cap} (api token set)", admin.listen)),
+                None => out.push(format!("admin: {}{cap}", admin.listen)),
             }
         }
         out.push(format!("store: {}", store_line(self)));
@@ -78,6 +83,7 @@ impl Config {
             "tls": self.tls.as_ref().map(|t| json!({"cert": t.cert, "key": t.key})),
             "admin": self.admin.as_ref().map(|a| json!({
                 "listen": a.listen.to_string(),
+                "max_connections": a.max_connections,
                 "token": match &a.token {
                     None => Value::Null,
                     Some(AdminToken::Value(_)) => json!("<redacted>"),

@@ -76,6 +76,15 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// `admin.token` or `admin.token_file`: the bearer token the `/api/` calls need
     pub token: Option<AdminToken>,
+    /// `admin.max_connections`: connections past it are closed at once (default
+    /// [`AdminConfig::DEFAULT_MAX_CONNECTIONS`])
+    pub max_connections: usize,
+}
+
+impl AdminConfig {
+    /// Scrapers, probes and a few operators need a handful of connections; 256 leave room
+    /// for many, and at the common descriptor limit of 1024 three quarters for the proxy.
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 }
 
 /// Where the admin token comes from.

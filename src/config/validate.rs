@@ -49,9 +49,19 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
                 format!("{addr} is also a proxy listener's port; give admin its own port");
             chk.error(path.key("listen"), message);
         }
+        let max_connections = chk
+            .positive(
+                &a.max_connections,
+                &path.key("max_connections"),
+                "max_connections",
+            )
+            .map_or(AdminConfig::DEFAULT_MAX_CONNECTIONS, |n| {
+                usize::try_from(n).unwrap_or(usize::MAX)
+            });
         Some(AdminConfig {
             listen: addr,
             token: admin_token(chk, a, &path),
+            max_connections,
         })
     });
     let upstreams = upstreams(chk, raw);

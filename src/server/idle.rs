@@ -38,7 +38,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::Version;
 use hyper::body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -46,7 +45,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::linger::Linger;
-use crate::proxy::{Body, BoxError};
+use crate::proxy::Body;
 
 /// The connection's timeouts, from `timeouts`.
 #[derive(Debug, Clone, Copy)]
@@ -222,6 +221,12 @@ impl Activity {
         (ms > 0).then(|| Duration::from_millis(ms))
     }
 
+    /// Whether no request is in flight: between requests, or before the first. Such a
+    /// connection is the first to close when descriptors run short.
+    pub(super) fn idle(&self) -> bool {
+        self.in_flight.load(SeqCst) == 0
+    }
+
     /// Completes when a request head begins to arrive, the connection fell idle, or a write
     /// found the socket full, with a deadline before the one the timer is set for.
     pub(super) async fn sooner(&self) {
@@ -266,14 +271,15 @@ impl Drop for InFlight {
     }
 }
 
-/// A response body that keeps its request in flight until hyper drops it.
-pub(super) struct Guarded {
-    body: Body,
+/// A response body (the proxy's, or the admin's) that keeps its request in flight until hyper
+/// drops it.
+pub(super) struct Guarded<B = Body> {
+    body: B,
     _in_flight: InFlight,
 }
 
-impl Guarded {
-    pub(super) fn new(body: Body, in_flight: InFlight) -> Guarded {
+impl<B> Guarded<B> {
+    pub(super) fn new(body: B, in_flight: InFlight) -> Guarded<B> {
         Guarded {
             body,
             _in_flight: in_flight,
@@ -281,14 +287,14 @@ impl Guarded {
     }
 }
 
-impl hyper::body::Body for Guarded {
-    type Data = Bytes;
-    type Error = BoxError;
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for Guarded<B> {
+    type Data = B::Data;
+    type Error = B::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         Pin::new(&mut self.get_mut().body).poll_frame(cx)
     }
 

@@ -15,13 +15,17 @@
 //! that the client reads the answer ([`linger`]). hyper bounds the head (size and count of
 //! header lines) and HTTP/2 (concurrent streams, reset floods).
 
+mod descriptors;
 mod framing;
 mod gate;
 mod idle;
 mod linger;
 mod pass;
+mod side;
 mod workers;
 
+pub(crate) use descriptors::Descriptors;
+pub(crate) use side::{accept_loop as side_accept_loop, SideBounds};
 pub(crate) use workers::Workers;
 
 use std::cell::RefCell;
@@ -74,6 +78,8 @@ pub(crate) struct Live {
 pub(crate) struct AcceptCtx {
     pub(crate) live: Arc<Live>,
     pub(crate) http: Arc<Http>,
+    /// the process's descriptors: a failed accept is reported there, once per episode
+    pub(crate) descriptors: Arc<Descriptors>,
 }
 
 /// Accepts until `stop` changes. The graceful-shutdown handle stays in this loop (connection
@@ -92,14 +98,16 @@ pub(crate) async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // EMFILE and friends: back off instead of spinning, and say it once
+                    if ctx.descriptors.accept_failed("proxy", &e) {
+                        tokio::time::sleep(descriptors::BACK_OFF).await;
+                    }
                     continue;
                 }
             },
             _ = stop.changed() => return,
         };
+        ctx.descriptors.accepted();
         let _ = stream.set_nodelay(true);
         // the deadlines in force when the connection came (a reload applies from the next)
         let timeouts = **ctx.live.timeouts.load();
