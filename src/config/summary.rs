@@ -9,8 +9,7 @@ use super::backend::redact_url;
 use super::types::AdaptiveConfig;
 use super::types::{
     AccessLog, AdminConfig, AdminToken, Backend, ClientTls, Config, HeaderStyle, Http2Config,
-    LimitConfig,
-    LogClient, Mode, OnError, PaceConcurrency, Protocol, RouteConfig, SentinelConfig,
+    LimitConfig, LogClient, Mode, OnError, PaceConcurrency, Protocol, RouteConfig, SentinelConfig,
     UpstreamConfig,
 };
 use super::units::{format_duration, format_rate, format_size};
