@@ -14,8 +14,8 @@ use crate::metrics::{Metrics, RouteSeries};
 use crate::proxy::inflight::Inflight;
 use crate::proxy::slots::Holders;
 use crate::proxy::{
-    access, Dial, H2Settings, HeaderStyle, Limit, Pacer, Protocol, Proxy, Route, Settings, Targets,
-    Upstream, UpstreamClients,
+    access, Charge, Dial, H2Settings, HeaderStyle, Limit, Pacer, Protocol, Proxy, Route, Settings,
+    Targets, Upstream, UpstreamClients,
 };
 use crate::routing::{PathMatch, RouteTable};
 use crate::store::{
@@ -234,7 +234,10 @@ pub fn build_proxy(
                 l.exempt.clone(),
                 l.overrides.iter().cloned().collect(),
             )
-            .with_charge(l.charge.as_ref().map(|c| c.response_header.clone()))
+            .with_charge(l.charge.as_ref().map(|c| Charge {
+                header: c.response_header.clone(),
+                missing: c.missing,
+            }))
         });
         let strip = match (&r.matcher.path, r.strip_prefix) {
             (m @ PathMatch::Prefix(_), true) => Some(m.clone()),

@@ -110,7 +110,8 @@ pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Optio
     })
 }
 
-/// `charge`: the header is a valid name, and the algorithm one that can take a charge.
+/// `charge`: the header is a valid name, the algorithm one that can take a charge, and
+/// `missing` a whole number as `cost` is.
 fn charge(
     chk: &mut Checker<'_>,
     raw: &RawCharge,
@@ -134,15 +135,28 @@ fn charge(
         chk.key_error(path.clone(), message);
         return None;
     }
+    let missing = whole(chk, &raw.missing, &path.key("missing"), "missing", |n| {
+        u32::try_from(n).ok().and_then(NonZeroU32::new)
+    });
     let name = chk.required(&raw.response_header, path, "response_header")?;
     let header_path = path.key("response_header");
-    match HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes()) {
-        Ok(response_header) => Some(Charge { response_header }),
+    let response_header = match HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes())
+    {
+        Ok(header) => header,
         Err(_) => {
             chk.error(header_path, format!("not a valid header name: {name:?}"));
-            None
+            return None;
         }
-    }
+    };
+    let missing = match missing {
+        Param::Broken => return None,
+        Param::Given(n, _) => Some(n),
+        Param::Absent => None,
+    };
+    Some(Charge {
+        response_header,
+        missing,
+    })
 }
 
 /// The names `key` accepts, for messages.

@@ -312,6 +312,7 @@ pub(crate) struct RawLimit {
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct RawCharge {
     pub response_header: Field<String>,
+    pub missing: Field<u64>,
 }
 
 impl RawLimit {

@@ -555,6 +555,9 @@ fn limit_line(l: &LimitConfig) -> String {
     }
     if let Some(charge) = &l.charge {
         line.push_str(&format!(", charge {}", charge.response_header));
+        if let Some(missing) = charge.missing {
+            line.push_str(&format!(" missing {missing}"));
+        }
     }
     line
 }
@@ -609,10 +612,10 @@ fn limit_json(l: &LimitConfig) -> Value {
     let exempt: Vec<String> = l.exempt.iter().map(ToString::to_string).collect();
     out.insert("exempt".into(), exempt.into());
     out.insert("overrides".into(), l.overrides.len().into());
-    let charge = l
-        .charge
-        .as_ref()
-        .map(|c| serde_json::json!({"response_header": c.response_header.as_str()}));
+    let charge = l.charge.as_ref().map(|c| {
+        let missing = c.missing.map(|n| n.get());
+        serde_json::json!({"response_header": c.response_header.as_str(), "missing": missing})
+    });
     out.insert("charge".into(), charge.into());
     out.into()
 }

@@ -427,6 +427,9 @@ pub struct LimitConfig {
 pub struct Charge {
     /// `response_header`: the response header, or trailer, holding the number used
     pub response_header: http::HeaderName,
+    /// `missing`: what a response that never reports a usable number is charged (default:
+    /// the limit's `cost`, so such a response charges nothing more)
+    pub missing: Option<std::num::NonZeroU32>,
 }
 
 /// `routes[N].limits[M].mode`

@@ -5,7 +5,8 @@
 //!
 //! This module reads the number and starts the charge; the arithmetic is the store's
 //! ([`crate::limit::charge`], `lua/charge.lua`). A response without a usable number charges
-//! nothing more and is counted in `tollgate_charge_unread_total`.
+//! the limit's `charge.missing` (by default its `cost`: nothing more) and is counted in
+//! `tollgate_charge_unread_total`.
 
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -46,9 +47,11 @@ struct Owed {
     alg: Algorithm,
     /// what the check took already, in the limit's units
     cost: u64,
+    /// what a response that reports no usable number is charged (`charge.missing`)
+    missing: u64,
 }
 
-/// Why a response charged nothing more: the `reason` of `tollgate_charge_unread_total`.
+/// Why a response reported no usable number: the `reason` of `tollgate_charge_unread_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Unread {
     Missing,
@@ -88,19 +91,21 @@ impl Charges {
         let mut owed = Vec::new();
         let mut key = String::new();
         for limit in &route.limits {
-            let Some(header) = &limit.charge else {
+            let Some(charge) = &limit.charge else {
                 continue;
             };
             if identity::is_trusted(ip, &limit.exempt) {
                 continue;
             }
             let alg = *limit_key(proxy, route, limit, &ctx, &mut key);
+            let cost = cost(&alg);
             owed.push(Owed {
                 limit: limit.name.clone(),
-                header: header.clone(),
+                header: charge.header.clone(),
                 key: key.clone(),
                 alg,
-                cost: cost(&alg),
+                cost,
+                missing: charge.missing.map_or(cost, |n| u64::from(n.get())),
             });
         }
         (!owed.is_empty()).then(|| Charges {
@@ -133,7 +138,8 @@ impl Charges {
     }
 
     /// Charges each owed limit whose header `fields` hold; the others stay owed, unless these
-    /// are the last fields the response will have (`last`): they are then missing.
+    /// are the last fields the response will have (`last`): they are then missing, and charged
+    /// `missing`.
     fn settle(&mut self, fields: &HeaderMap, last: bool, mut shown: Option<&mut Showing<'_>>) {
         let owed = std::mem::take(&mut self.owed);
         for owed in owed {
@@ -144,8 +150,8 @@ impl Charges {
                     }
                     self.charge(owed, used)
                 }
-                Some(Err(unread)) => self.unread(&owed, unread),
-                None if last => self.unread(&owed, Unread::Missing),
+                Some(Err(unread)) => self.unread(owed, unread),
+                None if last => self.unread(owed, Unread::Missing),
                 None => self.owed.push(owed),
             }
         }
@@ -168,10 +174,14 @@ impl Charges {
         });
     }
 
-    fn unread(&self, owed: &Owed, unread: Unread) {
+    /// Counts the owed limit's response as unread, and charges it `missing`.
+    fn unread(&self, owed: Owed, unread: Unread) {
         let (route, limit) = (&self.route, &owed.limit);
-        tracing::debug!(%route, %limit, header = %owed.header, reason = unread.reason(), "nothing charged");
-        self.metrics.charge_unread(route, limit, unread.reason());
+        let reason = unread.reason();
+        tracing::debug!(%route, %limit, header = %owed.header, reason, missing = owed.missing, "no number reported");
+        self.metrics.charge_unread(route, limit, reason);
+        let missing = owed.missing;
+        self.charge(owed, missing);
     }
 }
 

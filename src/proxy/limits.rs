@@ -37,9 +37,18 @@ pub struct Limit {
     policy: HeaderValue,
     /// its decision metrics, found once
     series: DecisionSeries,
-    /// with `charge`: the response header (or trailer) whose number is charged after the
-    /// response ([`super::charge`])
-    pub charge: Option<http::HeaderName>,
+    /// with `charge`: what is charged after the response ([`super::charge`])
+    pub charge: Option<Charge>,
+}
+
+/// A limit's `charge`: where the response reports what it used, and what a response that never
+/// does is charged.
+#[derive(Debug, Clone)]
+pub struct Charge {
+    /// the response header (or trailer) whose number is charged
+    pub header: http::HeaderName,
+    /// charged when no usable number arrives; `None`: the request's cost (nothing more)
+    pub missing: Option<std::num::NonZeroU32>,
 }
 
 impl Limit {
@@ -69,12 +78,9 @@ impl Limit {
         }
     }
 
-    /// This limit, charging the number in the response header `header` after the response.
-    pub fn with_charge(self, header: Option<http::HeaderName>) -> Limit {
-        Limit {
-            charge: header,
-            ..self
-        }
+    /// This limit, charging what the response reports after the response (`charge`).
+    pub fn with_charge(self, charge: Option<Charge>) -> Limit {
+        Limit { charge, ..self }
     }
 
     /// What a response shows of this limit's `decision` under `alg` (its own parameters or an

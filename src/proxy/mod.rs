@@ -51,7 +51,7 @@ use crate::store::{Store, StoreError};
 use respond::Showing;
 
 pub use forward::{Targets, UpstreamClients};
-pub use limits::Limit;
+pub use limits::{Charge, Limit};
 pub use pacing::Pacer;
 pub use pool::{Dial, H2Settings, Http1Client, Protocol};
 pub use respond::HeaderStyle;

@@ -584,6 +584,24 @@ fn charge_needs_a_chargeable_algorithm_and_a_header() {
     );
 }
 
+/// `charge.missing` is a whole number from 1, as `cost` is: zero, a negative number, text
+/// or one past `u32` is an error at the key.
+#[test]
+fn charge_missing_is_checked_like_cost() {
+    let text = route_with(
+        "    limits:\n      - {name: a, algorithm: token_bucket, rate: 1/s, charge: {response_header: x-used, missing: 0}}\n      - {name: b, algorithm: token_bucket, rate: 1/s, charge: {response_header: x-used, missing: 4294967296}}\n      - {name: c, algorithm: token_bucket, rate: 1/s, charge: {response_header: x-used, missing: lots}}\n      - {name: d, algorithm: token_bucket, rate: 1/s, charge: {response_header: x-used, missing: -5}}\n",
+    );
+    assert_problems(
+        &text,
+        &[
+            "proxy.yaml:9:98: routes[0].limits[0].charge.missing: missing must be at least 1, found 0",
+            "proxy.yaml:10:98: routes[0].limits[1].charge.missing: missing is too large, found 4294967296",
+            r#"proxy.yaml:11:98: routes[0].limits[2].charge.missing: expected a whole number, found "lots""#,
+            "proxy.yaml:12:98: routes[0].limits[3].charge.missing: expected a whole number of 0 or more, found -5",
+        ],
+    );
+}
+
 /// `http2` takes its defaults key by key; a zero or unreadable value is an error at its key,
 /// and an unknown key is refused.
 #[test]

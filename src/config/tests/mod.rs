@@ -393,4 +393,35 @@ fn a_charged_limit_keeps_its_debt_and_shows_its_header() {
         json["routes"][0]["limits"][0]["charge"]["response_header"],
         "x-tokens-used"
     );
+    // without `missing`, a response that reports nothing charges the cost (nothing more)
+    assert_eq!(limit.charge.as_ref().and_then(|c| c.missing), None);
+    assert_eq!(
+        json["routes"][0]["limits"][0]["charge"]["missing"],
+        serde_json::Value::Null
+    );
+}
+
+/// `charge.missing` is kept, and `check` and `/config` show it beside the header.
+#[test]
+fn a_charged_limit_shows_its_missing_cost() {
+    let text = format!(
+        "{MINIMAL}    limits:\n      - name: tokens\n        algorithm: token_bucket\n        rate: 1000/s\n        burst: 60000\n        charge: {{response_header: x-tokens-used, missing: 4000}}\n"
+    );
+    let loaded = ok(&text);
+    let limit = &loaded.config.routes[0].limits[0];
+    assert_eq!(
+        limit
+            .charge
+            .as_ref()
+            .and_then(|c| c.missing)
+            .map(|n| n.get()),
+        Some(4000)
+    );
+    let summary = loaded.config.summary();
+    assert!(
+        summary.contains("charge x-tokens-used missing 4000"),
+        "{summary}"
+    );
+    let json = loaded.config.to_json();
+    assert_eq!(json["routes"][0]["limits"][0]["charge"]["missing"], 4000);
 }
