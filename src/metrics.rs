@@ -25,7 +25,7 @@
 //! | `tollgate_upstream_errors_total` | `upstream`, `kind` |
 //! | `tollgate_upstream_responses_total` | `upstream` |
 //! | `tollgate_config_reloads_total` | `result` (ok, error) |
-//! | `tollgate_charge_unread_total` | `route`, `limit`, `reason` (missing, malformed) |
+//! | `tollgate_charge_unread_total` | `route`, `limit`, `reason` (missing, malformed, drain_bound) |
 //! | `tollgate_concurrency_held` (gauge, tollgate's own) | |
 //!
 //! A request that matched no route is recorded with the route label [`NO_ROUTE`] (`-`), which
@@ -585,11 +585,13 @@ impl Metrics {
     }
 
     /// Every `reason` of [`Metrics::charge_unread`].
-    pub const CHARGE_UNREAD_REASONS: [&'static str; 2] = ["missing", "malformed"];
+    pub const CHARGE_UNREAD_REASONS: [&'static str; 3] = ["missing", "malformed", "drain_bound"];
 
     /// Records a response to a request under the charged limit `limit` of `route` that
-    /// charged nothing more, for `reason` (`missing`: no number in its header or trailer;
-    /// `malformed`: not a whole number): `tollgate_charge_unread_total{route,limit,reason}`.
+    /// reported no usable number (it was charged `charge.missing`), for `reason` (`missing`:
+    /// no number in its header or trailer; `malformed`: not a whole number; `drain_bound`: the
+    /// client left and the rest outlasted the drain's bound):
+    /// `tollgate_charge_unread_total{route,limit,reason}`.
     pub fn charge_unread(&self, route: &Arc<str>, limit: &Arc<str>, reason: &'static str) {
         let labels = ChargeLabels {
             route: route.clone(),

@@ -6,17 +6,22 @@
 //! This module reads the number and starts the charge; the arithmetic is the store's
 //! ([`crate::limit::charge`], `lua/charge.lua`). A response without a usable number charges
 //! the limit's `charge.missing` (by default its `cost`: nothing more) and is counted in
-//! `tollgate_charge_unread_total`.
+//! `tollgate_charge_unread_total`. A client that leaves before the number arrives does not
+//! take the charge with it: the rest of the response is read in the background ([`drain`]).
+
+mod drain;
 
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Empty};
 use hyper::body::{Frame, SizeHint};
+use tokio_util::task::TaskTracker;
 
 use super::limits::{cost, limit_key};
 use super::respond::Showing;
@@ -37,6 +42,10 @@ pub(super) struct Charges {
     metrics: Metrics,
     route: Arc<str>,
     owed: Vec<Owed>,
+    /// where drains and charges run, so that shutdown waits for them (the proxy's tunnels)
+    tasks: TaskTracker,
+    /// the longest a drain reads (`timeouts.upstream_response`)
+    drain_for: Duration,
 }
 
 /// One charged limit's part: where to charge, and which header says how much.
@@ -56,6 +65,8 @@ struct Owed {
 enum Unread {
     Missing,
     Malformed,
+    /// the client left, and the rest of the response outlasted the drain's bound
+    DrainBound,
 }
 
 impl Unread {
@@ -63,6 +74,7 @@ impl Unread {
         match self {
             Unread::Missing => "missing",
             Unread::Malformed => "malformed",
+            Unread::DrainBound => "drain_bound",
         }
     }
 }
@@ -113,6 +125,8 @@ impl Charges {
             metrics: proxy.metrics.clone(),
             route: route.name.clone(),
             owed,
+            tasks: proxy.tunnels.clone(),
+            drain_for: proxy.settings.upstream_response,
         })
     }
 
@@ -157,21 +171,36 @@ impl Charges {
         }
     }
 
-    /// Charges `used - cost` to the owed limit, in a task of its own.
+    /// Charges `used - cost` to the owed limit, in a task of its own (none off a runtime: a
+    /// worker that stopped).
     fn charge(&self, owed: Owed, used: u64) {
         // (both at most MAX_REPORTED or a u32 cost: no overflow)
         let amount = used as i64 - owed.cost as i64;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         if amount == 0 {
             return;
         }
         let store = self.store.clone();
-        tokio::spawn(async move {
-            // the store's failure policy counts and logs a failure; a charge is not retried,
-            // as one that timed out may have been made
-            if let Err(e) = store.charge(&owed.key, &owed.alg, amount, None).await {
-                tracing::debug!(limit = %owed.limit, error = %e, "charge not made");
-            }
-        });
+        // (tracked: a shutdown waits for a charge under way as for a request)
+        self.tasks.spawn_on(
+            async move {
+                // the store's failure policy counts and logs a failure; a charge is not retried,
+                // as one that timed out may have been made
+                if let Err(e) = store.charge(&owed.key, &owed.alg, amount, None).await {
+                    tracing::debug!(limit = %owed.limit, error = %e, "charge not made");
+                }
+            },
+            &runtime,
+        );
+    }
+
+    /// Every limit still owed learns nothing more: each is unread for `why`.
+    fn give_up(mut self, why: Unread) {
+        for owed in std::mem::take(&mut self.owed) {
+            self.unread(owed, why);
+        }
     }
 
     /// Counts the owed limit's response as unread, and charges it `missing`.
@@ -236,9 +265,19 @@ impl ChargedBody {
 }
 
 impl Drop for ChargedBody {
-    /// A body dropped before its end (the client went away) never got to its trailers.
+    /// A body dropped before its end (the client went away) never got to its trailers: the
+    /// rest is read in the background, for them.
     fn drop(&mut self) {
-        self.no_trailers();
+        let Some(charges) = self.charges.take() else {
+            return;
+        };
+        if hyper::body::Body::is_end_stream(&self.inner) {
+            self.charges = Some(charges);
+            return self.no_trailers();
+        }
+        // (an empty body boxes a zero-sized value: no allocation)
+        let empty = Empty::new().map_err(|never| match never {}).boxed();
+        drain::start(std::mem::replace(&mut self.inner, empty), charges);
     }
 }
 

@@ -130,8 +130,8 @@ pub struct Proxy {
     pub settings: Settings,
     /// the metrics every request records into
     pub metrics: Metrics,
-    /// upgraded connections (WebSocket tunnels), shared across reloads so shutdown waits
-    /// for them too
+    /// upgraded connections (WebSocket tunnels) and the drains of charged responses whose
+    /// client left, shared across reloads so shutdown waits for them too
     pub tunnels: TaskTracker,
     /// the clients each limit refused most, for the console; shared across reloads
     pub refusals: Arc<crate::console::Refusals>,
