@@ -176,12 +176,12 @@ impl Charges {
     fn charge(&self, owed: Owed, used: u64) {
         // (both at most MAX_REPORTED or a u32 cost: no overflow)
         let amount = used as i64 - owed.cost as i64;
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         if amount == 0 {
             return;
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let store = self.store.clone();
         // (tracked: a shutdown waits for a charge under way as for a request)
         self.tasks.spawn_on(
