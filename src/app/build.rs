@@ -235,6 +235,7 @@ pub fn build_proxy(
                 l.overrides.iter().cloned().collect(),
             )
             .with_charge(l.charge.as_ref().map(|c| c.response_header.clone()))
+            .with_duplicate_key(l.duplicate_key)
         });
         let strip = match (&r.matcher.path, r.strip_prefix) {
             (m @ PathMatch::Prefix(_), true) => Some(m.clone()),

@@ -305,6 +305,7 @@ pub(crate) struct RawLimit {
     pub window: Field<String>,
     pub lease: Field<String>,
     pub charge: Field<RawCharge>,
+    pub duplicate_key: Field<RawDuplicateKey>,
 }
 
 /// `routes[N].limits[M].charge`
@@ -352,6 +353,15 @@ pub(crate) enum RawAlgorithm {
     SlidingWindow,
     SlidingWindowCounter,
     Concurrency,
+}
+
+/// `routes[N].limits[M].duplicate_key`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawDuplicateKey {
+    Reject,
+    First,
+    Last,
 }
 
 /// `routes[N].limits[M].mode`

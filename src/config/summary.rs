@@ -13,7 +13,7 @@ use super::types::{
     UpstreamConfig,
 };
 use super::units::{format_duration, format_rate, format_size};
-use crate::identity::KeyPart;
+use crate::identity::{DuplicateKey, KeyPart};
 use crate::limit::Algorithm;
 use crate::routing::{
     EscapedSlashes, HostPattern, PathMatch, PathPolicy, RouteMatch, SegmentParams,
@@ -556,6 +556,11 @@ fn limit_line(l: &LimitConfig) -> String {
     if let Some(charge) = &l.charge {
         line.push_str(&format!(", charge {}", charge.response_header));
     }
+    match l.duplicate_key {
+        DuplicateKey::Reject => {}
+        DuplicateKey::First => line.push_str(", duplicate_key first"),
+        DuplicateKey::Last => line.push_str(", duplicate_key last"),
+    }
     line
 }
 
@@ -614,5 +619,11 @@ fn limit_json(l: &LimitConfig) -> Value {
         .as_ref()
         .map(|c| serde_json::json!({"response_header": c.response_header.as_str()}));
     out.insert("charge".into(), charge.into());
+    let duplicate_key = match l.duplicate_key {
+        DuplicateKey::Reject => "reject",
+        DuplicateKey::First => "first",
+        DuplicateKey::Last => "last",
+    };
+    out.insert("duplicate_key".into(), duplicate_key.into());
     out.into()
 }

@@ -165,6 +165,15 @@ pub enum ProxyError {
     /// no route matches
     #[error("no route matches this request")]
     NoRoute,
+    /// the header or query parameter of a limit's key came more than once, and the limit's
+    /// `duplicate_key` is `reject`
+    #[error("{part} sent more than once: limit {limit} counts one value per request")]
+    DuplicateKey {
+        /// the limit
+        limit: String,
+        /// its key part, as the config writes it (`header:x-api-key`)
+        part: String,
+    },
     /// the request body is larger than `max_body_size`
     #[error("request body larger than max_body_size")]
     BodyTooLarge,
@@ -231,6 +240,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::BadPath(_) | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::DuplicateKey { .. } => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BadBody => StatusCode::BAD_REQUEST,
@@ -259,6 +269,7 @@ impl ProxyError {
             ProxyError::BadPath(_)
             | ProxyError::BadRequest(_)
             | ProxyError::NoRoute
+            | ProxyError::DuplicateKey { .. }
             | ProxyError::BodyTooLarge
             | ProxyError::BadBody
             | ProxyError::ClientBodyTimeout { .. }
@@ -274,6 +285,7 @@ impl ProxyError {
         match self {
             ProxyError::BadPath(_) | ProxyError::BadRequest(_) => "bad_request",
             ProxyError::NoRoute => "no_route",
+            ProxyError::DuplicateKey { .. } => "duplicate_key",
             ProxyError::BodyTooLarge => "payload_too_large",
             ProxyError::BadBody => "bad_request",
             ProxyError::ClientBodyTimeout { .. } => "request_timeout",
@@ -384,6 +396,8 @@ struct Outcome<'a> {
     request_id: Option<HeaderValue>,
     /// the access line, while the access log is on
     line: Option<Box<access::Line>>,
+    /// the `error` code of the JSON answer when a phase failed, for the access log
+    error: Option<&'static str>,
 }
 
 impl Proxy {
@@ -406,6 +420,7 @@ impl Proxy {
             answered: false,
         };
         let result = self.phases(req, conn, &mut record.outcome).await;
+        record.outcome.error = result.as_ref().err().map(ProxyError::code);
         let resp = self.respond(result, &record.outcome, ending);
         match record.done(resp.status().as_u16()) {
             Some(line) => line.follow(resp),
