@@ -250,6 +250,7 @@ pub fn build_proxy(
             series: RouteSeries::new(name.clone()),
             name,
             strip,
+            case_sensitive: r.matcher.case_sensitive,
             upstream,
             limits,
         };

@@ -283,6 +283,7 @@ pub(crate) struct RawMatch {
     pub path: Field<String>,
     pub methods: Field<StrList>,
     pub headers: Field<Entries<Field<String>>>,
+    pub case_sensitive: Field<bool>,
 }
 
 /// `routes[N].limits[M]`: the limit's own keys and every algorithm parameter; which

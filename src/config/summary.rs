@@ -417,6 +417,9 @@ fn match_parts(m: &RouteMatch) -> Vec<String> {
         PathMatch::Prefix(p) => parts.push(format!("path_prefix {p}")),
         PathMatch::Exact(p) => parts.push(format!("path {p}")),
     }
+    if !m.case_sensitive {
+        parts.push("any case".to_owned());
+    }
     if !m.methods.is_empty() {
         let methods: Vec<&str> = m.methods.iter().map(http::Method::as_str).collect();
         parts.push(format!("methods {}", methods.join(" ")));
@@ -457,6 +460,9 @@ fn match_json(m: &RouteMatch) -> Value {
         PathMatch::Exact(p) => {
             out.insert("path".into(), p.as_str().into());
         }
+    }
+    if !m.case_sensitive {
+        out.insert("case_sensitive".into(), false.into());
     }
     if !m.methods.is_empty() {
         let methods: Vec<&str> = m.methods.iter().map(http::Method::as_str).collect();

@@ -67,6 +67,8 @@ pub struct Route {
     pub name: Arc<str>,
     /// with `strip_prefix`, the prefix to remove before forwarding
     pub strip: Option<PathMatch>,
+    /// `match.case_sensitive`: when `false`, limits key on the path in ASCII lowercase
+    pub case_sensitive: bool,
     /// where matched requests go
     pub upstream: Arc<Upstream>,
     /// checked in order
@@ -461,7 +463,8 @@ impl Proxy {
                 owed.paid();
             }
             // what the charged limits are owed once the response says what was used
-            let charges = charge::Charges::of(self, route, &req, client.ip, path.matched());
+            let key_path = key_path(route, &path);
+            let charges = charge::Charges::of(self, route, &req, client.ip, &key_path);
             // the slots are held until the response is finished, or an upgrade's tunnel
             // closes (it takes them from here)
             let held = std::sync::Mutex::new(held);
@@ -540,7 +543,8 @@ impl Proxy {
                 return Err(ProxyError::BodyTooLarge);
             }
         }
-        limits::check(self, route, req, client.ip, path.matched(), outcome).await
+        let key_path = key_path(route, path);
+        limits::check(self, route, req, client.ip, &key_path, outcome).await
     }
 
     /// Pace: waits for the upstream's slot, if it is paced ([`Pacer::wait`]), then for a slot
@@ -695,6 +699,15 @@ impl Proxy {
             }
             _ => tracing::debug!(error = %err, "answered by the proxy"),
         }
+    }
+}
+
+/// The path `route`'s limits key on: the matched path, in ASCII lowercase on a route that
+/// ignores case, so that `/API/x` and `/api/x` count as one path.
+fn key_path<'p>(route: &Route, path: &'p RequestPath<'_>) -> Cow<'p, str> {
+    match route.case_sensitive {
+        true => Cow::Borrowed(path.matched()),
+        false => Cow::Owned(path.matched().to_ascii_lowercase()),
     }
 }
 
