@@ -187,3 +187,22 @@ async fn an_exempt_client_passes_a_repeat() {
     assert_eq!(status(&proxy, "/v1/x?key=a&key=b", &[]).await, 200);
     assert_eq!(upstream.seen().len(), 1);
 }
+
+/// The repeat is refused before the deny cache is asked: a client the cache remembers still
+/// gets 400, not the cached 429, and a decoy first value finds no unremembered bucket.
+#[tokio::test]
+async fn the_repeat_is_refused_before_the_deny_cache() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let per_ip = "{name: per-ip, algorithm: token_bucket, rate: 1/m, burst: 100}";
+    let keyed = per_key("query:key", "");
+    let proxy = Proxy::start(&config(&redis, &upstream, &[per_ip, &keyed])).await;
+    assert_eq!(status(&proxy, "/v1/x?key=REALKEY", &[]).await, 200);
+    assert_eq!(status(&proxy, "/v1/x?key=REALKEY", &[]).await, 429);
+    assert_eq!(
+        status(&proxy, "/v1/x?key=REALKEY&key=REALKEY", &[]).await,
+        400
+    );
+    assert_eq!(status(&proxy, "/v1/x?key=junk&key=REALKEY", &[]).await, 400);
+    assert_eq!(upstream.seen().len(), 1);
+}
