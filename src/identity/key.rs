@@ -520,6 +520,44 @@ mod tests {
         assert_eq!(key(&[q]), "%ip=192.0.2.7");
     }
 
+    /// A part repeats when its header has two lines (a comma does not count) or its parameter
+    /// comes twice by decoded name, empty or bare too; `Last` keys on the last occurrence.
+    #[test]
+    fn repeats_are_found_and_last_keys_on_the_last() {
+        let q = KeyPart::Query("key".into());
+        let parts = [KeyPart::Ip, api_key(), q.clone()];
+        let ctx = |headers, query| KeyContext {
+            ip: IP,
+            headers,
+            query,
+            host: None,
+            path: "/",
+            route: "r",
+        };
+        let one = headers("x-api-key", &[b"a, b"]);
+        let two = headers("x-api-key", &[b"a", b"b"]);
+        assert_eq!(
+            repeated_part(&parts, &ctx(&one, Some("key=1&x=2&x=3"))),
+            None
+        );
+        assert_eq!(repeated_part(&parts, &ctx(&two, None)), Some(&api_key()));
+        for query in ["key=1&k%65y=2", "key=&key=2", "key&key", "key=1&a=b&key=1"] {
+            assert_eq!(
+                repeated_part(&parts, &ctx(&one, Some(query))),
+                Some(&q),
+                "{query}"
+            );
+        }
+        let mut out = String::new();
+        client_key(
+            &parts[1..],
+            DuplicateKey::Last,
+            &ctx(&two, Some("key=1&key=2")),
+            &mut out,
+        );
+        assert_eq!(out, "b|2");
+    }
+
     /// The host is lowercase without port; IPv6 hosts lose brackets and port.
     #[test]
     fn host_part_is_lowercase_without_port() {
