@@ -16,7 +16,7 @@ use ipnet::IpNet;
 
 pub use key::{
     client_key, escape_key_value, key_head_len, override_key, push_ip, push_key_head,
-    shorten_client, written_key, KeyContext, MAX_CLIENT_KEY_LEN,
+    repeated_part, shorten_client, written_key, DuplicateKey, KeyContext, MAX_CLIENT_KEY_LEN,
 };
 
 /// One part of a limit's `key`.
@@ -34,6 +34,20 @@ pub enum KeyPart {
     Path,
     /// `route`: the route's name (one bucket shared by every client of the route)
     Route,
+}
+
+/// As the config writes it: `ip`, `header:x-api-key`, `query:key`.
+impl std::fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyPart::Ip => f.write_str("ip"),
+            KeyPart::Header(name) => write!(f, "header:{name}"),
+            KeyPart::Query(name) => write!(f, "query:{name}"),
+            KeyPart::Host => f.write_str("host"),
+            KeyPart::Path => f.write_str("path"),
+            KeyPart::Route => f.write_str("route"),
+        }
+    }
 }
 
 /// Whether `ip` is one of the `trusted` proxies. An IPv4-mapped IPv6 address (`::ffff:10.0.0.1`,

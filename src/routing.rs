@@ -54,6 +54,8 @@ pub struct RouteMatch {
     pub methods: Vec<Method>,
     /// `match.headers`: exact values
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// `match.case_sensitive`: `false` compares the path without regard to ASCII case
+    pub case_sensitive: bool,
 }
 
 /// The parts of a request that routing looks at, borrowed from it.
@@ -154,10 +156,17 @@ impl PathMatch {
     /// `/v1/` and `/v1/x` but not `/v1x`; a prefix ending in `/` matches what starts with it;
     /// `Prefix("/")` matches every path.
     pub fn matches(&self, path: &str) -> bool {
+        self.matches_case(path, true)
+    }
+
+    /// [`PathMatch::matches`], ignoring ASCII case unless `case_sensitive`: `/api` then
+    /// matches `/API/x`. Other characters, and `%XX` escapes, are compared as they are.
+    pub fn matches_case(&self, path: &str, case_sensitive: bool) -> bool {
+        let fold = !case_sensitive;
         match self {
             PathMatch::Any => true,
-            PathMatch::Exact(exact) => path == exact,
-            PathMatch::Prefix(prefix) => prefix == "/" || is_under(prefix, path),
+            PathMatch::Exact(exact) => same(exact, path, fold),
+            PathMatch::Prefix(prefix) => prefix == "/" || is_under(prefix, path, fold),
         }
     }
 
@@ -165,26 +174,51 @@ impl PathMatch {
         matches!(self, PathMatch::Any) || matches!(self, PathMatch::Prefix(p) if p == "/")
     }
 
-    /// Whether `self` matches every path that `later` matches.
-    fn covers(&self, later: &PathMatch) -> bool {
+    /// Whether `self` (compared with `case_sensitive`) matches every path that `later`
+    /// (compared with `later_case_sensitive`) matches. A case-sensitive `self` covers a
+    /// case-insensitive `later` only where its path holds no letter: `/api` does not match
+    /// `/API`, which `later` may.
+    fn covers(&self, case_sensitive: bool, later: &PathMatch, later_case_sensitive: bool) -> bool {
         if self.matches_everything() {
             return true;
         }
-        match (self, later) {
-            // Every path under `/v1/x` (or equal to it) is under `/v1`, since `/v1/x` is.
-            (PathMatch::Prefix(mine), PathMatch::Prefix(theirs) | PathMatch::Exact(theirs)) => {
-                is_under(mine, theirs)
-            }
-            (PathMatch::Exact(mine), PathMatch::Exact(theirs)) => mine == theirs,
-            _ => false,
+        let (mine, theirs) = match (self, later) {
+            (PathMatch::Prefix(mine), PathMatch::Prefix(theirs) | PathMatch::Exact(theirs))
+            | (PathMatch::Exact(mine), PathMatch::Exact(theirs)) => (mine, theirs),
+            _ => return false,
+        };
+        if case_sensitive && !later_case_sensitive && mine.bytes().any(|b| b.is_ascii_alphabetic())
+        {
+            return false;
+        }
+        // Every path under `/v1/x` (or equal to it) is under `/v1`, since `/v1/x` is.
+        match self {
+            PathMatch::Prefix(_) => is_under(mine, theirs, !case_sensitive),
+            _ => same(mine, theirs, !case_sensitive),
         }
     }
 }
 
-/// Segment-aware prefix test: `path` is `prefix`, or continues it at a `/`.
-fn is_under(prefix: &str, path: &str) -> bool {
-    path.strip_prefix(prefix)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || prefix.ends_with('/'))
+/// Whether `a` and `b` are the same path, ignoring ASCII case when `fold`.
+fn same(a: &str, b: &str, fold: bool) -> bool {
+    match fold {
+        true => a.eq_ignore_ascii_case(b),
+        false => a == b,
+    }
+}
+
+/// Segment-aware prefix test: `path` is `prefix`, or continues it at a `/`; ignoring ASCII case
+/// when `fold`.
+fn is_under(prefix: &str, path: &str, fold: bool) -> bool {
+    let Some(head) = path.as_bytes().get(..prefix.len()) else {
+        return false;
+    };
+    let equal = match fold {
+        true => head.eq_ignore_ascii_case(prefix.as_bytes()),
+        false => head == prefix.as_bytes(),
+    };
+    let rest = &path.as_bytes()[prefix.len()..];
+    equal && (rest.is_empty() || rest[0] == b'/' || prefix.ends_with('/'))
 }
 
 impl RouteMatch {
@@ -192,7 +226,7 @@ impl RouteMatch {
     /// method (empty list: any), and each listed header present with exactly that value on one of
     /// its lines.
     pub fn matches(&self, req: &RequestParts<'_>) -> bool {
-        self.path.matches(req.path)
+        self.path.matches_case(req.path, self.case_sensitive)
             && (self.methods.is_empty() || self.methods.contains(req.method))
             && match (&self.host, req.host) {
                 (None, _) => true,
@@ -224,7 +258,8 @@ impl RouteMatch {
             .headers
             .iter()
             .all(|header| later.headers.contains(header));
-        host && methods && headers && self.path.covers(&later.path)
+        let path = (self.path).covers(self.case_sensitive, &later.path, later.case_sensitive);
+        host && methods && headers && path
     }
 }
 
@@ -257,6 +292,7 @@ mod tests {
             path: PathMatch::Prefix(p.into()),
             methods: vec![],
             headers: vec![],
+            case_sensitive: true,
         }
     }
 
@@ -438,6 +474,54 @@ mod tests {
         };
         assert!(v1_get_head.shadows(&v1_get));
         assert!(!v1_get.shadows(&v1_get_head));
+    }
+
+    fn any_case(m: RouteMatch) -> RouteMatch {
+        RouteMatch {
+            case_sensitive: false,
+            ..m
+        }
+    }
+
+    /// `case_sensitive: false` folds ASCII letters only, segment aware as ever; escapes and
+    /// other characters compare as they are.
+    #[test]
+    fn any_case_prefix_folds_ascii_letters() {
+        let m = any_case(prefix("/api"));
+        for path in ["/api", "/API/users", "/Api/", "/aPi/x/Y"] {
+            assert!(matches_path(&m, path), "{path}");
+        }
+        for path in ["/apix", "/API%2Fx", "/ap", "/Àpi"] {
+            assert!(!matches_path(&m, path), "{path}");
+        }
+        assert!(!matches_path(&prefix("/api"), "/API/users"));
+        let exact = any_case(RouteMatch {
+            path: PathMatch::Exact("/health".into()),
+            ..prefix("/")
+        });
+        assert!(matches_path(&exact, "/HEALTH"));
+        assert!(!matches_path(&exact, "/HEALTH/"));
+        let caf = any_case(prefix("/caf%C3%A9"));
+        assert!(matches_path(&caf, "/CAF%C3%A9/x"));
+        assert!(!matches_path(&caf, "/caf%C3%89"), "escapes are not folded");
+    }
+
+    /// An earlier route that ignores case shadows later routes in any case; a case-sensitive
+    /// one shadows a later route that ignores case only where its path has no letter.
+    #[test]
+    fn shadows_knows_case() {
+        assert!(any_case(prefix("/api/")).shadows(&prefix("/API/users")));
+        assert!(any_case(prefix("/api")).shadows(&any_case(prefix("/Api/x"))));
+        assert!(!prefix("/api").shadows(&prefix("/API/users")));
+        assert!(!prefix("/api").shadows(&any_case(prefix("/api/users"))));
+        assert!(prefix("/1").shadows(&any_case(prefix("/1/users"))));
+        assert!(prefix("/").shadows(&any_case(prefix("/api"))));
+        let exact = |p: &str| RouteMatch {
+            path: PathMatch::Exact(p.into()),
+            ..prefix("/")
+        };
+        assert!(any_case(exact("/a")).shadows(&exact("/A")));
+        assert!(!exact("/a").shadows(&any_case(exact("/a"))));
     }
 
     /// Host and header conditions shadow only later routes that are at least as narrow.

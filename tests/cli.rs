@@ -928,3 +928,31 @@ fn access_log_settings_keep_the_query_and_hash_the_client() {
         "{line:#}"
     );
 }
+
+/// A repeated key and a path holding `%00` are logged with the `error` of tollgate's answer,
+/// the repeat with the limit that refused it; a request the upstream answered has no `error`.
+#[test]
+fn access_lines_name_a_repeated_key_and_a_nul_path() {
+    let redis = common::Redis::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(common::Upstream::start());
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = limited_config(port, &redis, &upstream, "")
+        .replace("burst: 2}", "burst: 2, key: \"query:key\"}");
+    let (_child, lines) = run_logging(&dir, &yaml, port, "json");
+    let send = |target: &str, id: &str| {
+        let head = format!("GET {target} HTTP/1.1\r\nHost: t\r\nX-Request-Id: {id}");
+        exchange(port, &head, b"").status()
+    };
+    assert_eq!(send("/v1/x?key=a&key=b", "repeat-1"), 400);
+    assert_eq!(send("/v1%00/x", "nul-1"), 400);
+    assert_eq!(send("/v1/x?key=a", "ok-1"), 200);
+    let fields = access_fields(&lines, 3);
+    assert_eq!(fields["repeat-1"]["error"], "duplicate_key");
+    assert_eq!(fields["repeat-1"]["limit"], "per-client");
+    assert_eq!(fields["repeat-1"]["status"], 400);
+    assert_eq!(fields["nul-1"]["error"], "bad_request");
+    assert_eq!(fields["nul-1"]["route"], "-");
+    assert!(fields["ok-1"].get("error").is_none(), "{}", fields["ok-1"]);
+}

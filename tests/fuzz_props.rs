@@ -874,6 +874,7 @@ fn route_of(path: &str) -> Option<&'static str> {
             path: PathMatch::Prefix(prefix.into()),
             methods: vec![],
             headers: vec![],
+            case_sensitive: true,
         };
         (m, prefix)
     });
@@ -903,8 +904,9 @@ proptest! {
         check_normalize(&format!("/{path}"))?;
     }
 
-    /// A path takes the route of its lenient reading, or is refused: by default only for an
-    /// escaped slash or backslash, and never when those are decoded.
+    /// A path takes the route of its lenient reading, or is refused: for a `%00` always, and
+    /// otherwise by default only for an escaped slash or backslash, never when those are
+    /// decoded.
     #[test]
     fn a_path_takes_the_route_of_its_lenient_reading(path in spelled_path()) {
         let expected = route_of(&lenient_reading(&path));
@@ -916,6 +918,7 @@ proptest! {
                     let normal = normalize_path(read.forwarded());
                     prop_assert_eq!(normal.as_deref(), Ok(read.forwarded()), "{:?}", path);
                 }
+                Err(PathError::Nul { .. }) => prop_assert!(path.contains("%00"), "{:?}", path),
                 Err(e) => prop_assert!(
                     escaped_slashes == EscapedSlashes::Reject
                         && matches!(e, PathError::EscapedSlash { .. }),

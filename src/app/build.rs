@@ -238,6 +238,7 @@ pub fn build_proxy(
                 header: c.response_header.clone(),
                 missing: c.missing,
             }))
+            .with_duplicate_key(l.duplicate_key)
         });
         let strip = match (&r.matcher.path, r.strip_prefix) {
             (m @ PathMatch::Prefix(_), true) => Some(m.clone()),
@@ -252,6 +253,7 @@ pub fn build_proxy(
             series: RouteSeries::new(name.clone()),
             name,
             strip,
+            case_sensitive: r.matcher.case_sensitive,
             upstream,
             limits,
         };

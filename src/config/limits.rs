@@ -12,10 +12,12 @@ use http::HeaderName;
 
 use super::check::{check_name, parse_net, Checker};
 use super::problem::{one_of, or_list, Path};
-use super::raw::{Field, RawAlgorithm, RawCharge, RawLimit, RawMode, RawParams, StrList};
+use super::raw::{
+    Field, RawAlgorithm, RawCharge, RawDuplicateKey, RawLimit, RawMode, RawParams, StrList,
+};
 use super::types::{Charge, LimitConfig, Mode};
 use super::units::{self, ParsedRate};
-use crate::identity::{self, KeyPart};
+use crate::identity::{self, DuplicateKey, KeyPart};
 use crate::limit::{Algorithm, Bucket, Pace, ParamError, Slots, Window};
 
 /// Validates one limit; `None` when it cannot be built (the reasons are reported).
@@ -84,6 +86,7 @@ pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Optio
             }
         }
     }
+    let duplicate_key = duplicate_key(chk, raw, &key, path);
     let charge = raw
         .charge
         .get()
@@ -107,7 +110,32 @@ pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Optio
             .map(|(k, a)| (k, charged(a)))
             .collect(),
         charge,
+        duplicate_key,
     })
+}
+
+/// `duplicate_key`, with a warning when the key reads no header or query parameter.
+fn duplicate_key(
+    chk: &mut Checker<'_>,
+    raw: &RawLimit,
+    key: &[KeyPart],
+    path: &Path,
+) -> DuplicateKey {
+    let Some(given) = raw.duplicate_key.get() else {
+        return DuplicateKey::Reject;
+    };
+    if !key
+        .iter()
+        .any(|p| matches!(p, KeyPart::Header(_) | KeyPart::Query(_)))
+    {
+        let message = "has no effect: the key reads no header: or query: part";
+        chk.warn(path.key("duplicate_key"), message);
+    }
+    match given {
+        RawDuplicateKey::Reject => DuplicateKey::Reject,
+        RawDuplicateKey::First => DuplicateKey::First,
+        RawDuplicateKey::Last => DuplicateKey::Last,
+    }
 }
 
 /// `charge`: the header is a valid name, the algorithm one that can take a charge, and

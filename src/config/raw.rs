@@ -283,6 +283,7 @@ pub(crate) struct RawMatch {
     pub path: Field<String>,
     pub methods: Field<StrList>,
     pub headers: Field<Entries<Field<String>>>,
+    pub case_sensitive: Field<bool>,
 }
 
 /// `routes[N].limits[M]`: the limit's own keys and every algorithm parameter; which
@@ -305,6 +306,7 @@ pub(crate) struct RawLimit {
     pub window: Field<String>,
     pub lease: Field<String>,
     pub charge: Field<RawCharge>,
+    pub duplicate_key: Field<RawDuplicateKey>,
 }
 
 /// `routes[N].limits[M].charge`
@@ -353,6 +355,15 @@ pub(crate) enum RawAlgorithm {
     SlidingWindow,
     SlidingWindowCounter,
     Concurrency,
+}
+
+/// `routes[N].limits[M].duplicate_key`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawDuplicateKey {
+    Reject,
+    First,
+    Last,
 }
 
 /// `routes[N].limits[M].mode`

@@ -78,6 +78,7 @@ fn route(
             path: PathMatch::Any,
             methods: Vec::new(),
             headers: Vec::new(),
+            case_sensitive: true,
         }),
         Field::Invalid => None,
     };
@@ -218,6 +219,10 @@ fn matcher(
                                backslash are refused (paths.escaped_slashes: reject)";
                 chk.warn(path.key(key), message);
             }
+            Err(PathError::Nul { .. }) => {
+                let message = "never matches: requests whose path holds %00 are refused";
+                chk.warn(path.key(key), message);
+            }
             _ => {}
         }
     }
@@ -241,6 +246,11 @@ fn matcher(
             headers.push((header, value));
         }
     }
+    let case_sensitive = raw.case_sensitive.get().copied().unwrap_or(true);
+    if !case_sensitive && !raw.path_prefix.is_given() && !raw.path.is_given() {
+        let message = "has no effect: the match has no path_prefix or path";
+        chk.warn(path.key("case_sensitive"), message);
+    }
     if chk.errors.len() > errors_before {
         return None;
     }
@@ -249,6 +259,7 @@ fn matcher(
         path: prefix.or(exact).unwrap_or(PathMatch::Any),
         methods,
         headers,
+        case_sensitive,
     })
 }
 
@@ -388,7 +399,7 @@ fn warn_shadowed(chk: &mut Checker<'_>, routes: &[(usize, RouteConfig)]) {
     for (k, (j, later)) in routes.iter().enumerate() {
         let earlier = routes[..k]
             .iter()
-            .find(|(_, e)| covers(&e.matcher, &later.matcher));
+            .find(|(_, e)| e.matcher.shadows(&later.matcher));
         if let Some((i, first)) = earlier {
             let line = chk.warning_line_of(&Path::root().key("routes").index(*i));
             let line = line.map_or(String::new(), |n| format!(", line {n}"));
@@ -399,39 +410,5 @@ fn warn_shadowed(chk: &mut Checker<'_>, routes: &[(usize, RouteConfig)]) {
             );
             chk.warn(Path::root().key("routes").index(*j), message);
         }
-    }
-}
-
-/// Whether every request that `later` matches is also matched by `first`.
-fn covers(first: &RouteMatch, later: &RouteMatch) -> bool {
-    let host = match (&first.host, &later.host) {
-        (None, _) => true,
-        (Some(a), Some(b)) if a == b => true,
-        (Some(HostPattern::Suffix(s)), Some(HostPattern::Exact(h) | HostPattern::Suffix(h))) => {
-            h.ends_with(s.as_str())
-        }
-        _ => false,
-    };
-    let methods = first.methods.is_empty()
-        || (!later.methods.is_empty() && later.methods.iter().all(|m| first.methods.contains(m)));
-    let headers = first.headers.iter().all(|h| later.headers.contains(h));
-    host && methods && headers && path_covers(&first.path, &later.path)
-}
-
-fn path_covers(first: &PathMatch, later: &PathMatch) -> bool {
-    // Requests always have a path starting with `/`, so the prefix `/` matches them all.
-    let under = |prefix: &str, path: &str| {
-        prefix == "/"
-            || path == prefix
-            || path
-                .strip_prefix(prefix)
-                .is_some_and(|r| r.starts_with('/'))
-    };
-    match (first, later) {
-        (PathMatch::Any, _) => true,
-        (PathMatch::Prefix(p), PathMatch::Any) => p == "/",
-        (PathMatch::Prefix(p), PathMatch::Prefix(q) | PathMatch::Exact(q)) => under(p, q),
-        (PathMatch::Exact(p), PathMatch::Exact(q)) => p == q,
-        (PathMatch::Exact(_), PathMatch::Any | PathMatch::Prefix(_)) => false,
     }
 }

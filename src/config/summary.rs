@@ -13,7 +13,7 @@ use super::types::{
     UpstreamConfig,
 };
 use super::units::{format_duration, format_rate, format_size};
-use crate::identity::KeyPart;
+use crate::identity::{DuplicateKey, KeyPart};
 use crate::limit::Algorithm;
 use crate::routing::{
     EscapedSlashes, HostPattern, PathMatch, PathPolicy, RouteMatch, SegmentParams,
@@ -417,6 +417,9 @@ fn match_parts(m: &RouteMatch) -> Vec<String> {
         PathMatch::Prefix(p) => parts.push(format!("path_prefix {p}")),
         PathMatch::Exact(p) => parts.push(format!("path {p}")),
     }
+    if !m.case_sensitive {
+        parts.push("any case".to_owned());
+    }
     if !m.methods.is_empty() {
         let methods: Vec<&str> = m.methods.iter().map(http::Method::as_str).collect();
         parts.push(format!("methods {}", methods.join(" ")));
@@ -457,6 +460,9 @@ fn match_json(m: &RouteMatch) -> Value {
         PathMatch::Exact(p) => {
             out.insert("path".into(), p.as_str().into());
         }
+    }
+    if !m.case_sensitive {
+        out.insert("case_sensitive".into(), false.into());
     }
     if !m.methods.is_empty() {
         let methods: Vec<&str> = m.methods.iter().map(http::Method::as_str).collect();
@@ -559,6 +565,11 @@ fn limit_line(l: &LimitConfig) -> String {
             line.push_str(&format!(" missing {missing}"));
         }
     }
+    match l.duplicate_key {
+        DuplicateKey::Reject => {}
+        DuplicateKey::First => line.push_str(", duplicate_key first"),
+        DuplicateKey::Last => line.push_str(", duplicate_key last"),
+    }
     line
 }
 
@@ -617,5 +628,11 @@ fn limit_json(l: &LimitConfig) -> Value {
         serde_json::json!({"response_header": c.response_header.as_str(), "missing": missing})
     });
     out.insert("charge".into(), charge.into());
+    let duplicate_key = match l.duplicate_key {
+        DuplicateKey::Reject => "reject",
+        DuplicateKey::First => "first",
+        DuplicateKey::Last => "last",
+    };
+    out.insert("duplicate_key".into(), duplicate_key.into());
     out.into()
 }

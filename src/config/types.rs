@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::identity::KeyPart;
+use crate::identity::{DuplicateKey, KeyPart};
 use crate::limit::{Algorithm, Pace, Slots};
 use crate::routing::{PathPolicy, RouteMatch};
 
@@ -420,6 +420,9 @@ pub struct LimitConfig {
     /// `charge`: what the upstream reports a request used, charged after the response; the
     /// algorithm (and each override's) is then [`Algorithm::charged`]
     pub charge: Option<Charge>,
+    /// `duplicate_key`: what a request whose key header or query parameter comes more than
+    /// once gets (default: 400)
+    pub duplicate_key: DuplicateKey,
 }
 
 /// `routes[N].limits[M].charge`

@@ -32,6 +32,33 @@ pub struct KeyContext<'a> {
     pub route: &'a str,
 }
 
+/// What a limit does when the header or query parameter of one of its key parts comes more
+/// than once in a request (`duplicate_key`). Applications disagree on which one they read:
+/// Django, PHP and Rails the last, Go's `Query().Get` and Flask the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DuplicateKey {
+    /// refuse the request with 400: the limit cannot know which value the upstream reads
+    #[default]
+    Reject,
+    /// key on the first value
+    First,
+    /// key on the last value
+    Last,
+}
+
+/// The first of `parts` whose header or query parameter comes more than once in `ctx`'s
+/// request: header lines are counted (two lines, not one line holding a comma), and query
+/// parameters by decoded name, an empty one too (`?key=&key=a` has two).
+pub fn repeated_part<'p>(parts: &'p [KeyPart], ctx: &KeyContext<'_>) -> Option<&'p KeyPart> {
+    parts.iter().find(|part| match part {
+        KeyPart::Header(name) => ctx.headers.get_all(name).iter().nth(1).is_some(),
+        KeyPart::Query(name) => ctx
+            .query
+            .is_some_and(|q| query_values(q, name).nth(1).is_some()),
+        _ => false,
+    })
+}
+
 /// Appends the client key that `parts` select from `ctx` to `out` (which it does not clear).
 ///
 /// The format is chosen so that distinct identities can never share a bucket:
@@ -48,23 +75,40 @@ pub struct KeyContext<'a> {
 ///
 /// Per part:
 /// * `header:NAME` takes the header's first line; `query:NAME` the first parameter whose
-///   decoded name is NAME, its value decoded as a form value (`%XX` and `+` for space). Missing
-///   or empty, either falls back to `%ip=ADDR`.
+///   decoded name is NAME, its value decoded as a form value (`%XX` and `+` for space); with
+///   [`DuplicateKey::Last`] both take the last one instead. Missing or empty, either falls back
+///   to `%ip=ADDR`.
 /// * `host` is lowercase without port, brackets or trailing dot; no host writes nothing, so
 ///   host-less requests share one bucket.
 /// * An empty `parts` writes nothing: one bucket for every client.
-pub fn client_key(parts: &[KeyPart], ctx: &KeyContext<'_>, out: &mut String) {
+pub fn client_key(parts: &[KeyPart], pick: DuplicateKey, ctx: &KeyContext<'_>, out: &mut String) {
+    let last = pick == DuplicateKey::Last;
     for (index, part) in parts.iter().enumerate() {
         if index > 0 {
             out.push('|');
         }
         match part {
             KeyPart::Ip => push_ip(out, ctx.ip),
-            KeyPart::Header(name) => match ctx.headers.get(name).map(HeaderValue::as_bytes) {
-                Some(value) if !value.is_empty() => escape_key_value(value, out),
-                _ => push_fallback(out, ctx.ip),
-            },
-            KeyPart::Query(name) => match ctx.query.and_then(|q| query_value(q, name)) {
+            KeyPart::Header(name) => {
+                let mut lines = ctx.headers.get_all(name).iter();
+                let line = if last {
+                    lines.next_back()
+                } else {
+                    lines.next()
+                };
+                match line.map(HeaderValue::as_bytes) {
+                    Some(value) if !value.is_empty() => escape_key_value(value, out),
+                    _ => push_fallback(out, ctx.ip),
+                }
+            }
+            KeyPart::Query(name) => match ctx.query.and_then(|q| {
+                let mut values = query_values(q, name);
+                if last {
+                    values.last()
+                } else {
+                    values.next()
+                }
+            }) {
                 Some(value) if !value.is_empty() => push_escaped(out, form_decoded(value)),
                 _ => push_fallback(out, ctx.ip),
             },
@@ -234,10 +278,10 @@ fn push_escaped(out: &mut String, bytes: impl Iterator<Item = u8>) {
     }
 }
 
-/// The raw value of the first parameter named `name` (compared after decoding), `""` for a bare
-/// `?name`.
-fn query_value<'q>(query: &'q str, name: &str) -> Option<&'q str> {
-    query.split('&').find_map(|pair| {
+/// The raw values of the parameters named `name` (compared after decoding), in order; `""` for
+/// a bare `?name`.
+fn query_values<'q>(query: &'q str, name: &'q str) -> impl Iterator<Item = &'q str> + 'q {
+    query.split('&').filter_map(move |pair| {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         form_decoded(key).eq(name.bytes()).then_some(value)
     })
@@ -349,7 +393,7 @@ mod tests {
             route: "api-v1",
         };
         let mut out = String::new();
-        client_key(parts, &ctx, &mut out);
+        client_key(parts, DuplicateKey::First, &ctx, &mut out);
         out
     }
 
@@ -476,6 +520,44 @@ mod tests {
         assert_eq!(key(&[q]), "%ip=192.0.2.7");
     }
 
+    /// A part repeats when its header has two lines (a comma does not count) or its parameter
+    /// comes twice by decoded name, empty or bare too; `Last` keys on the last occurrence.
+    #[test]
+    fn repeats_are_found_and_last_keys_on_the_last() {
+        let q = KeyPart::Query("key".into());
+        let parts = [KeyPart::Ip, api_key(), q.clone()];
+        let ctx = |headers, query| KeyContext {
+            ip: IP,
+            headers,
+            query,
+            host: None,
+            path: "/",
+            route: "r",
+        };
+        let one = headers("x-api-key", &[b"a, b"]);
+        let two = headers("x-api-key", &[b"a", b"b"]);
+        assert_eq!(
+            repeated_part(&parts, &ctx(&one, Some("key=1&x=2&x=3"))),
+            None
+        );
+        assert_eq!(repeated_part(&parts, &ctx(&two, None)), Some(&api_key()));
+        for query in ["key=1&k%65y=2", "key=&key=2", "key&key", "key=1&a=b&key=1"] {
+            assert_eq!(
+                repeated_part(&parts, &ctx(&one, Some(query))),
+                Some(&q),
+                "{query}"
+            );
+        }
+        let mut out = String::new();
+        client_key(
+            &parts[1..],
+            DuplicateKey::Last,
+            &ctx(&two, Some("key=1&key=2")),
+            &mut out,
+        );
+        assert_eq!(out, "b|2");
+    }
+
     /// The host is lowercase without port; IPv6 hosts lose brackets and port.
     #[test]
     fn host_part_is_lowercase_without_port() {
@@ -498,7 +580,7 @@ mod tests {
             route: "r",
         };
         let mut out = String::from("x:");
-        client_key(&[KeyPart::Ip], &ctx, &mut out);
+        client_key(&[KeyPart::Ip], DuplicateKey::First, &ctx, &mut out);
         assert_eq!(out, "x:192.0.2.7");
     }
 

@@ -147,6 +147,8 @@ struct Answer {
     pace_rate: Option<f64>,
     client: Option<IpAddr>,
     request_id: Option<HeaderValue>,
+    /// the `error` code of tollgate's own answer
+    error: Option<&'static str>,
 }
 
 impl Line {
@@ -183,6 +185,7 @@ impl Line {
             pace_rate: outcome.pace_rate,
             client: outcome.client,
             request_id: outcome.request_id.clone(),
+            error: outcome.error,
         };
     }
 
@@ -218,6 +221,7 @@ impl Line {
             upstream_ttfb_ms = self.upstream_ttfb.map(millis),
             decision = a.decision.map_or("-", Decision::as_str),
             limit = or_dash(&a.limit),
+            error = a.error,
             pacing_delay_ms = millis(a.pacing_delay),
             pace_rate = a.pace_rate,
             duration_ms = millis(self.started.elapsed()),

@@ -15,7 +15,7 @@ use super::owed::{Owed, Taken};
 use super::respond::{self, Showing, Shown};
 use super::slots::Held;
 use super::{Body, Outcome, Proxy, ProxyError, Route};
-use crate::identity::{self, KeyContext, KeyPart};
+use crate::identity::{self, DuplicateKey, KeyContext, KeyPart};
 use crate::limit::{Algorithm, Decision};
 use crate::metrics::{Decision as Counted, DecisionSeries};
 
@@ -39,6 +39,8 @@ pub struct Limit {
     series: DecisionSeries,
     /// with `charge`: what is charged after the response ([`super::charge`])
     pub charge: Option<Charge>,
+    /// what a request whose key header or parameter comes twice gets (`duplicate_key`)
+    pub duplicate_key: DuplicateKey,
 }
 
 /// A limit's `charge`: where the response reports what it used, and what a response that never
@@ -75,12 +77,21 @@ impl Limit {
             overrides,
             policy,
             charge: None,
+            duplicate_key: DuplicateKey::Reject,
         }
     }
 
     /// This limit, charging what the response reports after the response (`charge`).
     pub fn with_charge(self, charge: Option<Charge>) -> Limit {
         Limit { charge, ..self }
+    }
+
+    /// This limit, doing `rule` with a request whose key header or parameter comes twice.
+    pub fn with_duplicate_key(self, rule: DuplicateKey) -> Limit {
+        Limit {
+            duplicate_key: rule,
+            ..self
+        }
     }
 
     /// What a response shows of this limit's `decision` under `alg` (its own parameters or an
@@ -148,7 +159,7 @@ pub(super) fn limit_key<'r>(
     key.clear();
     identity::push_key_head(key, &proxy.settings.key_prefix, &route.name, &limit.name);
     let start = key.len();
-    identity::client_key(&limit.key, ctx, key);
+    identity::client_key(&limit.key, limit.duplicate_key, ctx, key);
     let alg = limit.overrides.get(&key[start..]).unwrap_or(&limit.alg);
     identity::shorten_client(key, start);
     alg
@@ -180,6 +191,7 @@ pub(super) async fn check<'r, B>(
         route: &route.name,
     };
     // the store key, its client part written in place (one buffer for all the limits)
+    refuse_repeated_key(route, &ctx, outcome)?;
     let mut key = String::with_capacity(96);
     let several = route.limits.len() > 1;
     let paced = route.upstream.paced();
@@ -258,6 +270,35 @@ pub(super) async fn check<'r, B>(
     let owed = wait(proxy, route, &ctx, &admitted, outcome).await;
     let shown = admitted.shown.or(admitted.shadow);
     Ok(Checked::Admitted(shown, owed, admitted.held))
+}
+
+/// Refuses with 400 a request that sends the header or query parameter of an enforced limit's
+/// key more than once, when the limit's `duplicate_key` is `reject`: the upstream may read
+/// another value than the one counted. Checked before any limit, so the refusal takes nothing
+/// from any of them. A shadow limit never refuses: it logs, and counts the first value.
+fn refuse_repeated_key<'r>(
+    route: &'r Route,
+    ctx: &KeyContext<'_>,
+    outcome: &mut Outcome<'r>,
+) -> Result<(), ProxyError> {
+    let rejecting = route.limits.iter().filter(|l| {
+        l.duplicate_key == DuplicateKey::Reject && !identity::is_trusted(ctx.ip, &l.exempt)
+    });
+    for limit in rejecting {
+        let Some(part) = identity::repeated_part(&limit.key, ctx) else {
+            continue;
+        };
+        if limit.shadow {
+            tracing::info!(route = %route.name, limit = %limit.name, key = %part, "shadow limit would refuse: key sent more than once");
+            continue;
+        }
+        outcome.limit = Some(&limit.name);
+        return Err(ProxyError::DuplicateKey {
+            limit: limit.name.to_string(),
+            part: part.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// What the limits that admitted a request add up to, limit after limit.

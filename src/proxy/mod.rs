@@ -67,6 +67,8 @@ pub struct Route {
     pub name: Arc<str>,
     /// with `strip_prefix`, the prefix to remove before forwarding
     pub strip: Option<PathMatch>,
+    /// `match.case_sensitive`: when `false`, limits key on the path in ASCII lowercase
+    pub case_sensitive: bool,
     /// where matched requests go
     pub upstream: Arc<Upstream>,
     /// checked in order
@@ -165,6 +167,15 @@ pub enum ProxyError {
     /// no route matches
     #[error("no route matches this request")]
     NoRoute,
+    /// the header or query parameter of a limit's key came more than once, and the limit's
+    /// `duplicate_key` is `reject`
+    #[error("{part} sent more than once: limit {limit} counts one value per request")]
+    DuplicateKey {
+        /// the limit
+        limit: String,
+        /// its key part, as the config writes it (`header:x-api-key`)
+        part: String,
+    },
     /// the request body is larger than `max_body_size`
     #[error("request body larger than max_body_size")]
     BodyTooLarge,
@@ -231,6 +242,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::BadPath(_) | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::DuplicateKey { .. } => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BadBody => StatusCode::BAD_REQUEST,
@@ -259,6 +271,7 @@ impl ProxyError {
             ProxyError::BadPath(_)
             | ProxyError::BadRequest(_)
             | ProxyError::NoRoute
+            | ProxyError::DuplicateKey { .. }
             | ProxyError::BodyTooLarge
             | ProxyError::BadBody
             | ProxyError::ClientBodyTimeout { .. }
@@ -274,6 +287,7 @@ impl ProxyError {
         match self {
             ProxyError::BadPath(_) | ProxyError::BadRequest(_) => "bad_request",
             ProxyError::NoRoute => "no_route",
+            ProxyError::DuplicateKey { .. } => "duplicate_key",
             ProxyError::BodyTooLarge => "payload_too_large",
             ProxyError::BadBody => "bad_request",
             ProxyError::ClientBodyTimeout { .. } => "request_timeout",
@@ -384,6 +398,8 @@ struct Outcome<'a> {
     request_id: Option<HeaderValue>,
     /// the access line, while the access log is on
     line: Option<Box<access::Line>>,
+    /// the `error` code of the JSON answer when a phase failed, for the access log
+    error: Option<&'static str>,
 }
 
 impl Proxy {
@@ -406,6 +422,7 @@ impl Proxy {
             answered: false,
         };
         let result = self.phases(req, conn, &mut record.outcome).await;
+        record.outcome.error = result.as_ref().err().map(ProxyError::code);
         let resp = self.respond(result, &record.outcome, ending);
         match record.done(resp.status().as_u16()) {
             Some(line) => line.follow(resp),
@@ -446,7 +463,8 @@ impl Proxy {
                 owed.paid();
             }
             // what the charged limits are owed once the response says what was used
-            let charges = charge::Charges::of(self, route, &req, client.ip, path.matched());
+            let key_path = key_path(route, &path);
+            let charges = charge::Charges::of(self, route, &req, client.ip, &key_path);
             // the slots are held until the response is finished, or an upgrade's tunnel
             // closes (it takes them from here)
             let held = std::sync::Mutex::new(held);
@@ -525,7 +543,8 @@ impl Proxy {
                 return Err(ProxyError::BodyTooLarge);
             }
         }
-        limits::check(self, route, req, client.ip, path.matched(), outcome).await
+        let key_path = key_path(route, path);
+        limits::check(self, route, req, client.ip, &key_path, outcome).await
     }
 
     /// Pace: waits for the upstream's slot, if it is paced ([`Pacer::wait`]), then for a slot
@@ -680,6 +699,15 @@ impl Proxy {
             }
             _ => tracing::debug!(error = %err, "answered by the proxy"),
         }
+    }
+}
+
+/// The path `route`'s limits key on: the matched path, in ASCII lowercase on a route that
+/// ignores case, so that `/API/x` and `/api/x` count as one path.
+fn key_path<'p>(route: &Route, path: &'p RequestPath<'_>) -> Cow<'p, str> {
+    match route.case_sensitive {
+        true => Cow::Borrowed(path.matched()),
+        false => Cow::Owned(path.matched().to_ascii_lowercase()),
     }
 }
 

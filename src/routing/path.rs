@@ -27,6 +27,13 @@ pub enum PathError {
         /// byte offset of the `%` in the path
         at: usize,
     },
+    /// An encoded NUL (`%00`): C-based servers end the path there, others keep it, so the
+    /// path means different things to different upstreams (Envoy refuses it too).
+    #[error("encoded NUL (%00) at byte {at} of the request path")]
+    Nul {
+        /// byte offset of the `%` in the path
+        at: usize,
+    },
     /// An encoded slash or backslash (`%2F`, `%5C`) or a raw `\`, refused by
     /// [`EscapedSlashes::Reject`].
     #[error("encoded slash or backslash at byte {at} of the request path")]
@@ -90,14 +97,15 @@ impl<'a> RequestPath<'a> {
     }
 
     /// The forwarded path with `m`'s prefix removed, for `strip_prefix`: `/v1;x/y` becomes `/y`
-    /// under `/v1`. `m` must match [`RequestPath::matched`].
+    /// under `/v1`. `m` must match [`RequestPath::matched`], in any case (see
+    /// [`strip_prefix`]).
     pub fn strip(&self, m: &PathMatch) -> Cow<'_, str> {
         let Some(matched) = &self.matched else {
             return strip_prefix(m, &self.forwarded);
         };
         let prefix = match m {
-            PathMatch::Prefix(prefix) if m.matches(matched) => prefix,
-            PathMatch::Exact(_) if m.matches(matched) => return Cow::Borrowed("/"),
+            PathMatch::Prefix(prefix) if m.matches_case(matched, false) => prefix,
+            PathMatch::Exact(_) if m.matches_case(matched, false) => return Cow::Borrowed("/"),
             _ => return Cow::Borrowed(&self.forwarded),
         };
         // The forwarded path has the matched one's segments, each perhaps with parameters:
@@ -117,13 +125,20 @@ impl PathPolicy {
     /// returns the path to forward and the path to match.
     ///
     /// # Errors
-    /// Those of [`normalize_path`], and [`PathError::EscapedSlash`] under
-    /// [`EscapedSlashes::Reject`].
+    /// Those of [`normalize_path`], [`PathError::Nul`] for a `%00` whatever the settings, and
+    /// [`PathError::EscapedSlash`] under [`EscapedSlashes::Reject`].
     pub fn read<'p>(&self, path: &'p str) -> Result<RequestPath<'p>, PathError> {
         if !path.starts_with('/') {
             return Err(PathError::NotAbsolute);
         }
-        let (slash_at, semicolon) = scan(path);
+        let Scan {
+            slash_at,
+            semicolon,
+            nul_at,
+        } = scan(path);
+        if let Some(at) = nul_at {
+            return Err(PathError::Nul { at });
+        }
         let params = semicolon && self.segment_params == SegmentParams::Ignore;
         let forwarded = match (slash_at, self.escaped_slashes) {
             (Some(at), EscapedSlashes::Reject) => return Err(PathError::EscapedSlash { at }),
@@ -137,29 +152,43 @@ impl PathPolicy {
     }
 }
 
-/// The first encoded slash or backslash, or raw `\`, and whether the path holds a `;` or a
-/// `%3B`.
-fn scan(path: &str) -> (Option<usize>, bool) {
+/// What [`scan`] finds in a path.
+struct Scan {
+    /// the first encoded slash or backslash, or raw `\`
+    slash_at: Option<usize>,
+    /// a `;` or a `%3B`
+    semicolon: bool,
+    /// the first `%00`
+    nul_at: Option<usize>,
+}
+
+fn scan(path: &str) -> Scan {
     let bytes = path.as_bytes();
-    let mut slash_at = None;
-    let mut semicolon = false;
+    let mut found = Scan {
+        slash_at: None,
+        semicolon: false,
+        nul_at: None,
+    };
     for (i, &b) in bytes.iter().enumerate() {
         match b {
-            b';' => semicolon = true,
+            b';' => found.semicolon = true,
             b'\\' => {
-                slash_at.get_or_insert(i);
+                found.slash_at.get_or_insert(i);
             }
             b'%' => match bytes.get(i + 1..i + 3) {
                 Some([b'2', b'f' | b'F'] | [b'5', b'c' | b'C']) => {
-                    slash_at.get_or_insert(i);
+                    found.slash_at.get_or_insert(i);
                 }
-                Some([b'3', b'b' | b'B']) => semicolon = true,
+                Some([b'3', b'b' | b'B']) => found.semicolon = true,
+                Some(b"00") => {
+                    found.nul_at.get_or_insert(i);
+                }
                 _ => {}
             },
             _ => {}
         }
     }
-    (slash_at, semicolon)
+    found
 }
 
 /// `path` with every `%2F`, `%5C` and `\` written as `/`.
@@ -377,12 +406,15 @@ fn is_unreserved(byte: u8) -> bool {
 /// The path to forward when a route has `strip_prefix`: `/v1/x` becomes `/x` and `/v1` becomes
 /// `/` under `Prefix("/v1")`. An `Exact` path strips to `/`; `Any` and a path that the match does
 /// not cover are returned unchanged. Never allocates.
+///
+/// The prefix is compared without regard to ASCII case: the route matched the path already, and
+/// one with `case_sensitive: false` strips `/V1/x` to `/x` too.
 pub fn strip_prefix<'a>(m: &PathMatch, path: &'a str) -> Cow<'a, str> {
     let prefix = match m {
         PathMatch::Any => return Cow::Borrowed(path),
         PathMatch::Prefix(prefix) | PathMatch::Exact(prefix) => prefix,
     };
-    if !m.matches(path) {
+    if !m.matches_case(path, false) {
         return Cow::Borrowed(path);
     }
     // Keep the `/` that ends a prefix such as `/v1/`, so the rest still starts with one.
@@ -397,6 +429,31 @@ pub fn strip_prefix<'a>(m: &PathMatch, path: &'a str) -> Cow<'a, str> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A `%00` anywhere gets [`PathError::Nul`] whatever the settings, before an encoded
+    /// slash is looked at; other escapes starting with 0 do not.
+    #[test]
+    fn an_encoded_nul_is_refused() {
+        let keep = PathPolicy {
+            escaped_slashes: EscapedSlashes::Keep,
+            segment_params: SegmentParams::Keep,
+        };
+        for policy in [PathPolicy::default(), keep] {
+            for (path, at) in [("/api%00/users", 4), ("/%00", 1), ("/a/b%2F%00", 7)] {
+                assert_eq!(policy.read(path), Err(PathError::Nul { at }), "{path}");
+            }
+            assert!(policy.read("/a%01%0A").is_ok());
+        }
+    }
+
+    /// A case-insensitive route strips its prefix in any case.
+    #[test]
+    fn strip_prefix_ignores_case() {
+        let v1 = PathMatch::Prefix("/v1".into());
+        assert_eq!(strip_prefix(&v1, "/V1/x"), "/x");
+        let read = PathPolicy::default().read("/V1;a/x").unwrap();
+        assert_eq!(read.strip(&v1), "/x");
+    }
 
     /// `strip_prefix` forwards `/v1/x` as `/x` and `/v1` as `/`, borrowing.
     #[test]

@@ -77,6 +77,7 @@ mod tests {
             path: PathMatch::Prefix(p.into()),
             methods: vec![],
             headers: vec![],
+            case_sensitive: true,
         }
     }
 

@@ -16,6 +16,7 @@ mod defaults;
 mod env;
 mod errors;
 mod formats;
+mod keys_case;
 mod store;
 mod warnings;
 
