@@ -367,7 +367,7 @@ fn client_key(query: Option<&str>) -> Result<String, &'static str> {
         .unwrap_or("")
         .split('&')
         .find_map(|pair| pair.strip_prefix("key="))
-        .ok_or("name the client: ?key=<client>, as overrides name one")?;
+        .ok_or("name the client: ?key=<client>, as the console shows it")?;
     let key = percent_decoded(&value.replace('+', " "))
         .ok_or("the key is not valid percent-encoded UTF-8")?;
     if key.is_empty() {

@@ -15,8 +15,8 @@ use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
 pub use key::{
-    client_key, escape_key_value, key_head_len, override_key, push_ip, push_key_head,
-    shorten_client, written_key, KeyContext, MAX_CLIENT_KEY_LEN,
+    client_key, escape_key_value, key_head_len, may_be_digest, named_client, override_key, push_ip,
+    push_key_head, shorten_client, shown_client, KeyContext, StoredClient, MAX_CLIENT_KEY_LEN,
 };
 
 /// One part of a limit's `key`.
