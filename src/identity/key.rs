@@ -222,14 +222,25 @@ fn shown_key(parts: &[KeyPart], named: &str) -> Result<Option<String>, String> {
                 };
                 push_fallback(&mut out, ip.to_canonical());
             }
-            KeyPart::Host if piece.bytes().any(|b| b.is_ascii_uppercase()) => return Ok(None),
             // only a request without a host writes an empty value
-            KeyPart::Host if is_escaped(piece) => out.push_str(piece),
+            KeyPart::Host if is_escaped(piece) && !has_uppercase(piece) => out.push_str(piece),
+            KeyPart::Host => return Ok(None),
             _ if !piece.is_empty() && is_escaped(piece) => out.push_str(piece),
             _ => return Ok(None),
         }
     }
     Ok(Some(out))
+}
+
+/// Whether escaped value `text` holds an uppercase letter outside its `%XX` escapes: a host
+/// is written in lowercase.
+fn has_uppercase(text: &str) -> bool {
+    text.split('%').enumerate().any(|(i, piece)| {
+        piece
+            .bytes()
+            .skip(if i == 0 { 0 } else { 2 })
+            .any(|b| b.is_ascii_uppercase())
+    })
 }
 
 /// Whether `text` is a value as [`escape_key_value`] writes one: key-safe bytes, and `%XX` in
@@ -725,6 +736,7 @@ mod tests {
         prop_oneof![
             Just((KeyPart::Ip, None)),
             Just((KeyPart::Path, None)),
+            Just((KeyPart::Host, None)),
             value
                 .clone()
                 .prop_map(|v| (KeyPart::Header(HeaderName::from_static("x-a")), v)),
@@ -739,6 +751,7 @@ mod tests {
         fn shown_clients_name_themselves(
             parts in proptest::collection::vec(any_part(), 1..4),
             v6 in any::<bool>(),
+            host in proptest::option::of("[a-zA-Z0-9.:%|{} \u{e9}-]{0,24}"),
         ) {
             let mut sent = HeaderMap::new();
             for (part, value) in &parts {
@@ -750,7 +763,7 @@ mod tests {
             }
             let parts: Vec<KeyPart> = parts.into_iter().map(|(p, _)| p).collect();
             let ip = if v6 { "2001:db8::7".parse().unwrap() } else { IP };
-            let ctx = KeyContext { ip, headers: &sent, query: None, host: None, path: "/a b", route: "r" };
+            let ctx = KeyContext { ip, headers: &sent, query: None, host: host.as_deref(), path: "/a b", route: "r" };
             let mut key = String::new();
             client_key(&parts, &ctx, &mut key);
             let stored = StoredClient::of(key);
