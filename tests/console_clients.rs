@@ -376,3 +376,38 @@ async fn one_case(config: &str, client: &Client) -> Result<(), TestCaseError> {
     proxy.shutdown().await;
     Ok(())
 }
+
+/// An override on a key long enough to be stored as its digest applies to the client the
+/// console names by that digest, as to its requests: the lookup reads the override's limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_holds_for_a_client_named_by_its_digest() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let long = "L".repeat(80);
+    let limit = format!(
+        "limits: [{{name: per-key, algorithm: fixed_window, key: header:x-api-key, limit: 1, \
+         window: 1h, overrides: {{{long}: {{limit: 3}}}}}}]"
+    );
+    let yaml = Yaml::to(&[upstream.url()])
+        .top(&format!("admin: {{listen: 127.0.0.1:0, token: {TOKEN}}}"))
+        .redis(&redis, "timeout: 500ms")
+        .route("one", "/one", &limit)
+        .build();
+    let proxy = Proxy::start(&yaml).await;
+    let client = Client::new([127, 0, 0, 1], "one", &[("x-api-key", long.as_bytes())]);
+    for expected in [200, 200, 200, 429] {
+        assert_eq!(client.call(proxy.addr).await, expected);
+    }
+    let refused = shown_refused(&proxy, &client).await;
+    assert!(refused[0].starts_with("%sha1="), "{refused:?}");
+    reset_through_api(&proxy, &client, &refused[0]).await;
+    for named in [refused[0].as_str(), &long] {
+        let path = limit_path(&client, named);
+        let (status, state) = admin(&proxy, http::Method::GET, &path).await;
+        assert_eq!(status, 200, "{state}");
+        // what the next request would leave: 2 of the override's 3 (the limit's own: 0)
+        assert_eq!(state["remaining"], 2, "the override's limit: {state}");
+        assert_eq!(state["client"], refused[0], "{state}");
+    }
+    proxy.shutdown().await;
+}

@@ -737,6 +737,7 @@ mod tests {
             Just((KeyPart::Ip, None)),
             Just((KeyPart::Path, None)),
             Just((KeyPart::Host, None)),
+            value.clone().prop_map(|v| (KeyPart::Query("k".into()), v)),
             value
                 .clone()
                 .prop_map(|v| (KeyPart::Header(HeaderName::from_static("x-a")), v)),
@@ -753,17 +754,33 @@ mod tests {
             v6 in any::<bool>(),
             host in proptest::option::of("[a-zA-Z0-9.:%|{} \u{e9}-]{0,24}"),
         ) {
-            let mut sent = HeaderMap::new();
+            let (mut sent, mut query) = (HeaderMap::new(), String::new());
             for (part, value) in &parts {
-                if let (KeyPart::Header(name), Some(value)) = (part, value) {
-                    if let Ok(value) = HeaderValue::from_bytes(value) {
-                        sent.insert(name.clone(), value);
+                match (part, value) {
+                    (KeyPart::Header(name), Some(value)) => {
+                        if let Ok(value) = HeaderValue::from_bytes(value) {
+                            sent.insert(name.clone(), value);
+                        }
                     }
+                    (KeyPart::Query(name), Some(value)) => {
+                        query.push_str(name);
+                        query.push('=');
+                        value.iter().for_each(|b| query.push_str(&format!("%{b:02x}")));
+                        query.push('&');
+                    }
+                    _ => {}
                 }
             }
             let parts: Vec<KeyPart> = parts.into_iter().map(|(p, _)| p).collect();
             let ip = if v6 { "2001:db8::7".parse().unwrap() } else { IP };
-            let ctx = KeyContext { ip, headers: &sent, query: None, host: host.as_deref(), path: "/a b", route: "r" };
+            let ctx = KeyContext {
+                ip,
+                headers: &sent,
+                query: Some(&query),
+                host: host.as_deref(),
+                path: "/a b",
+                route: "r",
+            };
             let mut key = String::new();
             client_key(&parts, &ctx, &mut key);
             let stored = StoredClient::of(key);
