@@ -205,14 +205,12 @@ fn shown_key(parts: &[KeyPart], named: &str) -> Result<Option<String>, String> {
         if index > 0 {
             out.push('|');
         }
-        let fallback = piece.strip_prefix(FALLBACK_MARK);
-        match part {
-            KeyPart::Ip => match piece.parse::<IpAddr>() {
+        match (part, piece.strip_prefix(FALLBACK_MARK)) {
+            (KeyPart::Ip, _) => match piece.parse::<IpAddr>() {
                 Ok(ip) => push_ip(&mut out, ip.to_canonical()),
                 Err(_) => return Ok(None),
             },
-            KeyPart::Header(_) | KeyPart::Query(_) if fallback.is_some() => {
-                let addr = fallback.unwrap_or_default();
+            (KeyPart::Header(_) | KeyPart::Query(_), Some(addr)) => {
                 let Ok(ip) = addr.parse::<IpAddr>() else {
                     return Err(format!(
                         "{addr:?} is not an IP address: `{FALLBACK_MARK}ADDR` names a client \
@@ -223,8 +221,8 @@ fn shown_key(parts: &[KeyPart], named: &str) -> Result<Option<String>, String> {
                 push_fallback(&mut out, ip.to_canonical());
             }
             // only a request without a host writes an empty value
-            KeyPart::Host if is_escaped(piece) && !has_uppercase(piece) => out.push_str(piece),
-            KeyPart::Host => return Ok(None),
+            (KeyPart::Host, _) if is_escaped(piece) && !has_uppercase(piece) => out.push_str(piece),
+            (KeyPart::Host, _) => return Ok(None),
             _ if !piece.is_empty() && is_escaped(piece) => out.push_str(piece),
             _ => return Ok(None),
         }
