@@ -411,3 +411,39 @@ async fn an_override_holds_for_a_client_named_by_its_digest() {
     }
     proxy.shutdown().await;
 }
+
+/// Under `key: host`, requests without a host share one client, shown as the empty string:
+/// `?key=` names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_without_a_host_is_named_by_the_empty_key() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let limit = "limits: [{name: per-host, algorithm: fixed_window, key: host, limit: 1, \
+                 window: 1h}]";
+    let yaml = Yaml::to(&[upstream.url()])
+        .top(&format!("admin: {{listen: 127.0.0.1:0, token: {TOKEN}}}"))
+        .redis(&redis, "timeout: 500ms")
+        .route("one", "/", limit)
+        .build();
+    let proxy = Proxy::start(&yaml).await;
+    // HTTP/1.0 needs no Host
+    let hostless = || async {
+        common::raw::one(proxy.addr, b"GET /h HTTP/1.0\r\n\r\n")
+            .await
+            .status
+    };
+    assert_eq!(hostless().await, 200);
+    assert_eq!(hostless().await, 429);
+    let (_, stats) = admin(&proxy, http::Method::GET, "/api/stats").await;
+    assert_eq!(
+        stats["limits"][0]["top_refused"][0]["client"], "",
+        "{stats:#}"
+    );
+    let path = "/api/limits/one/per-host?key=";
+    let (status, reset) = admin(&proxy, http::Method::DELETE, path).await;
+    assert_eq!(status, 200, "{reset}");
+    assert_eq!(hostless().await, 200, "reset");
+    let (status, refused) = admin(&proxy, http::Method::GET, "/api/limits/one/per-host").await;
+    assert_eq!(status, 400, "no key at all: {refused}");
+    proxy.shutdown().await;
+}
