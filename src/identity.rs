@@ -5,9 +5,11 @@
 //! ([`client_key`], [`push_key_head`], [`shorten_client`]); it does not add `X-Forwarded-For` to forwarded requests
 //! (the proxy does) and does not know routes. Uses nothing else of the crate.
 //!
-//! Submodule `key`: key building.
+//! Submodule `key`: key building. Submodule `written`: the written form of a client that the
+//! console shows and the operator API reads back.
 
 mod key;
+mod written;
 
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -16,8 +18,9 @@ use ipnet::IpNet;
 
 pub use key::{
     client_key, escape_key_value, key_head_len, override_key, push_ip, push_key_head,
-    repeated_part, shorten_client, written_key, DuplicateKey, KeyContext, MAX_CLIENT_KEY_LEN,
+    repeated_part, shorten_client, DuplicateKey, KeyContext, MAX_CLIENT_KEY_LEN,
 };
+pub use written::{may_be_digest, named_client, shown_client, StoredClient};
 
 /// One part of a limit's `key`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -73,7 +73,8 @@ struct LimitArgs {
     /// the limit's name
     #[arg(long)]
     limit: String,
-    /// the client, as `overrides` name one: 192.0.2.7, "a b", 192.0.2.7|gold
+    /// the client, as the console shows it: 192.0.2.7, %ip=192.0.2.7 (sent no key), a%20b,
+    /// 192.0.2.7|gold, %sha1=... (a long key)
     #[arg(long)]
     key: String,
     /// the admin token

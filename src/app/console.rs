@@ -38,11 +38,12 @@ fn counters(prefix: &str) -> [String; 2] {
     ]
 }
 
-/// A limit's client named by `call`, found in `config`: its algorithm and its store key.
+/// A limit's client named by `call`, found in `config`: its algorithm, its store key and its
+/// written form.
 fn find<'c>(
     config: &'c Config,
     call: &LimitCall<'_>,
-) -> Result<(&'c crate::limit::Algorithm, String), ApiAnswer> {
+) -> Result<(&'c crate::limit::Algorithm, String, String), ApiAnswer> {
     let route = config
         .routes
         .iter()
@@ -59,19 +60,18 @@ fn find<'c>(
             let message = format!("route {:?} has no limit named {:?}", call.route, call.limit);
             ApiAnswer::error(StatusCode::NOT_FOUND, "unknown_limit", message)
         })?;
-    let client = identity::override_key(&limit.key, call.key)
+    let client = identity::named_client(&limit.key, call.key)
         .map_err(|why| ApiAnswer::error(StatusCode::BAD_REQUEST, "bad_key", why))?;
+    // overrides name clients by their whole key; a digest matches the one it was made from
     let alg = limit
         .overrides
         .iter()
-        .find(|(written, _)| *written == client)
+        .find(|(written, _)| identity::StoredClient::of(written.clone()) == client)
         .map_or(&limit.algorithm, |(_, alg)| alg);
     let mut key = String::new();
     identity::push_key_head(&mut key, &config.store.key_prefix, &route.name, &limit.name);
-    let start = key.len();
-    key.push_str(&client);
-    identity::shorten_client(&mut key, start);
-    Ok((alg, key))
+    key.push_str(&client.key);
+    Ok((alg, key, client.shown().into_owned()))
 }
 
 fn store_failed(e: crate::store::StoreError) -> ApiAnswer {
@@ -112,7 +112,7 @@ impl admin::Api for ConsoleApi {
     fn limit<'a>(&'a self, call: LimitCall<'a>) -> ApiFuture<'a> {
         Box::pin(async move {
             let (config, store) = self.shared.in_force();
-            let (alg, key) = match find(&config, &call) {
+            let (alg, key, client) = match find(&config, &call) {
                 Ok(found) => found,
                 Err(answer) => return answer,
             };
@@ -122,6 +122,7 @@ impl admin::Api for ConsoleApi {
                     "route": call.route,
                     "limit": call.limit,
                     "key": call.key,
+                    "client": client,
                     "algorithm": alg.name(),
                     "allowed_now": d.allowed,
                     "remaining": d.remaining,
@@ -137,7 +138,7 @@ impl admin::Api for ConsoleApi {
     fn reset<'a>(&'a self, call: LimitCall<'a>, peer: SocketAddr) -> ApiFuture<'a> {
         Box::pin(async move {
             let (config, store) = self.shared.in_force();
-            let (_, key) = match find(&config, &call) {
+            let (_, key, client) = match find(&config, &call) {
                 Ok(found) => found,
                 Err(answer) => return answer,
             };
@@ -151,12 +152,13 @@ impl admin::Api for ConsoleApi {
                 tracing::warn!(error = %e, "console: the other instances were not told of a reset");
             }
             tracing::info!(target: "tollgate::console", %peer, route = call.route,
-                limit = call.limit, key = call.key, held, "limit state reset");
+                limit = call.limit, client, held, "limit state reset");
             ApiAnswer::ok(json!({
                 "reset": true,
                 "route": call.route,
                 "limit": call.limit,
                 "key": call.key,
+                "client": client,
                 "held_state": held,
             }))
         })

@@ -42,7 +42,8 @@ pub struct Refusals {
 type ByLimit = HashMap<Arc<str>, TopK>;
 
 impl Refusals {
-    /// Counts one refusal of `client` by limit `limit` of route `route`.
+    /// Counts one refusal of `client`, in its written form ([`crate::identity::shown_client`]),
+    /// by limit `limit` of route `route`.
     pub fn add(&self, route: &Arc<str>, limit: &Arc<str>, client: &str) {
         let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
         let limits = match routes.get_mut(&**route) {
@@ -222,10 +223,7 @@ fn limits(config: &Config, change: &Change<'_>, refusals: &Refusals) -> Vec<Valu
             let top: Vec<Value> = refusals
                 .top(&route.name, &limit.name, SHOWN_CLIENTS)
                 .into_iter()
-                .map(|e| {
-                    let client = crate::identity::written_key(&e.client);
-                    json!({"client": client, "refused": e.count, "error": e.error})
-                })
+                .map(|e| json!({"client": e.client, "refused": e.count, "error": e.error}))
                 .collect();
             out.push(json!({
                 "route": route.name,

@@ -13,7 +13,7 @@ use super::KeyPart;
 pub const MAX_CLIENT_KEY_LEN: usize = 64;
 
 /// Written before the client address when a `header:` or `query:` value is missing.
-const FALLBACK_MARK: &str = "%ip=";
+pub(super) const FALLBACK_MARK: &str = "%ip=";
 
 /// What key parts are read from, borrowed from the request.
 #[derive(Debug, Clone, Copy)]
@@ -162,32 +162,6 @@ pub fn override_key(parts: &[KeyPart], written: &str) -> Result<String, String> 
     Ok(out)
 }
 
-/// A client key as a person writes it, the way `overrides` name clients: `%XX` escapes
-/// decoded. The inverse of [`override_key`] for keys of one part.
-pub fn written_key(client: &str) -> String {
-    let bytes = client.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .filter(|_| bytes[i] == b'%')
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match hex {
-            Some(byte) => {
-                out.push(byte);
-                i += 3;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Appends `value` escaped as [`client_key`] escapes each value.
 pub fn escape_key_value(value: &[u8], out: &mut String) {
     match std::str::from_utf8(value) {
@@ -254,14 +228,14 @@ pub fn push_ip(out: &mut String, ip: IpAddr) {
     }
 }
 
-fn push_fallback(out: &mut String, ip: IpAddr) {
+pub(super) fn push_fallback(out: &mut String, ip: IpAddr) {
     out.push_str(FALLBACK_MARK);
     push_ip(out, ip);
 }
 
 /// Visible ASCII except `%` (the escape), `|` (the part separator) and the braces of a Redis
 /// Cluster hash tag: a client must not choose the slot (the node) its keys go to.
-fn is_key_safe(byte: u8) -> bool {
+pub(super) fn is_key_safe(byte: u8) -> bool {
     byte.is_ascii_graphic() && !matches!(byte, b'%' | b'|' | b'{' | b'}')
 }
 
@@ -311,7 +285,7 @@ fn form_decoded(text: &str) -> impl Iterator<Item = u8> + '_ {
     })
 }
 
-fn hex_value(digit: u8) -> Option<u8> {
+pub(super) fn hex_value(digit: u8) -> Option<u8> {
     char::from(digit)
         .to_digit(16)
         .and_then(|d| u8::try_from(d).ok())
@@ -337,21 +311,6 @@ fn host_name(host: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
-    /// A client written as `overrides` write it comes back from its key as written.
-    #[test]
-    fn written_keys_read_back() {
-        let header = [KeyPart::Header(HeaderName::from_static("x-client"))];
-        for written in ["a b", "caf\u{e9}", "100%", "plain", "x|y"] {
-            let key = override_key(&header, written).unwrap();
-            assert_eq!(written_key(&key), written, "{key}");
-        }
-        assert_eq!(
-            written_key("%ip=192.0.2.7"),
-            "%ip=192.0.2.7",
-            "not an escape"
-        );
-    }
-
     use super::*;
     use http::HeaderName;
     use proptest::prelude::*;

@@ -232,7 +232,7 @@ pub(super) async fn check<'r, B>(
         count(proxy, limit, &decision, outcome);
         match (decision.allowed, limit.shadow) {
             (false, false) => {
-                noted_refusal(proxy, route, limit, &key);
+                noted_refusal(proxy, route, limit, &ctx, &key);
                 // the limits before it, then its refusal, which the legacy headers state
                 let first = limit.shown(alg, decision);
                 let shown = match admitted.shown {
@@ -480,7 +480,7 @@ fn remembered_denial<'r>(
         if let Some(d) = proxy.store.cached_denial(key, alg) {
             match &mut found {
                 None => {
-                    noted_refusal(proxy, route, limit, key);
+                    noted_refusal(proxy, route, limit, ctx, key);
                     found = Some((limit, Showing::one(limit.shown(alg, d))));
                 }
                 Some((_, shown)) => {
@@ -500,11 +500,18 @@ fn remembered_denial<'r>(
 }
 
 /// Counts a refusal by `limit` of the client whose store key is `key`, for the console's
-/// clients refused most.
-fn noted_refusal(proxy: &Proxy, route: &Route, limit: &Limit, key: &str) {
+/// clients refused most, in the written form its reset takes.
+fn noted_refusal(proxy: &Proxy, route: &Route, limit: &Limit, ctx: &KeyContext<'_>, key: &str) {
     let head = identity::key_head_len(&proxy.settings.key_prefix, &route.name, &limit.name);
     let client = key.get(head..).unwrap_or_default();
-    proxy.refusals.add(&route.name, &limit.name, client);
+    // 40 hex digits are a digest or a client's own value: the whole key tells (rarely built)
+    let hashed = identity::may_be_digest(client) && {
+        let mut whole = String::new();
+        identity::client_key(&limit.key, limit.duplicate_key, ctx, &mut whole);
+        whole.len() > identity::MAX_CLIENT_KEY_LEN
+    };
+    let shown = identity::shown_client(client, hashed);
+    proxy.refusals.add(&route.name, &limit.name, &shown);
 }
 
 /// What the limits in `taken` (index, when they admitted, what they answered) took, with their
