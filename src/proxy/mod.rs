@@ -393,8 +393,8 @@ impl Proxy {
         // before any phase, so that every answer, the proxy's own too, carries it
         let request_id = request_id::keep_or_make(req.headers_mut());
         let started = Instant::now();
-        let line =
-            access::enabled().then(|| access::Line::of(&req, started, self.settings.access_log));
+        let line = access::enabled()
+            .then(|| access::Line::of(&req, started, self.settings.access_log, ending.grpc));
         let mut record = Record {
             proxy: self,
             started,
@@ -406,8 +406,8 @@ impl Proxy {
             answered: false,
         };
         let result = self.phases(req, conn, &mut record.outcome).await;
-        let resp = self.respond(result, &record.outcome, ending);
-        match record.done(resp.status().as_u16()) {
+        let (resp, counted) = self.respond(result, &record.outcome, ending);
+        match record.done(counted.as_u16(), resp.status().as_u16()) {
             Some(line) => line.follow(resp),
             None => resp,
         }
@@ -566,6 +566,10 @@ impl Proxy {
             Some(m) => path.strip(m),
             None => Cow::Borrowed(path.forwarded()),
         };
+        // (the target asked is named from it, even if the client leaves before the answer)
+        if let Some(line) = outcome.line.as_deref_mut() {
+            line.forwarded_to = Some(route.upstream.clone());
+        }
         let f = forward::Forward {
             upstream: &route.upstream.name,
             targets: &route.upstream.targets,
@@ -588,8 +592,6 @@ impl Proxy {
             adapter.observe(rate, sent, adapter.met(&result, sent.elapsed()));
         }
         if let Some(line) = outcome.line.as_deref_mut() {
-            let target = line.report.target();
-            line.upstream_addr = target.and_then(|i| route.upstream.targets.authority(i).cloned());
             line.upstream_ttfb = sent.filter(|_| result.is_ok()).map(|s| s.elapsed());
         }
         let resp = result?;
@@ -605,14 +607,27 @@ impl Proxy {
     /// Respond: the upstream's response, or the proxy's answer to a phase's error, with the
     /// rate-limit headers of the route's limits, the request's id, and a close where the
     /// connection must end.
+    ///
+    /// Also the status the metrics count: the one sent, except for tollgate's own answer to a
+    /// gRPC call (HTTP 200 with a `grpc-status`), counted as the status a plain HTTP client
+    /// would have had (429 for a limit's refusal, 503 for pacing), so that the refusal and
+    /// error figures count gRPC calls too.
     fn respond(
         &self,
         result: Result<Response<Body>, ProxyError>,
         outcome: &Outcome<'_>,
         mut ending: Ending,
-    ) -> Response<Body> {
-        let mut resp = match result {
-            Ok(resp) => resp,
+    ) -> (Response<Body>, StatusCode) {
+        let (mut resp, grpc) = match result {
+            Ok(resp) => {
+                let denied = outcome.decision == Some(crate::metrics::Decision::Denied);
+                let grpc = (ending.grpc && denied).then(|| {
+                    let limit = outcome.limit.map_or("-", |l| &**l);
+                    let message = format!("rate limited by {limit}");
+                    (GRPC_RESOURCE_EXHAUSTED, Cow::Owned(message))
+                });
+                (resp, grpc)
+            }
             Err(err) => {
                 self.report(&err, outcome);
                 // a request body refused, malformed or stalled is not read to its end: the
@@ -624,23 +639,15 @@ impl Proxy {
                             | ProxyError::BadBody
                             | ProxyError::ClientBodyTimeout { .. }
                     );
-                match ending.grpc {
-                    true => respond::grpc(
-                        respond::error(&err),
-                        err.grpc_status(),
-                        &err.public_message(),
-                    ),
-                    false => respond::error(&err),
-                }
+                let grpc = ending
+                    .grpc
+                    .then(|| (err.grpc_status(), err.public_message()));
+                (respond::error(&err), grpc)
             }
         };
-        if ending.grpc && outcome.decision == Some(crate::metrics::Decision::Denied) {
-            let limit = outcome.limit.map_or("-", |l| &**l);
-            resp = respond::grpc(
-                resp,
-                GRPC_RESOURCE_EXHAUSTED,
-                &format!("rate limited by {limit}"),
-            );
+        let counted = resp.status();
+        if let Some((code, message)) = grpc {
+            resp = respond::grpc(resp, code, &message);
         }
         if let Some(shown) = &outcome.shown {
             respond::add_rate_headers(resp.headers_mut(), self.settings.headers, shown);
@@ -661,7 +668,7 @@ impl Proxy {
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
-        resp
+        (resp, counted)
     }
 
     /// Counts and logs a phase's error. The upstream's failures go out at warn with their
@@ -748,9 +755,9 @@ struct Record<'a> {
 const CLIENT_CLOSED: u16 = 499;
 
 impl Record<'_> {
-    /// Records the metrics of an answer with `status`; the access line, when the log is on,
-    /// with what the phases found.
-    fn done(&mut self, status: u16) -> Option<Box<access::Line>> {
+    /// Records the metrics of an answer `counted` as `status` (see [`Proxy::respond`]) and sent
+    /// with `sent`; the access line, when the log is on, with what the phases found.
+    fn done(&mut self, status: u16, sent: u16) -> Option<Box<access::Line>> {
         self.answered = true;
         let elapsed = self.started.elapsed();
         let metrics = &self.proxy.metrics;
@@ -760,7 +767,7 @@ impl Record<'_> {
             None => metrics.request(route, status, elapsed),
         }
         let mut line = self.outcome.line.take()?;
-        line.answered(&self.outcome, status);
+        line.answered(&self.outcome, sent);
         Some(line)
     }
 }
@@ -768,7 +775,7 @@ impl Record<'_> {
 impl Drop for Record<'_> {
     fn drop(&mut self) {
         if !self.answered {
-            if let Some(line) = self.done(CLIENT_CLOSED) {
+            if let Some(line) = self.done(CLIENT_CLOSED, CLIENT_CLOSED) {
                 line.write(0, false);
             }
         }
