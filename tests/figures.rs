@@ -1,6 +1,7 @@
 //! What tollgate reports against what its clients got, with the real binary, a real Redis and
 //! real upstreams: a gRPC call's outcome (HTTP 200 with a `grpc-status`) in the access log, in
-//! `tollgate_requests_total` and in `/api/stats`.
+//! `tollgate_requests_total` and in `/api/stats`; and every wait for an upstream measured,
+//! for `pace.concurrency` too, and for requests that gave up waiting.
 
 mod common;
 
@@ -13,7 +14,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{iter_stream, Redis, TestBody};
+use common::{iter_stream, Redis, TestBody, Upstream};
 use http::uri::PathAndQuery;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -249,6 +250,86 @@ async fn text_access_lines_have_the_grpc_status() {
     );
 }
 
+/// Requests wait for a `pace.concurrency` upstream's slot, and the wait is in
+/// `tollgate_pacing_delay_seconds`, a series there from the start. A request refused after
+/// waiting, and one whose client left while it waited, are logged with the time they waited;
+/// one whose client left while the upstream was answering names the upstream it was sent to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_are_measured_wherever_they_happen() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let (port, admin) = (free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}
+admin: {{listen: 127.0.0.1:{admin}}}
+store: {{backend: redis, url: \"{redis}\"}}
+upstreams:
+  api: {{targets: [\"{url}\"]}}
+  one: {{targets: [\"{url}\"], pace: {{concurrency: 1, max_delay: 400ms}}}}
+  rated: {{targets: [\"{url}\"], pace: {{rate: 1/s, max_delay: 5s}}}}
+routes:
+  - {{name: one, match: {{path_prefix: /one}}, upstream: one, strip_prefix: true}}
+  - {{name: rated, match: {{path_prefix: /rated}}, upstream: rated, strip_prefix: true}}
+  - {{name: api, match: {{path_prefix: /}}, upstream: api}}
+",
+        redis = redis.url(),
+        url = upstream.url()
+    );
+    let (_child, lines) = run(&dir, &yaml, port, "json");
+    let metrics = admin_get(admin, "/metrics").1;
+    let series = r#"tollgate_pacing_delay_seconds_count{upstream="one"} 0"#;
+    assert!(metrics.contains(series), "no `{series}` in\n{metrics}");
+
+    // the slot is held for 1.5 s: the second request waits 400 ms for it, then is refused
+    let holder = std::thread::spawn(move || raw_get(port, "/one/slow/1500", "holder"));
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = raw_get(port, "/one/x", "refused");
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(holder.join().unwrap().starts_with("HTTP/1.1 200"));
+
+    // the first takes the rate's slot; the second's client leaves 500 ms into its wait
+    assert!(raw_get(port, "/rated/x", "rated").starts_with("HTTP/1.1 200"));
+    leave_after(port, "/rated/x", "left-waiting", Duration::from_millis(500));
+    // the upstream answers in 3 s: the client leaves after 300 ms
+    leave_after(
+        port,
+        "/slow/3000",
+        "left-answering",
+        Duration::from_millis(300),
+    );
+
+    let logged = access_lines(&lines, 5);
+    let waited = |id: &str| logged[id]["pacing_delay_ms"].as_f64().unwrap();
+    assert!(waited("holder") < 100.0, "{:#}", logged["holder"]);
+    let refused = &logged["refused"];
+    assert_eq!(refused["status"], 503, "{refused:#}");
+    assert!((300.0..1500.0).contains(&waited("refused")), "{refused:#}");
+    let left = &logged["left-waiting"];
+    assert_eq!(left["status"], 499, "{left:#}");
+    assert!(
+        (400.0..1500.0).contains(&waited("left-waiting")),
+        "{left:#}"
+    );
+    assert_eq!(left["upstream_addr"], "-", "never sent: {left:#}");
+    let gone = &logged["left-answering"];
+    assert_eq!(gone["status"], 499, "{gone:#}");
+    assert_eq!(gone["upstream_addr"], upstream.addr.to_string(), "{gone:#}");
+
+    let metrics = admin_get(admin, "/metrics").1;
+    let count = |upstream: &str| {
+        let name = format!("tollgate_pacing_delay_seconds_count{{upstream=\"{upstream}\"}} ");
+        let line = metrics.lines().find(|l| l.starts_with(&name));
+        line.and_then(|l| l[name.len()..].parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no `{name}` in\n{metrics}"))
+    };
+    assert_eq!(count("one"), 2.0, "{metrics}");
+    assert_eq!(count("rated"), 2.0, "{metrics}");
+    // the refused request's 400 ms are in the histogram: one wait past 250 ms
+    let bucket = r#"tollgate_pacing_delay_seconds_bucket{le="0.25",upstream="one"} 1"#;
+    assert!(metrics.contains(bucket), "no `{bucket}` in\n{metrics}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The binary, its log and its admin listener.
 
@@ -344,6 +425,15 @@ fn raw_get(port: u16, path: &str, id: &str) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out
+}
+
+/// A GET of `path` whose client closes its connection `after` sending it, unanswered.
+fn leave_after(port: u16, path: &str, id: &str, after: Duration) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: t\r\nX-Request-Id: {id}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    std::thread::sleep(after);
+    drop(s);
 }
 
 /// A GET of the admin listener's `path`: its status and body.

@@ -384,6 +384,21 @@ struct Outcome<'a> {
     request_id: Option<HeaderValue>,
     /// the access line, while the access log is on
     line: Option<Box<access::Line>>,
+    /// when the request began to wait for the upstream's pacing and slots, while it waits
+    waiting_since: Option<Instant>,
+}
+
+impl Outcome<'_> {
+    /// Ends the wait for the upstream's pacing, if the request is waiting: it counts in the
+    /// request's `pacing_delay` and in `tollgate_pacing_delay_seconds`, whatever ended it.
+    fn waited(&mut self, metrics: &Metrics) {
+        let (Some(since), Some(upstream)) = (self.waiting_since.take(), self.upstream) else {
+            return;
+        };
+        let waited = since.elapsed();
+        self.pacing_delay += waited;
+        metrics.pacing_delay(upstream, waited);
+    }
 }
 
 impl Proxy {
@@ -530,22 +545,32 @@ impl Proxy {
 
     /// Pace: waits for the upstream's slot, if it is paced ([`Pacer::wait`]), then for a slot
     /// in flight to it, if they are bounded ([`inflight::Inflight::wait`]), held in `held`.
+    ///
+    /// The wait is measured however it ends: with the slots, refused, or with the client
+    /// gone (then [`Record`] measures it, as the request is dropped).
     async fn pace(
         &self,
         route: &Route,
         outcome: &mut Outcome<'_>,
         held: &mut slots::Held,
     ) -> Result<(), ProxyError> {
-        if let Some(pacer) = &route.upstream.pacer {
-            let paced = pacer.wait(&self.store).await?;
-            outcome.pacing_delay += paced.delay;
-            outcome.pace_rate = Some(paced.rate);
-            self.metrics.pacing_delay(&route.upstream.name, paced.delay);
+        let upstream = &*route.upstream;
+        if !upstream.paced() {
+            return Ok(());
         }
-        if let Some(inflight) = &route.upstream.inflight {
-            outcome.pacing_delay += inflight.wait(&self.holders, held).await?;
+        outcome.waiting_since = Some(Instant::now());
+        let waited = async {
+            if let Some(pacer) = &upstream.pacer {
+                outcome.pace_rate = Some(pacer.wait(&self.store).await?.rate);
+            }
+            if let Some(inflight) = &upstream.inflight {
+                inflight.wait(&self.holders, held).await?;
+            }
+            Ok(())
         }
-        Ok(())
+        .await;
+        outcome.waited(&self.metrics);
+        waited
     }
 
     /// Forward: sends the request to one of the upstream's targets and streams the response
@@ -759,6 +784,8 @@ impl Record<'_> {
     /// with `sent`; the access line, when the log is on, with what the phases found.
     fn done(&mut self, status: u16, sent: u16) -> Option<Box<access::Line>> {
         self.answered = true;
+        // (a client that left while its request waited for the upstream's pacing)
+        self.outcome.waited(&self.proxy.metrics);
         let elapsed = self.started.elapsed();
         let metrics = &self.proxy.metrics;
         let route = self.outcome.route.unwrap_or(metrics.no_route());
