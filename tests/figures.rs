@@ -2,6 +2,9 @@
 //! real upstreams: a gRPC call's outcome (HTTP 200 with a `grpc-status`) in the access log, in
 //! `tollgate_requests_total` and in `/api/stats`; and every wait for an upstream measured,
 //! for `pace.concurrency` too, and for requests that gave up waiting.
+//!
+//! (The tests block a worker on plain sockets at times: a third keeps the in-process upstream
+//! served meanwhile.)
 
 mod common;
 
@@ -113,7 +116,7 @@ async fn call(
 }
 
 /// The config of the gRPC tests: route `api` under a limit of one call per caller an hour,
-/// route `paced` to an upstream paced at 1/s that refuses past 100 ms, route `plain` with
+/// route `paced` to an upstream paced at one call in 2 s that refuses past 100 ms, route `plain` with
 /// neither; the admin listener on `admin`.
 fn grpc_config(port: u16, admin: u16, redis: &Redis, upstream: SocketAddr) -> String {
     format!(
@@ -125,7 +128,7 @@ upstreams:
   slow:
     targets: [\"http://{upstream}\"]
     protocol: http2
-    pace: {{rate: 1/s, max_delay: 100ms}}
+    pace: {{rate: 30/min, max_delay: 100ms}}
 routes:
   - name: paced
     match: {{path_prefix: /paced}}
@@ -148,7 +151,7 @@ routes:
 /// documented refusal query) and in its route's 429 share of `/api/stats`; UNAVAILABLE from
 /// pacing is logged with 14 and counted with the 5xx; the upstream's own status, sent in the
 /// trailers, is logged too; a request that is not gRPC has no `grpc_status`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn grpc_outcomes_are_in_every_figure() {
     let redis = Redis::start();
     let (upstream, _task) = grpc_upstream().await;
@@ -229,7 +232,7 @@ async fn grpc_outcomes_are_in_every_figure() {
 }
 
 /// The text access log has the gRPC status of a refused call after its 200.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn text_access_lines_have_the_grpc_status() {
     let redis = Redis::start();
     let (upstream, _task) = grpc_upstream().await;
@@ -254,7 +257,7 @@ async fn text_access_lines_have_the_grpc_status() {
 /// `tollgate_pacing_delay_seconds`, a series there from the start. A request refused after
 /// waiting, and one whose client left while it waited, are logged with the time they waited;
 /// one whose client left while the upstream was answering names the upstream it was sent to.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn waits_are_measured_wherever_they_happen() {
     let redis = Redis::start();
     let upstream = Upstream::start().await;
@@ -267,7 +270,7 @@ store: {{backend: redis, url: \"{redis}\"}}
 upstreams:
   api: {{targets: [\"{url}\"]}}
   one: {{targets: [\"{url}\"], pace: {{concurrency: 1, max_delay: 400ms}}}}
-  rated: {{targets: [\"{url}\"], pace: {{rate: 1/s, max_delay: 5s}}}}
+  rated: {{targets: [\"{url}\"], pace: {{rate: 30/min, max_delay: 5s}}}}
 routes:
   - {{name: one, match: {{path_prefix: /one}}, upstream: one, strip_prefix: true}}
   - {{name: rated, match: {{path_prefix: /rated}}, upstream: rated, strip_prefix: true}}
@@ -283,12 +286,19 @@ routes:
 
     // the slot is held for 1.5 s: the second request waits 400 ms for it, then is refused
     let holder = std::thread::spawn(move || raw_get(port, "/one/slow/1500", "holder"));
-    std::thread::sleep(Duration::from_millis(300));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.seen().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the holder did not reach the upstream"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let refused = raw_get(port, "/one/x", "refused");
     assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
     assert!(holder.join().unwrap().starts_with("HTTP/1.1 200"));
 
-    // the first takes the rate's slot; the second's client leaves 500 ms into its wait
+    // the first takes the rate's slot; the second's client leaves 500 ms into its 2 s wait
     assert!(raw_get(port, "/rated/x", "rated").starts_with("HTTP/1.1 200"));
     leave_after(port, "/rated/x", "left-waiting", Duration::from_millis(500));
     // the upstream answers in 3 s: the client leaves after 300 ms
