@@ -436,6 +436,22 @@ mod tests {
         assert_eq!(PathText(&uri, true).to_string(), "/v1/items?token=secret");
     }
 
+    /// Only a gRPC call's line takes a `grpc-status`, and only one that is there.
+    #[test]
+    fn only_a_grpc_call_has_a_grpc_status() {
+        let req = Request::new(());
+        let mut headers = http::HeaderMap::new();
+        headers.insert(GRPC_STATUS, HeaderValue::from_static("8"));
+        let mut plain = Line::of(&req, Instant::now(), LogSettings::default(), false);
+        plain.read_grpc_status(&headers);
+        assert_eq!(plain.grpc_status, None);
+        let mut call = Line::of(&req, Instant::now(), LogSettings::default(), true);
+        call.read_grpc_status(&http::HeaderMap::new());
+        assert_eq!(call.grpc_status, None);
+        call.read_grpc_status(&headers);
+        assert_eq!(call.grpc_status, Some(8));
+    }
+
     /// The client is its address, or a hash of 12 hex digits that is the same every time.
     #[test]
     fn the_client_is_an_address_or_a_hash() {
