@@ -317,7 +317,7 @@ impl Metrics {
         );
         r.register_with_unit(
             "tollgate_pacing_delay",
-            "Time requests waited for an upstream's pacing, by upstream",
+            "Time requests waited for an upstream's pacing and in-flight slots, by upstream",
             Unit::Seconds,
             pacing_delay.clone(),
         );
@@ -483,8 +483,8 @@ impl Metrics {
         counter.inc();
     }
 
-    /// Records how long a request waited for `upstream`'s pacing:
-    /// `tollgate_pacing_delay_seconds{upstream}`.
+    /// Records how long a request waited for `upstream`'s pacing and in-flight slots, however
+    /// the wait ended: `tollgate_pacing_delay_seconds{upstream}`.
     pub fn pacing_delay(&self, upstream: &Arc<str>, delay: Duration) {
         let labels = UpstreamLabel {
             upstream: upstream.clone(),
@@ -503,7 +503,7 @@ impl Metrics {
         self.inner.pace_rate.get_or_create(&labels).set(rate);
     }
 
-    /// Makes `tollgate_pacing_delay_seconds{upstream}` exist, empty until a paced request.
+    /// Makes `tollgate_pacing_delay_seconds{upstream}` exist, empty until a request waits.
     pub fn pacing_known(&self, upstream: &Arc<str>) {
         let labels = UpstreamLabel {
             upstream: upstream.clone(),

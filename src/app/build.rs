@@ -203,13 +203,15 @@ pub fn build_proxy(
             }),
             series: crate::metrics::UpstreamSeries::new(u.name.as_str().into()),
         };
-        // its error series (and a paced one's delay histogram) exist from the start, at zero,
-        // so `rate(...)` has one to read
+        // its error series (and, if requests may wait for it, its delay histogram) exist from
+        // the start, at zero, so `rate(...)` has one to read
         for kind in crate::proxy::ProxyError::UPSTREAM_KINDS {
             metrics.upstream_error_known(&upstream.name, kind);
         }
-        if let Some(pacer) = &upstream.pacer {
+        if upstream.paced() {
             metrics.pacing_known(&upstream.name);
+        }
+        if let Some(pacer) = &upstream.pacer {
             // (an adaptive rate is set by the adapting task once it has read the fleet's)
             if pacer.adapt.is_none() {
                 metrics.pace_rate(&upstream.name, pacer.pace.rate.per_sec());

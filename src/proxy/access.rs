@@ -6,6 +6,9 @@
 //! response body ([`LoggedBody`]). With the log off (`RUST_LOG=...,tollgate::access=off`) a
 //! request pays one check of the filter. Metrics are not this module's: they are recorded when
 //! the response head is ready.
+//!
+//! A gRPC call's line has its `grpc_status`: from the response head when the answer is
+//! trailers-only (tollgate's own answers are), else from the trailers as the body passes.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -21,7 +24,7 @@ use http::{HeaderValue, Method, Request, Response, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, SizeHint};
 
-use super::{Body, BoxError, Outcome};
+use super::{Body, BoxError, Outcome, Upstream};
 use crate::metrics::Decision;
 
 /// The target of every access line: `RUST_LOG=info,tollgate::access=off` turns the log off.
@@ -52,11 +55,11 @@ pub struct LogSettings {
     pub client: ClientField,
 }
 
-/// What the forward phase tells the access log: the target that answered, or failed last, and
-/// the bytes of the request body read from the client.
+/// What the forward phase tells the access log: the target asked last, and the bytes of the
+/// request body read from the client.
 #[derive(Debug, Default)]
 pub struct Report {
-    /// the target's index plus one; 0 while no target answered
+    /// the target's index plus one; 0 while no target was asked
     target: AtomicUsize,
     /// the request body's bytes, counted as the upstream connection takes them (shared with
     /// that body, which the connection may outlive this request with)
@@ -64,12 +67,13 @@ pub struct Report {
 }
 
 impl Report {
-    /// Target `index` of the upstream answered (or failed).
-    pub(super) fn answered_by(&self, index: usize) {
+    /// Target `index` of the upstream is asked: named in the line whatever comes of it, the
+    /// client leaving before its answer too.
+    pub(super) fn asked(&self, index: usize) {
         self.target.store(index + 1, Ordering::Relaxed);
     }
 
-    /// The index of the target that answered, if one did.
+    /// The index of the target asked last, if one was.
     pub(super) fn target(&self) -> Option<usize> {
         self.target.load(Ordering::Relaxed).checked_sub(1)
     }
@@ -128,10 +132,14 @@ pub(super) struct Line {
     user_agent: Option<HeaderValue>,
     /// filled in by the forward phase
     pub(super) report: Report,
-    /// the upstream target that answered, or failed last
-    pub(super) upstream_addr: Option<Authority>,
+    /// the upstream the request is forwarded to: its targets name the one `report` gives
+    pub(super) forwarded_to: Option<Arc<Upstream>>,
     /// from sending the request to the upstream's response head
     pub(super) upstream_ttfb: Option<Duration>,
+    /// a gRPC call: its status is looked for in the response
+    grpc: bool,
+    /// the call's `grpc-status`, once the response head or trailers gave it
+    grpc_status: Option<u32>,
     answer: Answer,
 }
 
@@ -152,8 +160,13 @@ struct Answer {
 }
 
 impl Line {
-    /// The line of `req`, which arrived at `started`.
-    pub(super) fn of<B>(req: &Request<B>, started: Instant, settings: LogSettings) -> Box<Line> {
+    /// The line of `req`, which arrived at `started`; `grpc`: it is a gRPC call.
+    pub(super) fn of<B>(
+        req: &Request<B>,
+        started: Instant,
+        settings: LogSettings,
+        grpc: bool,
+    ) -> Box<Line> {
         let host = match req.uri().authority() {
             Some(a) => HeaderValue::from_str(a.as_str()).ok(),
             None => req.headers().get(http::header::HOST).cloned(),
@@ -167,8 +180,10 @@ impl Line {
             host,
             user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
             report: Report::default(),
-            upstream_addr: None,
+            forwarded_to: None,
             upstream_ttfb: None,
+            grpc,
+            grpc_status: None,
             answer: Answer::default(),
         })
     }
@@ -190,7 +205,8 @@ impl Line {
     }
 
     /// `resp`, its body writing this line when it ends.
-    pub(super) fn follow(self: Box<Line>, resp: Response<Body>) -> Response<Body> {
+    pub(super) fn follow(mut self: Box<Line>, resp: Response<Body>) -> Response<Body> {
+        self.read_grpc_status(resp.headers());
         resp.map(|body| {
             LoggedBody {
                 inner: body,
@@ -199,6 +215,24 @@ impl Line {
             }
             .boxed()
         })
+    }
+
+    /// Takes the call's `grpc-status` from `headers` (a trailers-only head, or the trailers),
+    /// when this is a gRPC call and they hold one.
+    fn read_grpc_status(&mut self, headers: &http::HeaderMap) {
+        if !self.grpc {
+            return;
+        }
+        let status = headers.get(GRPC_STATUS).and_then(|v| v.to_str().ok());
+        if let Some(code) = status.and_then(|s| s.trim().parse().ok()) {
+            self.grpc_status = Some(code);
+        }
+    }
+
+    /// The target asked last, `host:port`, if one was.
+    fn upstream_addr(&self) -> Option<&Authority> {
+        let target = self.report.target()?;
+        self.forwarded_to.as_ref()?.targets.authority(target)
     }
 
     /// Writes the line: `sent` bytes of the response body went out, all of it (`complete`) or
@@ -212,12 +246,13 @@ impl Line {
             path = %PathText(&self.uri, self.settings.query),
             protocol = protocol(self.version),
             status = a.status,
+            grpc_status = self.grpc_status,
             bytes_out = sent,
             user_agent = %Text(self.user_agent.as_ref()),
             host = %Text(self.host.as_ref()),
             route = or_dash(&a.route),
             upstream = or_dash(&a.upstream),
-            upstream_addr = %self.upstream_addr.as_ref().map_or("-", Authority::as_str),
+            upstream_addr = %self.upstream_addr().map_or("-", Authority::as_str),
             upstream_ttfb_ms = self.upstream_ttfb.map(millis),
             decision = a.decision.map_or("-", Decision::as_str),
             limit = or_dash(&a.limit),
@@ -254,6 +289,9 @@ impl hyper::body::Body for LoggedBody {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     self.sent += data.len() as u64;
+                } else if let (Some(trailers), Some(line)) = (frame.trailers_ref(), &mut self.line)
+                {
+                    line.read_grpc_status(trailers);
                 }
             }
             Poll::Ready(ended) => {
@@ -285,6 +323,9 @@ impl Drop for LoggedBody {
         }
     }
 }
+
+/// Where a gRPC call's status is: the trailers, or the head of a trailers-only answer.
+const GRPC_STATUS: &str = "grpc-status";
 
 /// A name, or `-` when there is none.
 fn or_dash(name: &Option<Arc<str>>) -> &str {
@@ -397,6 +438,22 @@ mod tests {
         let uri: Uri = "/v1/items?token=secret".parse().unwrap();
         assert_eq!(PathText(&uri, false).to_string(), "/v1/items");
         assert_eq!(PathText(&uri, true).to_string(), "/v1/items?token=secret");
+    }
+
+    /// Only a gRPC call's line takes a `grpc-status`, and only one that is there.
+    #[test]
+    fn only_a_grpc_call_has_a_grpc_status() {
+        let req = Request::new(());
+        let mut headers = http::HeaderMap::new();
+        headers.insert(GRPC_STATUS, HeaderValue::from_static("8"));
+        let mut plain = Line::of(&req, Instant::now(), LogSettings::default(), false);
+        plain.read_grpc_status(&headers);
+        assert_eq!(plain.grpc_status, None);
+        let mut call = Line::of(&req, Instant::now(), LogSettings::default(), true);
+        call.read_grpc_status(&http::HeaderMap::new());
+        assert_eq!(call.grpc_status, None);
+        call.read_grpc_status(&headers);
+        assert_eq!(call.grpc_status, Some(8));
     }
 
     /// The client is its address, or a hash of 12 hex digits that is the same every time.

@@ -321,9 +321,6 @@ fn answered(
     client_upgrade: Option<OnUpgrade>,
     upload: Option<Arc<Upload>>,
 ) -> Result<Response<Body>, ProxyError> {
-    if let Some(report) = f.report {
-        report.answered_by(used);
-    }
     let mut resp = match answer {
         None => {
             // a body that stalled waiting for the client is the client's doing
@@ -405,6 +402,9 @@ fn attempts<'a>(
         // future holds no room for them while that attempt is under way)
         let (again, other) = {
             let key = &f.targets.targets[target].key;
+            if let Some(report) = f.report {
+                report.asked(target);
+            }
             let first = std::pin::pin!(client.request(key, req, Some(&waits)));
             match head_in_time(first, upload.as_deref(), &waits, timeout, start).await {
                 None => {
@@ -439,6 +439,9 @@ fn attempts<'a>(
         // awaited as the first's: the same deadline, moved on by a body still uploading.
         let waits = Waits::new(stream_wait(timeout));
         let key = &f.targets.targets[other].key;
+        if let Some(report) = f.report {
+            report.asked(other);
+        }
         let mut second = Box::pin(client.request(key, again, Some(&waits)));
         let answer = head_in_time(second.as_mut(), upload.as_deref(), &waits, timeout, start).await;
         if answer.is_none() {

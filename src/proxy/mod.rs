@@ -400,6 +400,21 @@ struct Outcome<'a> {
     line: Option<Box<access::Line>>,
     /// the `error` code of the JSON answer when a phase failed, for the access log
     error: Option<&'static str>,
+    /// when the request began to wait for the upstream's pacing and slots, while it waits
+    waiting_since: Option<Instant>,
+}
+
+impl Outcome<'_> {
+    /// Ends the wait for the upstream's pacing, if the request is waiting: it counts in the
+    /// request's `pacing_delay` and in `tollgate_pacing_delay_seconds`, whatever ended it.
+    fn waited(&mut self, metrics: &Metrics) {
+        let (Some(since), Some(upstream)) = (self.waiting_since.take(), self.upstream) else {
+            return;
+        };
+        let waited = since.elapsed();
+        self.pacing_delay += waited;
+        metrics.pacing_delay(upstream, waited);
+    }
 }
 
 impl Proxy {
@@ -409,8 +424,8 @@ impl Proxy {
         // before any phase, so that every answer, the proxy's own too, carries it
         let request_id = request_id::keep_or_make(req.headers_mut());
         let started = Instant::now();
-        let line =
-            access::enabled().then(|| access::Line::of(&req, started, self.settings.access_log));
+        let line = access::enabled()
+            .then(|| access::Line::of(&req, started, self.settings.access_log, ending.grpc));
         let mut record = Record {
             proxy: self,
             started,
@@ -423,8 +438,8 @@ impl Proxy {
         };
         let result = self.phases(req, conn, &mut record.outcome).await;
         record.outcome.error = result.as_ref().err().map(ProxyError::code);
-        let resp = self.respond(result, &record.outcome, ending);
-        match record.done(resp.status().as_u16()) {
+        let (resp, counted) = self.respond(result, &record.outcome, ending);
+        match record.done(counted.as_u16(), resp.status().as_u16()) {
             Some(line) => line.follow(resp),
             None => resp,
         }
@@ -549,22 +564,32 @@ impl Proxy {
 
     /// Pace: waits for the upstream's slot, if it is paced ([`Pacer::wait`]), then for a slot
     /// in flight to it, if they are bounded ([`inflight::Inflight::wait`]), held in `held`.
+    ///
+    /// The wait is measured however it ends: with the slots, refused, or with the client
+    /// gone (then [`Record`] measures it, as the request is dropped).
     async fn pace(
         &self,
         route: &Route,
         outcome: &mut Outcome<'_>,
         held: &mut slots::Held,
     ) -> Result<(), ProxyError> {
-        if let Some(pacer) = &route.upstream.pacer {
-            let paced = pacer.wait(&self.store).await?;
-            outcome.pacing_delay += paced.delay;
-            outcome.pace_rate = Some(paced.rate);
-            self.metrics.pacing_delay(&route.upstream.name, paced.delay);
+        let upstream = &*route.upstream;
+        if !upstream.paced() {
+            return Ok(());
         }
-        if let Some(inflight) = &route.upstream.inflight {
-            outcome.pacing_delay += inflight.wait(&self.holders, held).await?;
+        outcome.waiting_since = Some(Instant::now());
+        let waited = async {
+            if let Some(pacer) = &upstream.pacer {
+                outcome.pace_rate = Some(pacer.wait(&self.store).await?.rate);
+            }
+            if let Some(inflight) = &upstream.inflight {
+                inflight.wait(&self.holders, held).await?;
+            }
+            Ok(())
         }
-        Ok(())
+        .await;
+        outcome.waited(&self.metrics);
+        waited
     }
 
     /// Forward: sends the request to one of the upstream's targets and streams the response
@@ -585,6 +610,10 @@ impl Proxy {
             Some(m) => path.strip(m),
             None => Cow::Borrowed(path.forwarded()),
         };
+        // (the target asked is named from it, even if the client leaves before the answer)
+        if let Some(line) = outcome.line.as_deref_mut() {
+            line.forwarded_to = Some(route.upstream.clone());
+        }
         let f = forward::Forward {
             upstream: &route.upstream.name,
             targets: &route.upstream.targets,
@@ -607,8 +636,6 @@ impl Proxy {
             adapter.observe(rate, sent, adapter.met(&result, sent.elapsed()));
         }
         if let Some(line) = outcome.line.as_deref_mut() {
-            let target = line.report.target();
-            line.upstream_addr = target.and_then(|i| route.upstream.targets.authority(i).cloned());
             line.upstream_ttfb = sent.filter(|_| result.is_ok()).map(|s| s.elapsed());
         }
         let resp = result?;
@@ -624,14 +651,27 @@ impl Proxy {
     /// Respond: the upstream's response, or the proxy's answer to a phase's error, with the
     /// rate-limit headers of the route's limits, the request's id, and a close where the
     /// connection must end.
+    ///
+    /// Also the status the metrics count: the one sent, except for tollgate's own answer to a
+    /// gRPC call (HTTP 200 with a `grpc-status`), counted as the status a plain HTTP client
+    /// would have had (429 for a limit's refusal, 503 for pacing), so that the refusal and
+    /// error figures count gRPC calls too.
     fn respond(
         &self,
         result: Result<Response<Body>, ProxyError>,
         outcome: &Outcome<'_>,
         mut ending: Ending,
-    ) -> Response<Body> {
-        let mut resp = match result {
-            Ok(resp) => resp,
+    ) -> (Response<Body>, StatusCode) {
+        let (mut resp, grpc) = match result {
+            Ok(resp) => {
+                let denied = outcome.decision == Some(crate::metrics::Decision::Denied);
+                let grpc = (ending.grpc && denied).then(|| {
+                    let limit = outcome.limit.map_or("-", |l| &**l);
+                    let message = format!("rate limited by {limit}");
+                    (GRPC_RESOURCE_EXHAUSTED, Cow::Owned(message))
+                });
+                (resp, grpc)
+            }
             Err(err) => {
                 self.report(&err, outcome);
                 // a request body refused, malformed or stalled is not read to its end: the
@@ -643,23 +683,15 @@ impl Proxy {
                             | ProxyError::BadBody
                             | ProxyError::ClientBodyTimeout { .. }
                     );
-                match ending.grpc {
-                    true => respond::grpc(
-                        respond::error(&err),
-                        err.grpc_status(),
-                        &err.public_message(),
-                    ),
-                    false => respond::error(&err),
-                }
+                let grpc = ending
+                    .grpc
+                    .then(|| (err.grpc_status(), err.public_message()));
+                (respond::error(&err), grpc)
             }
         };
-        if ending.grpc && outcome.decision == Some(crate::metrics::Decision::Denied) {
-            let limit = outcome.limit.map_or("-", |l| &**l);
-            resp = respond::grpc(
-                resp,
-                GRPC_RESOURCE_EXHAUSTED,
-                &format!("rate limited by {limit}"),
-            );
+        let counted = resp.status();
+        if let Some((code, message)) = grpc {
+            resp = respond::grpc(resp, code, &message);
         }
         if let Some(shown) = &outcome.shown {
             respond::add_rate_headers(resp.headers_mut(), self.settings.headers, shown);
@@ -680,7 +712,7 @@ impl Proxy {
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
-        resp
+        (resp, counted)
     }
 
     /// Counts and logs a phase's error. The upstream's failures go out at warn with their
@@ -776,10 +808,12 @@ struct Record<'a> {
 const CLIENT_CLOSED: u16 = 499;
 
 impl Record<'_> {
-    /// Records the metrics of an answer with `status`; the access line, when the log is on,
-    /// with what the phases found.
-    fn done(&mut self, status: u16) -> Option<Box<access::Line>> {
+    /// Records the metrics of an answer `counted` as `status` (see [`Proxy::respond`]) and sent
+    /// with `sent`; the access line, when the log is on, with what the phases found.
+    fn done(&mut self, status: u16, sent: u16) -> Option<Box<access::Line>> {
         self.answered = true;
+        // (a client that left while its request waited for the upstream's pacing)
+        self.outcome.waited(&self.proxy.metrics);
         let elapsed = self.started.elapsed();
         let metrics = &self.proxy.metrics;
         let route = self.outcome.route.unwrap_or(metrics.no_route());
@@ -788,7 +822,7 @@ impl Record<'_> {
             None => metrics.request(route, status, elapsed),
         }
         let mut line = self.outcome.line.take()?;
-        line.answered(&self.outcome, status);
+        line.answered(&self.outcome, sent);
         Some(line)
     }
 }
@@ -796,7 +830,7 @@ impl Record<'_> {
 impl Drop for Record<'_> {
     fn drop(&mut self) {
         if !self.answered {
-            if let Some(line) = self.done(CLIENT_CLOSED) {
+            if let Some(line) = self.done(CLIENT_CLOSED, CLIENT_CLOSED) {
                 line.write(0, false);
             }
         }
