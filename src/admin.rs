@@ -20,6 +20,10 @@
 //! that change state get 403: nobody may reset limits on an open listener. `/api/` answers
 //! and errors are JSON.
 //!
+//! Without a token, every path answers only a request whose host `hosts` allows (an IP
+//! literal, `localhost`, a name of `admin.hosts`), and 403 otherwise: a page on another site
+//! that rebinds its name to this address cannot read the console.
+//!
 //! This module owns only the answers. The connections are the server's
 //! (`server::side`): they are bounded as the proxy listener's are, and held to a cap and to
 //! the descriptors the proxy needs. It uses nothing else of the crate but [`Metrics`]: what
