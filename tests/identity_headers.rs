@@ -161,3 +161,53 @@ async fn turned_off_the_headers_are_left_as_sent() {
         ["for=1.2.3.4", "for=5.6.7.8"]
     );
 }
+
+/// A WebSocket handshake goes upstream with the same identity headers as any request: the
+/// head a raw upstream reads before it answers 101.
+#[tokio::test]
+async fn an_upgrade_handshake_carries_the_identity_headers() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = format!("http://{}", listener.local_addr().unwrap());
+    let upstream = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let head = read_head(&mut s).await;
+        s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n")
+            .await
+            .unwrap();
+        head
+    });
+    let yaml = Yaml::to(&[target]).route("api", "/v1", "").build();
+    let proxy = Proxy::start(&yaml).await;
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(
+        b"GET /v1/ws HTTP/1.1\r\nHost: api.example.com\r\nConnection: Upgrade\r\n\
+          Upgrade: websocket\r\nX-Real-IP: 1.2.3.4\r\nForwarded: for=1.2.3.4\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let answer = read_head(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 101"), "{answer}");
+    let head = upstream.await.unwrap().to_ascii_lowercase();
+    assert!(head.contains("\r\nx-real-ip: 127.0.0.1\r\n"), "{head}");
+    assert!(
+        head.contains(
+            "\r\nforwarded: for=1.2.3.4, for=127.0.0.1;proto=http;host=api.example.com\r\n"
+        ),
+        "{head}"
+    );
+    assert_eq!(head.matches("x-real-ip").count(), 1, "{head}");
+
+    /// Reads a message head, byte by byte, up to its blank line.
+    async fn read_head(s: &mut tokio::net::TcpStream) -> String {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            let read = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut byte));
+            let n = read.await.expect("a head in time").unwrap();
+            assert_eq!(n, 1, "closed after {:?}", String::from_utf8_lossy(&head));
+            head.push(byte[0]);
+        }
+        String::from_utf8(head).unwrap()
+    }
+}
