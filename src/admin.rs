@@ -20,6 +20,10 @@
 //! that change state get 403: nobody may reset limits on an open listener. `/api/` answers
 //! and errors are JSON.
 //!
+//! Without a token, every path answers only a request whose host `hosts` allows (an IP
+//! literal, `localhost`, a name of `admin.hosts`), and 403 otherwise: a page on another site
+//! that rebinds its name to this address cannot read the console.
+//!
 //! This module owns only the answers. The connections are the server's
 //! (`server::side`): they are bounded as the proxy listener's are, and held to a cap and to
 //! the descriptors the proxy needs. It uses nothing else of the crate but [`Metrics`]: what
@@ -44,6 +48,8 @@ use tokio::sync::watch;
 use crate::metrics::{self, Metrics};
 use crate::server::{side_accept_loop, SideBounds};
 
+mod hosts;
+
 const TEXT: &str = "text/plain; charset=utf-8";
 const JSON: &str = "application/json";
 const HTML: &str = "text/html; charset=utf-8";
@@ -63,6 +69,9 @@ pub struct AdminState {
     /// the bearer token `/api/` calls need, if one is set; read on every call, so a reload
     /// that changes it applies at once
     pub token: Arc<dyn Fn() -> Option<Arc<str>> + Send + Sync>,
+    /// `admin.hosts`: the names a listener without a token answers besides IP literals and
+    /// `localhost`; read on every request without a token, so a reload applies at once
+    pub hosts: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
     /// what `/api/` answers
     pub api: Arc<dyn Api>,
     /// the dashboard `GET /` serves; it holds no data, so it needs no token
@@ -201,8 +210,14 @@ async fn answer<B>(
     req: &Request<B>,
     peer: SocketAddr,
 ) -> Response<Full<Bytes>> {
+    let token = (state.token)();
+    if token.is_none() {
+        if let hosts::Verdict::Refused(name) = hosts::check(req, &(state.hosts)()) {
+            return foreign_host(req, name);
+        }
+    }
     if let Some(call) = req.uri().path().strip_prefix("/api/") {
-        return api(state, req, call, peer).await;
+        return api(state, req, call, token, peer).await;
     }
     if req.uri().path() != "/readyz" || !readable(req.method()) {
         return respond(state, req);
@@ -271,9 +286,9 @@ async fn api<B>(
     state: &AdminState,
     req: &Request<B>,
     call: &str,
+    token: Option<Arc<str>>,
     peer: SocketAddr,
 ) -> Response<Full<Bytes>> {
-    let token = (state.token)();
     if let Some(token) = &token {
         if !bearer_matches(req, token) {
             let mut answer = api_error(ApiAnswer::error(
@@ -359,6 +374,36 @@ async fn api<B>(
         _ => unreachable!("every other call was answered above"),
     };
     json_answer(answer.status, &answer.body)
+}
+
+/// 403 to a request for a host a listener without a token does not answer ([`hosts`]): JSON
+/// under `/api/`, text elsewhere, each saying how to allow the name.
+fn foreign_host<B>(req: &Request<B>, name: Option<String>) -> Response<Full<Bytes>> {
+    let message = match name {
+        Some(name) => format!(
+            "this admin listener has no token, so it answers only IP addresses, localhost and \
+             the names in admin.hosts; to open it as {name}, add {name} to admin.hosts or set \
+             admin.token"
+        ),
+        None => "this admin listener has no token, so it answers only requests whose Host is \
+                 an IP address, localhost or a name in admin.hosts; add the name to \
+                 admin.hosts or set admin.token"
+            .to_owned(),
+    };
+    let mut response = if req.uri().path().starts_with("/api/") {
+        api_error(ApiAnswer::error(
+            StatusCode::FORBIDDEN,
+            "forbidden_host",
+            message,
+        ))
+    } else {
+        with_type(StatusCode::FORBIDDEN, TEXT, (message + "\n").into())
+    };
+    response.headers_mut().insert(
+        http::header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    response
 }
 
 /// The `key` query parameter: the client, percent-decoded (`+` a space, as forms write it).
@@ -581,6 +626,7 @@ mod tests {
                 })
             }),
             token: Arc::new(move || token.map(Arc::from)),
+            hosts: Arc::new(Vec::new),
             api: Arc::new(Figures),
             page: test_page(),
         };
@@ -864,6 +910,7 @@ mod tests {
             config_json: Arc::new(|| serde_json::Value::Null),
             ready: Arc::new(|| Box::pin(async { Ok(()) })),
             token: Arc::new(|| None),
+            hosts: Arc::new(Vec::new),
             api: Arc::new(Figures),
             page: test_page(),
         };

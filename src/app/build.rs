@@ -286,6 +286,10 @@ pub fn build_proxy(
             max_body_size: config.max_body_size,
             paths: config.paths,
             access_log: access_log(config.access_log),
+            identity_headers: crate::proxy::IdentityHeaders {
+                x_real_ip: config.forwarded_headers.x_real_ip,
+                forwarded: config.forwarded_headers.forwarded,
+            },
         },
     })
 }

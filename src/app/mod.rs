@@ -277,6 +277,7 @@ fn admin_state(shared: &Arc<Shared>) -> AdminState {
     let for_config = shared.clone();
     let for_ready = shared.clone();
     let for_token = shared.clone();
+    let for_hosts = shared.clone();
     let sampler = crate::console::sample::Sampler::new(shared.metrics.clone());
     AdminState {
         metrics: shared.metrics.clone(),
@@ -297,6 +298,14 @@ fn admin_state(shared: &Arc<Shared>) -> AdminState {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone()
+        }),
+        hosts: Arc::new(move || {
+            let current = for_hosts.current.lock().unwrap_or_else(|e| e.into_inner());
+            current
+                .0
+                .admin
+                .as_ref()
+                .map_or_else(Vec::new, |a| a.hosts.clone())
         }),
         api: Arc::new(console::ConsoleApi::new(
             shared.clone(),

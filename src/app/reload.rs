@@ -90,9 +90,13 @@ impl Reloader {
             );
         }
         // what is in force: those stay as they were at the start (so /config shows them, and a
-        // file put back to them is no change); the admin token is the new one
+        // file put back to them is no change); the admin token and hosts are the new ones
         let admin = was.admin.clone().map(|a| config::AdminConfig {
             token: config.admin.as_ref().and_then(|new| new.token.clone()),
+            hosts: config
+                .admin
+                .as_ref()
+                .map_or_else(Vec::new, |new| new.hosts.clone()),
             ..a
         });
         let config = Config {

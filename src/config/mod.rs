@@ -44,9 +44,9 @@ use std::path::Path as FilePath;
 pub use problem::{ConfigError, Problem};
 pub use types::AdaptiveConfig;
 pub use types::{
-    AccessLog, AdminConfig, AdminToken, Backend, ClientTls, Config, HeaderStyle, Http2Config,
-    LimitConfig, LogClient, Mode, OnError, PaceConcurrency, PemFile, Protocol, RouteConfig,
-    SentinelConfig, StoreConfig, Timeouts, TlsConfig, UpstreamConfig,
+    AccessLog, AdminConfig, AdminToken, Backend, ClientTls, Config, ForwardedHeaders, HeaderStyle,
+    Http2Config, LimitConfig, LogClient, Mode, OnError, PaceConcurrency, PemFile, Protocol,
+    RouteConfig, SentinelConfig, StoreConfig, Timeouts, TlsConfig, UpstreamConfig,
 };
 
 use locate::Locator;

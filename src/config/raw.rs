@@ -67,6 +67,7 @@ pub(crate) struct RawConfig {
     pub max_body_size: Field<String>,
     pub paths: Field<RawPaths>,
     pub access_log: Field<RawAccessLog>,
+    pub forwarded_headers: Field<RawForwardedHeaders>,
     pub upstreams: Field<Entries<Field<RawUpstream>>>,
     pub routes: Field<Vec<Field<RawRoute>>>,
 }
@@ -87,6 +88,7 @@ pub(crate) struct RawAdmin {
     pub token: Field<String>,
     pub token_file: Field<String>,
     pub max_connections: Field<u64>,
+    pub hosts: Field<StrList>,
 }
 
 /// `store`
@@ -175,6 +177,14 @@ pub(crate) enum RawSegmentParams {
 pub(crate) struct RawAccessLog {
     pub query: Field<bool>,
     pub client: Field<RawLogClient>,
+}
+
+/// `forwarded_headers`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawForwardedHeaders {
+    pub x_real_ip: Field<bool>,
+    pub forwarded: Field<bool>,
 }
 
 /// `access_log.client`

@@ -8,9 +8,9 @@ use serde_json::{json, Value};
 use super::backend::redact_url;
 use super::types::AdaptiveConfig;
 use super::types::{
-    AccessLog, AdminConfig, AdminToken, Backend, ClientTls, Config, HeaderStyle, Http2Config,
-    LimitConfig, LogClient, Mode, OnError, PaceConcurrency, Protocol, RouteConfig, SentinelConfig,
-    UpstreamConfig,
+    AccessLog, AdminConfig, AdminToken, Backend, ClientTls, Config, ForwardedHeaders, HeaderStyle,
+    Http2Config, LimitConfig, LogClient, Mode, OnError, PaceConcurrency, Protocol, RouteConfig,
+    SentinelConfig, UpstreamConfig,
 };
 use super::units::{format_duration, format_rate, format_size};
 use crate::identity::{DuplicateKey, KeyPart};
@@ -32,9 +32,16 @@ impl Config {
                 AdminConfig::DEFAULT_MAX_CONNECTIONS => String::new(),
                 n => format!(", max_connections {n}"),
             };
+            let hosts = match admin.hosts.is_empty() {
+                true => String::new(),
+                false => format!(", hosts {}", admin.hosts.join(", ")),
+            };
             match admin.token {
-                Some(_) => out.push(format!("admin: {}{cap} (api token set)", admin.listen)),
-                None => out.push(format!("admin: {}{cap}", admin.listen)),
+                Some(_) => out.push(format!(
+                    "admin: {}{cap}{hosts} (api token set)",
+                    admin.listen
+                )),
+                None => out.push(format!("admin: {}{cap}{hosts}", admin.listen)),
             }
         }
         out.push(format!("store: {}", store_line(self)));
@@ -51,6 +58,15 @@ impl Config {
             let (query, client) = access_log_names(&self.access_log);
             let query = if query { "kept" } else { "left out" };
             out.push(format!("access_log: client {client}, query {query}"));
+        }
+        if self.forwarded_headers != ForwardedHeaders::default() {
+            let on = |set: bool| if set { "set" } else { "left as sent" };
+            let f = &self.forwarded_headers;
+            out.push(format!(
+                "forwarded_headers: x_real_ip {}, forwarded {}",
+                on(f.x_real_ip),
+                on(f.forwarded)
+            ));
         }
         out.push(format!("upstreams ({}):", self.upstreams.len()));
         out.extend(
@@ -83,6 +99,7 @@ impl Config {
             "admin": self.admin.as_ref().map(|a| json!({
                 "listen": a.listen.to_string(),
                 "max_connections": a.max_connections,
+                "hosts": a.hosts,
                 "token": match &a.token {
                     None => Value::Null,
                     Some(AdminToken::Value(_)) => json!("<redacted>"),
@@ -109,6 +126,10 @@ impl Config {
             "access_log": {
                 "query": self.access_log.query,
                 "client": access_log_names(&self.access_log).1,
+            },
+            "forwarded_headers": {
+                "x_real_ip": self.forwarded_headers.x_real_ip,
+                "forwarded": self.forwarded_headers.forwarded,
             },
             "upstreams": self.upstreams.iter().map(upstream_json).collect::<Vec<_>>(),
             "routes": self.routes.iter().map(route_json).collect::<Vec<_>>(),

@@ -39,6 +39,8 @@ pub struct Config {
     pub paths: PathPolicy,
     /// `access_log`: what the access log writes of the path and the client
     pub access_log: AccessLog,
+    /// `forwarded_headers`: which identity headers tollgate sets on forwarded requests
+    pub forwarded_headers: ForwardedHeaders,
     /// `upstreams`, in file order
     pub upstreams: Vec<UpstreamConfig>,
     /// `routes`, in file order (the first that matches wins)
@@ -79,6 +81,9 @@ pub struct AdminConfig {
     /// `admin.max_connections`: connections past it are closed at once (default
     /// [`AdminConfig::DEFAULT_MAX_CONNECTIONS`])
     pub max_connections: usize,
+    /// `admin.hosts`: the `Host` names a listener without a token answers besides IP
+    /// literals and `localhost`; lowercase, without a trailing dot
+    pub hosts: Vec<String>,
 }
 
 impl AdminConfig {
@@ -257,6 +262,25 @@ pub struct AccessLog {
     pub query: bool,
     /// `access_log.client`: the client's address (the default) or a hash of it
     pub client: LogClient,
+}
+
+/// `forwarded_headers`: each on by default, so that an upstream never sees a client's own
+/// claim of who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardedHeaders {
+    /// `forwarded_headers.x_real_ip`: set `X-Real-IP` to the client tollgate identified
+    pub x_real_ip: bool,
+    /// `forwarded_headers.forwarded`: append tollgate's element to `Forwarded` (RFC 7239)
+    pub forwarded: bool,
+}
+
+impl Default for ForwardedHeaders {
+    fn default() -> ForwardedHeaders {
+        ForwardedHeaders {
+            x_real_ip: true,
+            forwarded: true,
+        }
+    }
 }
 
 /// `access_log.client`

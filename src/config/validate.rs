@@ -14,14 +14,14 @@ use super::check::{check_name, parse_net, Checker};
 use super::client_tls;
 use super::problem::Path;
 use super::raw::{
-    Field, RawAccessLog, RawAdmin, RawConfig, RawEscapedSlashes, RawHeaderStyle, RawHttp2,
-    RawLogClient, RawPace, RawPaths, RawProtocol, RawSegmentParams, RawTimeouts, RawUpstream,
-    StrList,
+    Field, RawAccessLog, RawAdmin, RawConfig, RawEscapedSlashes, RawForwardedHeaders,
+    RawHeaderStyle, RawHttp2, RawLogClient, RawPace, RawPaths, RawProtocol, RawSegmentParams,
+    RawTimeouts, RawUpstream, StrList,
 };
 use super::routes;
 use super::types::{
-    AccessLog, AdminConfig, AdminToken, Config, HeaderStyle, Http2Config, LogClient,
-    PaceConcurrency, Protocol, Timeouts, TlsConfig, UpstreamConfig,
+    AccessLog, AdminConfig, AdminToken, Config, ForwardedHeaders, HeaderStyle, Http2Config,
+    LogClient, PaceConcurrency, Protocol, Timeouts, TlsConfig, UpstreamConfig,
 };
 use super::units;
 use crate::limit::{Pace, Slots};
@@ -58,10 +58,20 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
             .map_or(AdminConfig::DEFAULT_MAX_CONNECTIONS, |n| {
                 usize::try_from(n).unwrap_or(usize::MAX)
             });
+        let token = admin_token(chk, a, &path);
+        if token.is_none() && !addr.ip().is_loopback() {
+            let message = format!(
+                "{addr} is not a loopback address and admin.token is not set: anyone who can \
+                 reach it can read /api/stats, which names clients; set admin.token, or listen \
+                 on 127.0.0.1"
+            );
+            chk.warn(path.key("listen"), message);
+        }
         Some(AdminConfig {
             listen: addr,
-            token: admin_token(chk, a, &path),
+            token,
             max_connections,
+            hosts: chk.parse_list(&a.hosts, &path.key("hosts"), parse_admin_host),
         })
     });
     let upstreams = upstreams(chk, raw);
@@ -127,6 +137,7 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
             .filter(|&size| size > 0),
         paths,
         access_log: access_log(raw.access_log.get()),
+        forwarded_headers: forwarded_headers(raw.forwarded_headers.get()),
         upstreams,
         routes,
     }
@@ -144,6 +155,32 @@ fn access_log(raw: Option<&RawAccessLog>) -> AccessLog {
             Some(RawLogClient::Hash) => LogClient::Hash,
         },
     }
+}
+
+/// `forwarded_headers`, with its defaults: both headers set by tollgate.
+fn forwarded_headers(raw: Option<&RawForwardedHeaders>) -> ForwardedHeaders {
+    let on = ForwardedHeaders::default();
+    let Some(raw) = raw else {
+        return on;
+    };
+    ForwardedHeaders {
+        x_real_ip: raw.x_real_ip.get().copied().unwrap_or(on.x_real_ip),
+        forwarded: raw.forwarded.get().copied().unwrap_or(on.forwarded),
+    }
+}
+
+/// One `admin.hosts` entry: a host name as a `Host` header carries it, without port or scheme;
+/// kept lowercase and without a trailing dot, the form requests are compared in.
+fn parse_admin_host(text: &str) -> Result<String, String> {
+    let name = text.trim().trim_end_matches('.').to_ascii_lowercase();
+    let fits = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_');
+    if name.is_empty() || !name.bytes().all(fits) {
+        return Err(format!(
+            "expected a host name such as console.example.com, without port or scheme, \
+             found {text:?}"
+        ));
+    }
+    Ok(name)
 }
 
 /// `paths`, with its defaults: refuse encoded slashes, ignore `;parameters` when matching.

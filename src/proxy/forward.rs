@@ -226,6 +226,11 @@ pub struct Forward<'a> {
     pub client: &'a HeaderValue,
     /// `https` when the client came over TLS
     pub proto: &'static str,
+    /// the `X-Real-IP` to send, the client tollgate identified; `None`: the client's own
+    /// header goes on as it came (`forwarded_headers.x_real_ip: false`)
+    pub real_ip: Option<HeaderValue>,
+    /// append tollgate's element to `Forwarded` (`forwarded_headers.forwarded`)
+    pub forwarded: bool,
     /// the TCP peer is a trusted proxy: the `X-Forwarded-Proto` and `X-Forwarded-Host` it sent
     /// (a TLS-terminating balancer's `https`) are kept rather than replaced, as Traefik and
     /// Envoy do for trusted hops
@@ -707,6 +712,12 @@ fn rewrite(
         set_upgrade(headers, proto);
     }
     append_forwarded_for(headers, f.client);
+    if let Some(client) = &f.real_ip {
+        super::forwarded::set_real_ip(headers, client.clone());
+    }
+    if f.forwarded {
+        super::forwarded::append_forwarded(headers, f.client, f.proto, client_host.as_ref());
+    }
     let keep =
         |headers: &HeaderMap, name: &HeaderName| f.trusted_peer && headers.contains_key(name);
     if !keep(headers, &X_FORWARDED_PROTO) {

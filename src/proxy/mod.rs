@@ -17,6 +17,7 @@ pub mod access;
 pub mod adapt;
 mod charge;
 pub mod forward;
+mod forwarded;
 pub mod h1;
 mod hop;
 pub mod inflight;
@@ -51,6 +52,7 @@ use crate::store::{Store, StoreError};
 use respond::Showing;
 
 pub use forward::{Targets, UpstreamClients};
+pub use forwarded::IdentityHeaders;
 pub use limits::{Charge, Limit};
 pub use pacing::Pacer;
 pub use pool::{Dial, H2Settings, Http1Client, Protocol};
@@ -118,6 +120,8 @@ pub struct Settings {
     pub paths: PathPolicy,
     /// what the access log writes of the path and the client
     pub access_log: access::LogSettings,
+    /// whether `X-Real-IP` and `Forwarded` are tollgate's (`forwarded_headers`)
+    pub identity_headers: IdentityHeaders,
 }
 
 /// Everything the request path needs; shared by all connections.
@@ -621,6 +625,12 @@ impl Proxy {
             path: &forward_path,
             client: &conn.peer_value,
             proto: if conn.tls { "https" } else { "http" },
+            real_ip: self
+                .settings
+                .identity_headers
+                .x_real_ip
+                .then(|| client.header_value(conn)),
+            forwarded: self.settings.identity_headers.forwarded,
             trusted_peer: client.peer_trusted,
             response_timeout: self.settings.upstream_response,
             tunnel_idle: self.settings.tunnel_idle,
@@ -749,6 +759,19 @@ struct Client {
     ip: std::net::IpAddr,
     /// the TCP peer is a trusted proxy: its `X-Forwarded-*` headers are kept
     peer_trusted: bool,
+}
+
+impl Client {
+    /// The client's address as a header value: the connection's, made once, when the client
+    /// is the peer (always, but behind a trusted proxy).
+    fn header_value(&self, conn: &Conn) -> HeaderValue {
+        if self.ip == conn.peer.ip() {
+            return conn.peer_value.clone();
+        }
+        let mut text = String::with_capacity(15);
+        identity::push_ip(&mut text, self.ip);
+        HeaderValue::try_from(text).unwrap_or_else(|_| conn.peer_value.clone())
+    }
 }
 
 /// The gRPC status of a call a limit refused.

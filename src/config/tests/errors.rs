@@ -68,7 +68,7 @@ fn unknown_key_without_a_close_match_lists_the_allowed_keys() {
         &[
             "proxy.yaml:2:1: colour: unknown key \"colour\"; expected listen, workers, tls, admin, \
              store, trusted_proxies, rate_limit_headers, timeouts, max_body_size, paths, access_log, \
-             upstreams or routes",
+             forwarded_headers, upstreams or routes",
         ],
     );
 }

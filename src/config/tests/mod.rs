@@ -11,6 +11,7 @@ use crate::limit::{Algorithm, Bucket, Pace, Rate, Window};
 use crate::routing::{HostPattern, PathMatch};
 
 mod adaptive;
+mod admin_and_identity;
 mod concurrency;
 mod defaults;
 mod env;
