@@ -397,8 +397,7 @@ async fn load(url: String, clients: &'static [&'static str], per_second: f64) {
 }
 
 /// Not a check: makes `docs/console.png`, the dashboard of an instance with a few routes under
-/// traffic. Run it by hand when the page changes:
-/// `cargo test --test dashboard -- --ignored screenshot`.
+/// traffic. `scripts/screenshot` runs it: run that when the page changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "makes docs/console.png; run by hand"]
 async fn screenshot_for_the_docs() {
