@@ -26,15 +26,10 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 )]
 struct Cli {
     /// configuration file
-    #[arg(
-        long,
-        global = true,
-        env = "TOLLGATE_CONFIG",
-        default_value = "proxy.yaml"
-    )]
+    #[arg(long, env = "TOLLGATE_CONFIG", default_value = "proxy.yaml")]
     config: PathBuf,
     /// log line format (filter with RUST_LOG, e.g. RUST_LOG=tollgate=debug)
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
@@ -43,12 +38,21 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// validate the configuration, print a summary, exit 0 (or 2 with every problem)
-    Check,
+    Check(CheckArgs),
     /// read or reset one client's limit through a running tollgate's admin listener
     Limits {
         #[command(subcommand)]
         action: LimitsAction,
     },
+}
+
+/// `--config`, also taken after `check`. Not a global flag, so that `limits`, which asks a
+/// running tollgate, does not list it; `check` talks to a person, whatever `--log-format`.
+#[derive(clap::Args)]
+struct CheckArgs {
+    /// configuration file [default: proxy.yaml]
+    #[arg(long, env = "TOLLGATE_CONFIG")]
+    config: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -89,12 +93,17 @@ enum LogFormat {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Some(Command::Limits { action }) = cli.command {
-        return limits(action);
-    }
+    let mut cli = Cli::parse();
+    let checking = match cli.command.take() {
+        Some(Command::Limits { action }) => return limits(action),
+        Some(Command::Check(args)) => {
+            // (placed after `check`, `--config` wins over one placed before)
+            cli.config = args.config.unwrap_or(cli.config);
+            true
+        }
+        None => false,
+    };
     init_logging(cli.log_format);
-    let checking = matches!(cli.command, Some(Command::Check));
     // the proxy's own lines stay JSON with `--log-format json`, its last words too; `check`
     // talks to a person
     let say = Say {

@@ -174,6 +174,32 @@ fn version_and_help() {
     assert!(String::from_utf8_lossy(&h.stdout).contains("check"));
 }
 
+/// `tollgate limits --help` (and each of its actions' help) lists only the flags `limits`
+/// uses: not `--config` or `--log-format`, which it would ignore. `check` still takes
+/// `--config` after it.
+#[test]
+fn limits_help_lists_only_what_it_uses() {
+    for args in [
+        vec!["limits", "--help"],
+        vec!["limits", "show", "--help"],
+        vec!["limits", "reset", "--help"],
+    ] {
+        let out = tollgate().args(&args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let help = String::from_utf8_lossy(&out.stdout);
+        for flag in ["--config", "--log-format"] {
+            assert!(!help.contains(flag), "{args:?} lists {flag}:\n{help}");
+        }
+    }
+    let help = tollgate()
+        .args(["limits", "show", "--help"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--admin"));
+    let help = tollgate().args(["check", "--help"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--config"));
+}
+
 /// A port already in use is a start-up failure (exit 1) with a one-line cause.
 #[test]
 fn port_in_use_exits_1() {

@@ -73,6 +73,54 @@ async fn stats_follow_the_traffic() {
     proxy.shutdown().await;
 }
 
+/// The refused clients cover the last minute only: a client refused four minutes ago is gone,
+/// one refused since is listed with its own count. The summary's clock is moved on, not waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_clients_cover_the_last_minute() {
+    let redis = Redis::start();
+    let upstream = Upstream::start().await;
+    let limit = "limits: [{name: per-client, algorithm: fixed_window, key: header:x-client, \
+                 limit: 1, window: 1h}]";
+    let yaml = Yaml::to(&[upstream.url()])
+        .top("admin: {listen: 127.0.0.1:0, token: t0ken}")
+        .redis(&redis, "timeout: 500ms")
+        .route("api", "/", limit)
+        .build();
+    let proxy = Proxy::start(&yaml).await;
+    let refused = |s: &Value| -> Vec<(String, u64)> {
+        s["limits"][0]["top_refused"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["client"].as_str().unwrap().into(),
+                    t["refused"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    for client in ["early", "early", "early"] {
+        get(&proxy.url("/"), &[("x-client", client)]).await;
+    }
+    let s = stats(&proxy, "t0ken").await;
+    assert_eq!(refused(&s), [("early".to_owned(), 2)], "{s:#}");
+    // (a little over four minutes: off the minute, so no slot is reused by chance)
+    proxy.refusals.skip(Duration::from_secs(4 * 60 + 5));
+    for client in ["late", "late", "early"] {
+        get(&proxy.url("/"), &[("x-client", client)]).await;
+    }
+    let s = stats(&proxy, "t0ken").await;
+    let mut now = refused(&s);
+    now.sort();
+    assert_eq!(
+        now,
+        [("early".to_owned(), 1), ("late".to_owned(), 1)],
+        "only the last minute's refusals: {s:#}"
+    );
+    proxy.shutdown().await;
+}
+
 /// With a token set (here from a file), `/api/` answers 401 without it; `/config` never shows
 /// it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

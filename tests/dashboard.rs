@@ -65,6 +65,60 @@ async fn in_firefox_the_dashboard_shows_the_traffic_and_resets_a_client_everywhe
     an_operator_resets_the_client_refused_most(Firefox::start().await).await;
 }
 
+/// The scale beside route api's sparkline, once it is above zero, or `null`.
+const SPARK_SCALE: &str = "const row = [...document.querySelectorAll('#routes tbody tr')]
+    .find((tr) => tr.dataset.key === 'api');
+  const scale = row && row.querySelector('.spark-scale');
+  return scale && scale.textContent !== 'max 0/s' ? scale.textContent : null;";
+
+/// Every time the page shows, and the times it would show for another day and for a reload:
+/// `[shown, started, updated, other day]`.
+const TIMES: &str = "const dd = (name) => [...document.querySelectorAll('#store dt')]
+    .find((d) => d.textContent === name).nextElementSibling.textContent;
+  const status = document.getElementById('status').textContent;
+  return [dd('Started'), status.replace(/^Updated (.*)\\.$/, '$1'),
+    clock(new Date('Sun, 06 Nov 1994 08:49:37 GMT'))];";
+
+/// One time format: the operator's local time with its zone (`12:00:50 CET`, `12:00:50
+/// UTC+1`), a date first on another day; no `PM`, no `GMT`.
+async fn the_page_writes_every_time_one_way(browser: &impl Page) {
+    let times = browser.run(TIMES).await;
+    let times: Vec<&str> = times
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|t| t.as_str().expect("a string"))
+        .collect();
+    let zone = |z: &str| {
+        z.strip_prefix("UTC").is_some_and(|off| {
+            off.is_empty()
+                || (off.starts_with(['+', '-'])
+                    && off[1..].chars().all(|c| c.is_ascii_digit() || c == ':'))
+        }) || (z.len() >= 2 && z.chars().all(|c| c.is_ascii_alphabetic()) && z != "GMT")
+    };
+    let hms = |t: &str| {
+        t.len() == 8
+            && t.char_indices().all(|(i, c)| {
+                if i == 2 || i == 5 {
+                    c == ':'
+                } else {
+                    c.is_ascii_digit()
+                }
+            })
+    };
+    for (i, time) in times.iter().enumerate() {
+        let mut words: Vec<&str> = time.split(' ').collect();
+        if i == 2 {
+            assert_eq!(words.len(), 3, "another day has its date: {time:?}");
+            assert_eq!(words.remove(0), "1994-11-06", "{time:?}");
+        }
+        assert!(
+            words.len() == 2 && hms(words[0]) && zone(words[1]),
+            "not HH:MM:SS ZONE: {time:?} in {times:?}"
+        );
+    }
+}
+
 /// The steps both tests above take in their browser.
 async fn an_operator_resets_the_client_refused_most(browser: impl Page) {
     let redis = Redis::start();
@@ -147,6 +201,20 @@ async fn an_operator_resets_the_client_refused_most(browser: impl Page) {
     browser
         .wait_for("a sparkline of route api", SHOWN_WITHIN, sparkline)
         .await;
+    let scale = browser
+        .wait_for(
+            "the scale of route api's sparkline",
+            SHOWN_WITHIN,
+            SPARK_SCALE,
+        )
+        .await;
+    assert!(
+        scale
+            .as_str()
+            .is_some_and(|s| s.starts_with("max ") && s.ends_with("/s")),
+        "{scale}"
+    );
+    the_page_writes_every_time_one_way(&browser).await;
 
     browser.click(GREEDY).await;
     let state = browser
@@ -329,8 +397,7 @@ async fn load(url: String, clients: &'static [&'static str], per_second: f64) {
 }
 
 /// Not a check: makes `docs/console.png`, the dashboard of an instance with a few routes under
-/// traffic. Run it by hand when the page changes:
-/// `cargo test --test dashboard -- --ignored screenshot`.
+/// traffic. `scripts/screenshot` runs it: run that when the page changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "makes docs/console.png; run by hand"]
 async fn screenshot_for_the_docs() {

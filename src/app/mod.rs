@@ -152,6 +152,12 @@ impl Server {
         self.admin.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// The refused clients `/api/stats` lists: a test moves their clock with
+    /// [`Refusals::skip`].
+    pub fn refusals(&self) -> Arc<Refusals> {
+        self.shared.refusals.clone()
+    }
+
     /// The process's metrics.
     pub fn metrics(&self) -> Metrics {
         self.shared.metrics.clone()

@@ -533,6 +533,8 @@ pub struct Proxy {
     pub addr: SocketAddr,
     /// the admin listener, when the config has one
     pub admin: Option<SocketAddr>,
+    /// the refused clients `/api/stats` lists: `skip` moves their clock on
+    pub refusals: std::sync::Arc<tollgate::console::Refusals>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     pub done: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
@@ -550,6 +552,7 @@ impl Proxy {
             .expect("bind");
         let addr = server.local_addrs()[0];
         let admin = server.admin_addr();
+        let refusals = server.refusals();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let done = tokio::spawn(server.run(async move {
             let _ = stopped.await;
@@ -557,6 +560,7 @@ impl Proxy {
         Proxy {
             addr,
             admin,
+            refusals,
             stop: Some(stop),
             done: Some(done),
         }
@@ -571,6 +575,7 @@ impl Proxy {
             .expect("bind");
         let addr = server.local_addrs()[0];
         let admin = server.admin_addr();
+        let refusals = server.refusals();
         let watcher = server.reloader().watch(path.to_path_buf());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let done = tokio::spawn(async move {
@@ -585,6 +590,7 @@ impl Proxy {
         Proxy {
             addr,
             admin,
+            refusals,
             stop: Some(stop),
             done: Some(done),
         }
