@@ -252,6 +252,15 @@ impl Fixture {
             std::env::var("PATH").unwrap_or_default()
         );
         let mut sh = Command::new("sh");
+        // (the environment of the test run must not change what the shipped file says)
+        for var in [
+            "REDIS_URL",
+            "UPSTREAM_URL",
+            "TOLLGATE_LISTEN",
+            "TOLLGATE_CONFIG",
+        ] {
+            sh.env_remove(var);
+        }
         sh.current_dir(env!("CARGO_MANIFEST_DIR"))
             .env("PATH", path)
             .envs(self.env.clone());
