@@ -179,8 +179,8 @@ pub fn swap_port(text: &str, from: u16, to: u16) -> String {
 /// What a block runs against, named by its `setup=`:
 ///
 /// * `repo`: the crate root, `tollgate` being the binary under test;
-/// * `lua`: and a fresh Redis of its own, which `redis-cli` talks to (formatted, as on a
-///   terminal);
+/// * `lua`: and a fresh Redis of its own, which `redis-cli` talks to (its replies formatted
+///   as on a terminal, unless the command pipes them on);
 /// * `quickstart`: and the ports of the README's quick start, 6379 (that Redis), 8000 and
 ///   8080, mapped to free ones, with `REDIS_URL`, `UPSTREAM_URL` and `TOLLGATE_LISTEN` pointing
 ///   the shipped `proxy.yaml` at them.
@@ -231,7 +231,8 @@ impl Fixture {
         let real = which("redis-cli");
         let script = self.bin.path().join("redis-cli");
         let text = format!(
-            "#!/bin/sh\nexec {} -p {port} --no-raw \"$@\"\n",
+            // formatted as on a terminal, unless the doc pipes the output on (see `run`)
+            "#!/bin/sh\n[ -n \"$DOC_TEST_TTY\" ] && set -- --no-raw \"$@\"\nexec {} -p {port} \"$@\"\n",
             real.display()
         );
         std::fs::write(&script, text).expect("write the redis-cli wrapper");
@@ -272,6 +273,10 @@ impl Fixture {
             return Vec::new();
         }
         self.wait_for_services();
+        if !command.contains('|') {
+            // the reader's terminal: redis-cli formats its replies there, raw into a pipe
+            sh.env("DOC_TEST_TTY", "1");
+        }
         let out = sh.arg("-c").arg(&command).output().expect("run sh");
         let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
         text.push_str(&String::from_utf8_lossy(&out.stderr));
