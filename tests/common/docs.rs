@@ -183,7 +183,9 @@ pub fn swap_port(text: &str, from: u16, to: u16) -> String {
 ///   as on a terminal, unless the command pipes them on);
 /// * `quickstart`: and the ports of the README's quick start, 6379 (that Redis), 8000 and
 ///   8080, mapped to free ones, with `REDIS_URL`, `UPSTREAM_URL` and `TOLLGATE_LISTEN` pointing
-///   the shipped `proxy.yaml` at them.
+///   the shipped `proxy.yaml` at them;
+/// * `admin`: the quick start already running, with `admin` added to its file: listening on
+///   9901 (mapped too), its token in `TOLLGATE_ADMIN_TOKEN`.
 pub struct Fixture {
     _redis: Option<Redis>,
     bin: tempfile::TempDir,
@@ -197,8 +199,12 @@ impl Fixture {
     pub fn new(setup: &str) -> Result<Fixture, String> {
         let redis = match setup {
             "repo" => None,
-            "lua" | "quickstart" => Some(Redis::start()),
-            other => return Err(format!("no setup named `{other}` (repo, lua, quickstart)")),
+            "lua" | "quickstart" | "admin" => Some(Redis::start()),
+            other => {
+                return Err(format!(
+                    "no setup named `{other}` (repo, lua, quickstart, admin)"
+                ))
+            }
         };
         let bin = tempfile::tempdir().expect("temp dir");
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tollgate"), bin.path().join("tollgate"))
@@ -216,7 +222,7 @@ impl Fixture {
             fixture.env.push(("REDIS_URL".into(), redis.url()));
             fixture._redis = Some(redis);
         }
-        if setup == "quickstart" {
+        if setup == "quickstart" || setup == "admin" {
             let (up, listen) = (free_port(), free_port());
             fixture.ports.extend([(8000, up), (8080, listen)]);
             fixture.env.extend([
@@ -224,7 +230,28 @@ impl Fixture {
                 ("TOLLGATE_LISTEN".into(), format!("127.0.0.1:{listen}")),
             ]);
         }
+        if setup == "admin" {
+            fixture.start_with_admin();
+        }
         Ok(fixture)
+    }
+
+    /// The quick start, run by the fixture, with the shipped `proxy.yaml` and an admin
+    /// listener on 9901 that asks for `$TOLLGATE_ADMIN_TOKEN`.
+    fn start_with_admin(&mut self) {
+        let admin = free_port();
+        self.ports.push((9901, admin));
+        self.env
+            .push(("TOLLGATE_ADMIN_TOKEN".into(), "doc-test-token".into()));
+        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("proxy.yaml");
+        let mut yaml = std::fs::read_to_string(shipped).expect("read proxy.yaml");
+        yaml.push_str(&format!(
+            "admin:\n  listen: 127.0.0.1:{admin}\n  token: ${{TOLLGATE_ADMIN_TOKEN}}\n"
+        ));
+        let config = self.bin.path().join("admin.yaml");
+        std::fs::write(&config, yaml).expect("write the admin setup's config");
+        self.run("python3 -m http.server 8000 &");
+        self.run(&format!("tollgate --config {} &", config.display()));
     }
 
     fn wrap_redis_cli(&self, port: u16) {
