@@ -274,24 +274,7 @@ impl Fixture {
         for &(doc, real) in &self.ports {
             command = swap_port(&command, doc, real);
         }
-        let path = format!(
-            "{}:{}",
-            self.bin.path().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let mut sh = Command::new("sh");
-        // (the environment of the test run must not change what the shipped file says)
-        for var in [
-            "REDIS_URL",
-            "UPSTREAM_URL",
-            "TOLLGATE_LISTEN",
-            "TOLLGATE_CONFIG",
-        ] {
-            sh.env_remove(var);
-        }
-        sh.current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env("PATH", path)
-            .envs(self.env.clone());
+        let mut sh = self.shell();
         if let Some(bg) = background(&command) {
             let child = sh.arg("-c").arg(format!("exec {bg}")).stdin(Stdio::null());
             let child = child.stdout(Stdio::null()).stderr(Stdio::null()).spawn();
@@ -315,6 +298,29 @@ impl Fixture {
             lines.pop();
         }
         lines
+    }
+
+    /// `sh` in the crate root, with the fixture's binaries first on `PATH` and its environment.
+    fn shell(&self) -> Command {
+        let path = format!(
+            "{}:{}",
+            self.bin.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut sh = Command::new("sh");
+        // (the environment of the test run must not change what the shipped file says)
+        for var in [
+            "REDIS_URL",
+            "UPSTREAM_URL",
+            "TOLLGATE_LISTEN",
+            "TOLLGATE_CONFIG",
+        ] {
+            sh.env_remove(var);
+        }
+        sh.current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("PATH", path)
+            .envs(self.env.clone());
+        sh
     }
 
     /// Once something runs in the background, every mapped port must answer before the next
