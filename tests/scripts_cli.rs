@@ -1,5 +1,6 @@
-//! Each script in `lua/` run by hand exactly as docs/algorithms.md and the script's header show it:
-//! `redis-cli --eval lua/X.lua KEY , ARGS`, against a real Redis.
+//! Each script in `lua/` run by hand as its header shows it, `redis-cli --eval lua/X.lua KEY ,
+//! ARGS`, against a real Redis: the edge cases beyond the docs' examples. The examples that
+//! docs/algorithms.md shows run as they are written, in tests/docs_examples.rs.
 
 mod common;
 
@@ -329,29 +330,6 @@ fn sliding_window_counter_by_hand() {
     );
 }
 
-/// Bad arguments get a usage error, not a wrong answer.
-#[test]
-fn scripts_refuse_bad_arguments() {
-    let redis = Redis::start();
-    let path = format!("{}/lua/token_bucket.lua", env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new("redis-cli")
-        .args([
-            "-p",
-            &redis.port.to_string(),
-            "--eval",
-            &path,
-            "k",
-            ",",
-            "0",
-            "10",
-        ])
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(text.contains("usage: token_bucket.lua"), "{text}");
-}
-
 /// The back-pressure script run by hand holds the schedule, and only ever later.
 #[test]
 fn pace_defer_by_hand() {
@@ -543,9 +521,8 @@ fn console_scripts_by_hand() {
     assert!(ttl > 0, "it expires: {ttl}");
 }
 
-/// The charge run by hand as its header shows it, on a caller's clock: 149 more after one
-/// request leaves a debt of 50, which the debt-keeping check repays at the rate; a check
-/// without `debt` would clamp it as a bucket of other parameters.
+/// The charge run by hand, on a caller's clock: after a debt of 50, a check without `debt`
+/// clamps it as a bucket of other parameters; a window's charge counts past the limit.
 #[test]
 fn charge_by_hand() {
     let redis = Redis::start();
@@ -559,10 +536,10 @@ fn charge_by_hand() {
         args.push(now);
         eval(&redis, "token_bucket.lua", key, &args)
     };
-    assert_eq!(check(true), ["1", "99", "0", "10"]);
+    // (the debt-keeping check and the charge are the docs' example, run in docs_examples.rs)
+    check(true);
     let charged = ["token_bucket", "100", "100", "149", now];
-    assert_eq!(eval(&redis, "charge.lua", key, &charged), ["-50", "1500"]);
-    assert_eq!(check(true), ["0", "0", "510", "1500"]);
+    eval(&redis, "charge.lua", key, &charged);
     assert_eq!(
         check(false),
         ["0", "0", "10", "1000"],
@@ -623,34 +600,6 @@ fn concurrency_by_hand() {
     assert!(
         ttl > 10_000 && ttl <= 20_000,
         "the key expires with its lease: {ttl}"
-    );
-    // and the header's own lines, on the server's clock
-    let live = "tollgate:demo:bob";
-    let first = eval(
-        &redis,
-        "concurrency.lua",
-        live,
-        &["acquire", "2", "10000", "i1:1"],
-    );
-    assert_eq!(first, ["1", "1", "0", "1"]);
-    let renewed = eval(
-        &redis,
-        "concurrency.lua",
-        live,
-        &["renew", "2", "10000", "i1:1 i1:2"],
-    );
-    assert_eq!(renewed, ["1"]);
-    let released = eval(
-        &redis,
-        "concurrency.lua",
-        live,
-        &["release", "2", "10000", "i1:1"],
-    );
-    assert_eq!(released, ["1"]);
-    assert_eq!(
-        redis.cli(&["exists", live]).trim(),
-        "0",
-        "an empty set is no key"
     );
 }
 

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod docs;
 pub mod firefox;
 pub mod lenient;
 pub mod pki;
@@ -29,7 +30,7 @@ pub struct Redis {
     extra: Vec<String>,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     // The cluster bus listens on port + 10000, so stay below 55536 and check that one too.
     loop {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
