@@ -185,7 +185,8 @@ pub fn swap_port(text: &str, from: u16, to: u16) -> String {
 ///   8080, mapped to free ones, with `REDIS_URL`, `UPSTREAM_URL` and `TOLLGATE_LISTEN` pointing
 ///   the shipped `proxy.yaml` at them;
 /// * `admin`: the quick start already running, with `admin` added to its file: listening on
-///   9901 (mapped too), its token in `TOLLGATE_ADMIN_TOKEN`.
+///   9901 (mapped too), its token in `TOLLGATE_ADMIN_TOKEN`;
+/// * `open-admin`: the same without a token.
 pub struct Fixture {
     _redis: Option<Redis>,
     bin: tempfile::TempDir,
@@ -199,10 +200,10 @@ impl Fixture {
     pub fn new(setup: &str) -> Result<Fixture, String> {
         let redis = match setup {
             "repo" => None,
-            "lua" | "quickstart" | "admin" => Some(Redis::start()),
+            "lua" | "quickstart" | "admin" | "open-admin" => Some(Redis::start()),
             other => {
                 return Err(format!(
-                    "no setup named `{other}` (repo, lua, quickstart, admin)"
+                    "no setup named `{other}` (repo, lua, quickstart, admin, open-admin)"
                 ))
             }
         };
@@ -222,7 +223,7 @@ impl Fixture {
             fixture.env.push(("REDIS_URL".into(), redis.url()));
             fixture._redis = Some(redis);
         }
-        if setup == "quickstart" || setup == "admin" {
+        if matches!(setup, "quickstart" | "admin" | "open-admin") {
             let (up, listen) = (free_port(), free_port());
             fixture.ports.extend([(8000, up), (8080, listen)]);
             fixture.env.extend([
@@ -230,24 +231,25 @@ impl Fixture {
                 ("TOLLGATE_LISTEN".into(), format!("127.0.0.1:{listen}")),
             ]);
         }
-        if setup == "admin" {
-            fixture.start_with_admin();
+        if setup == "admin" || setup == "open-admin" {
+            fixture.start_with_admin(setup == "admin");
         }
         Ok(fixture)
     }
 
     /// The quick start, run by the fixture, with the shipped `proxy.yaml` and an admin
-    /// listener on 9901 that asks for `$TOLLGATE_ADMIN_TOKEN`.
-    fn start_with_admin(&mut self) {
+    /// listener on 9901 that asks for `$TOLLGATE_ADMIN_TOKEN` when `token`.
+    fn start_with_admin(&mut self, token: bool) {
         let admin = free_port();
         self.ports.push((9901, admin));
-        self.env
-            .push(("TOLLGATE_ADMIN_TOKEN".into(), "doc-test-token".into()));
         let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("proxy.yaml");
         let mut yaml = std::fs::read_to_string(shipped).expect("read proxy.yaml");
-        yaml.push_str(&format!(
-            "admin:\n  listen: 127.0.0.1:{admin}\n  token: ${{TOLLGATE_ADMIN_TOKEN}}\n"
-        ));
+        yaml.push_str(&format!("admin:\n  listen: 127.0.0.1:{admin}\n"));
+        if token {
+            self.env
+                .push(("TOLLGATE_ADMIN_TOKEN".into(), "doc-test-token".into()));
+            yaml.push_str("  token: ${TOLLGATE_ADMIN_TOKEN}\n");
+        }
         let config = self.bin.path().join("admin.yaml");
         std::fs::write(&config, yaml).expect("write the admin setup's config");
         self.run("python3 -m http.server 8000 &");
