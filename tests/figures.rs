@@ -255,7 +255,8 @@ async fn text_access_lines_have_the_grpc_status() {
 
 /// Requests wait for a `pace.concurrency` upstream's slot, and the wait is in
 /// `tollgate_pacing_delay_seconds`, a series there from the start. A request refused after
-/// waiting, and one whose client left while it waited, are logged with the time they waited;
+/// waiting, and one whose client left while it waited for the upstream or for a `leaky_bucket`
+/// limit, are logged with the time they waited;
 /// one whose client left while the upstream was answering names the upstream it was sent to.
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn waits_are_measured_wherever_they_happen() {
@@ -274,6 +275,11 @@ upstreams:
 routes:
   - {{name: one, match: {{path_prefix: /one}}, upstream: one, strip_prefix: true}}
   - {{name: rated, match: {{path_prefix: /rated}}, upstream: rated, strip_prefix: true}}
+  - name: held
+    match: {{path_prefix: /held}}
+    upstream: api
+    strip_prefix: true
+    limits: [{{name: steady, algorithm: leaky_bucket, rate: 30/min, max_delay: 5s}}]
   - {{name: api, match: {{path_prefix: /}}, upstream: api}}
 ",
         redis = redis.url(),
@@ -301,6 +307,9 @@ routes:
     // the first takes the rate's slot; the second's client leaves 500 ms into its 2 s wait
     assert!(raw_get(port, "/rated/x", "rated").starts_with("HTTP/1.1 200"));
     leave_after(port, "/rated/x", "left-waiting", Duration::from_millis(500));
+    // the same held back by a `leaky_bucket` limit rather than by the upstream's pacing
+    assert!(raw_get(port, "/held/x", "held").starts_with("HTTP/1.1 200"));
+    leave_after(port, "/held/x", "left-held", Duration::from_millis(500));
     // the upstream answers in 3 s: the client leaves after 300 ms
     leave_after(
         port,
@@ -309,7 +318,7 @@ routes:
         Duration::from_millis(300),
     );
 
-    let logged = access_lines(&lines, 5);
+    let logged = access_lines(&lines, 7);
     let waited = |id: &str| logged[id]["pacing_delay_ms"].as_f64().unwrap();
     assert!(waited("holder") < 100.0, "{:#}", logged["holder"]);
     let refused = &logged["refused"];
@@ -322,6 +331,10 @@ routes:
         "{left:#}"
     );
     assert_eq!(left["upstream_addr"], "-", "never sent: {left:#}");
+    let held = &logged["left-held"];
+    assert_eq!(held["status"], 499, "{held:#}");
+    assert_eq!(held["limit"], "steady", "{held:#}");
+    assert!((400.0..1500.0).contains(&waited("left-held")), "{held:#}");
     let gone = &logged["left-answering"];
     assert_eq!(gone["status"], 499, "{gone:#}");
     assert_eq!(gone["upstream_addr"], upstream.addr.to_string(), "{gone:#}");

@@ -447,11 +447,14 @@ async fn wait<'r>(
         .then(|| Owed::new(proxy.store.clone(), owed(proxy, route, ctx, taken)));
     if delay_us > 0 {
         let delay = Duration::from_micros(delay_us);
-        tokio::time::sleep(delay).await;
         // logged with the upstream's pacing: the time the request was held back, and by
-        // which limit unless a shadow one would have refused it
-        outcome.pacing_delay += delay;
+        // which limit unless a shadow one would have refused it; a client that leaves during
+        // the sleep is logged with the time it waited (see `Record::done`)
         outcome.limit = outcome.limit.or(admitted.delaying);
+        outcome.held_since = Some(Instant::now());
+        tokio::time::sleep(delay).await;
+        outcome.held_since = None;
+        outcome.pacing_delay += delay;
     }
     match owed {
         Some(owed) if !paced => {

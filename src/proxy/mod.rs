@@ -406,6 +406,8 @@ struct Outcome<'a> {
     error: Option<&'static str>,
     /// when the request began to wait for the upstream's pacing and slots, while it waits
     waiting_since: Option<Instant>,
+    /// when a `leaky_bucket` limit began to hold the request back, while it does
+    held_since: Option<Instant>,
 }
 
 impl Outcome<'_> {
@@ -418,6 +420,14 @@ impl Outcome<'_> {
         let waited = since.elapsed();
         self.pacing_delay += waited;
         metrics.pacing_delay(upstream, waited);
+    }
+
+    /// Ends every wait still under way: the client left during it, so it counts up to now.
+    fn left_waiting(&mut self, metrics: &Metrics) {
+        if let Some(since) = self.held_since.take() {
+            self.pacing_delay += since.elapsed();
+        }
+        self.waited(metrics);
     }
 }
 
@@ -835,8 +845,8 @@ impl Record<'_> {
     /// with `sent`; the access line, when the log is on, with what the phases found.
     fn done(&mut self, status: u16, sent: u16) -> Option<Box<access::Line>> {
         self.answered = true;
-        // (a client that left while its request waited for the upstream's pacing)
-        self.outcome.waited(&self.proxy.metrics);
+        // (a client that left while its request waited for a limit or the upstream's pacing)
+        self.outcome.left_waiting(&self.proxy.metrics);
         let elapsed = self.started.elapsed();
         let metrics = &self.proxy.metrics;
         let route = self.outcome.route.unwrap_or(metrics.no_route());
