@@ -7,12 +7,12 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{eventually, get, Proxy, Upstream, Yaml};
+use common::{eventually, free_port, get, Proxy, Upstream, Yaml};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
@@ -220,14 +220,6 @@ impl Drop for Binary {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The status of one `GET /` on a new connection, 0 when none came within 3 s.

@@ -7,6 +7,9 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::binary::{log_lines, run_listening, run_logging, wait_for, Reaped};
+use common::free_port;
+
 fn tollgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
 }
@@ -270,7 +273,7 @@ fn json_logs_carry_the_warnings_and_the_admin_address() {
         "listen: 127.0.0.1:{port}\nadmin: {{listen: 127.0.0.1:{admin}}}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\n  unused:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: r\n    upstream: api\n"
     );
     let path = write(&dir, "p.yaml", &yaml);
-    let (_child, stderr) = run_json_logging(&path);
+    let (_child, stderr) = run_logging(&path, "json");
     let mut lines = Vec::new();
     while let Ok(line) = stderr.recv_timeout(Duration::from_secs(10)) {
         let done = line.contains("admin listening");
@@ -303,7 +306,7 @@ fn access_log_has_the_client_of_a_404_and_the_wait_of_a_leaky_bucket() {
         "listen: 127.0.0.1:{port}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\nroutes:\n  - name: lb\n    match: {{path_prefix: /lb}}\n    upstream: api\n    limits:\n      - {{name: l, algorithm: leaky_bucket, rate: 1/s, max_delay: 5s}}\n"
     );
     let path = write(&dir, "p.yaml", &yaml);
-    let (_child, stderr) = run_json_logging(&path);
+    let (_child, stderr) = run_logging(&path, "json");
     let request = |path: &str| {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
@@ -349,7 +352,7 @@ fn access_log_gives_the_pace_rate() {
         "listen: 127.0.0.1:{port}\nupstreams:\n  api:\n    targets: [http://127.0.0.1:1]\n    pace: {{rate: 10/s, max_delay: 1s, adaptive: {{min: 1/s, max: 20/s}}}}\nroutes:\n  - name: all\n    upstream: api\n"
     );
     let path = write(&dir, "p.yaml", &yaml);
-    let (_child, stderr) = run_json_logging(&path);
+    let (_child, stderr) = run_logging(&path, "json");
     wait_for("the listener", || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
@@ -369,58 +372,6 @@ fn access_log_gives_the_pace_rate() {
     assert_eq!(line["fields"]["pace_rate"], 10.0, "{line}");
 }
 
-/// A loopback port free a moment ago.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// tollgate run with the config at `path`, logging JSON lines at info; its log lines.
-fn run_json_logging(path: &std::path::Path) -> (Reaped, std::sync::mpsc::Receiver<String>) {
-    let mut child = Reaped(
-        tollgate()
-            .args(["--log-format", "json", "--config"])
-            .arg(path)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let lines = log_lines(&mut child);
-    (child, lines)
-}
-
-/// The child's stderr lines, read on a thread: a test waits for them with a deadline, so a
-/// line that never comes fails it rather than hanging it.
-fn log_lines(child: &mut Reaped) -> std::sync::mpsc::Receiver<String> {
-    use std::io::BufRead;
-    let stderr = child.0.stderr.take().expect("stderr piped");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// A child process killed when the test ends, also when it fails.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Reads the admin `/metrics` text over a raw HTTP/1.0 request (no client library needed).
 fn scrape(admin: u16) -> String {
     use std::io::Read;
@@ -429,14 +380,6 @@ fn scrape(admin: u16) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out
-}
-
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// SIGHUP reloads the file (counted as ok); an invalid file is rejected with the `check`
@@ -589,32 +532,6 @@ fn a_second_signal_ends_the_drain() {
     });
 }
 
-/// tollgate run with `yaml` (its `listen` on `port`), logging at info in `format`; its log
-/// lines, and the running process, once it listens.
-fn run_logging(
-    dir: &tempfile::TempDir,
-    yaml: &str,
-    port: u16,
-    format: &str,
-) -> (Reaped, std::sync::mpsc::Receiver<String>) {
-    let path = write(dir, "p.yaml", yaml);
-    let mut child = Reaped(
-        tollgate()
-            .args(["--log-format", format, "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let lines = log_lines(&mut child);
-    wait_for("the listener", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    (child, lines)
-}
-
 /// A response read whole from a connection the server closes.
 struct Exchange {
     head: String,
@@ -719,7 +636,7 @@ fn json_access_lines_have_every_field() {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let yaml = limited_config(port, &redis, &upstream, "");
-    let (_child, lines) = run_logging(&dir, &yaml, port, "json");
+    let (_child, lines) = run_listening(&dir, &yaml, port, "json");
     let echoed = exchange(
         port,
         "POST /v1/echo?token=secret HTTP/1.1\r\nHost: api.test\r\nUser-Agent: cli-test/1.0\r\nX-Request-Id: kept-id-1",
@@ -811,7 +728,7 @@ fn access_lines_of_a_body_cut_short_and_a_client_gone() {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let yaml = limited_config(port, &redis, &upstream, "");
-    let (_child, lines) = run_logging(&dir, &yaml, port, "json");
+    let (_child, lines) = run_listening(&dir, &yaml, port, "json");
     let total = 64 * 1024 * 1024;
     let mut cut = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     let head = format!("GET /v1/bytes/{total} HTTP/1.1\r\nHost: t\r\nX-Request-Id: cut\r\n\r\n");
@@ -846,7 +763,7 @@ fn text_access_lines_read_like_combined_then_key_values() {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let yaml = limited_config(port, &redis, &upstream, "");
-    let (_child, lines) = run_logging(&dir, &yaml, port, "text");
+    let (_child, lines) = run_listening(&dir, &yaml, port, "text");
     let ok = exchange(
         port,
         "GET /v1/x?q=1 HTTP/1.1\r\nHost: api.test\r\nUser-Agent: cli \"test\"\r\nX-Request-Id: text-1",
@@ -942,7 +859,7 @@ fn access_log_settings_keep_the_query_and_hash_the_client() {
         summary.contains("access_log: client hash, query kept"),
         "{summary}"
     );
-    let (_child, lines) = run_logging(&dir, &yaml, port, "json");
+    let (_child, lines) = run_listening(&dir, &yaml, port, "json");
     let head = "GET /v1/x?page=2&sort=a HTTP/1.1\r\nHost: t\r\nX-Request-Id: q-1";
     assert_eq!(exchange(port, head, b"").status(), 200);
     let lines = access_fields(&lines, 1);
@@ -966,7 +883,7 @@ fn access_lines_name_a_repeated_key_and_a_nul_path() {
     let dir = tempfile::tempdir().unwrap();
     let yaml = limited_config(port, &redis, &upstream, "")
         .replace("burst: 2}", "burst: 2, key: \"query:key\"}");
-    let (_child, lines) = run_logging(&dir, &yaml, port, "json");
+    let (_child, lines) = run_listening(&dir, &yaml, port, "json");
     let send = |target: &str, id: &str| {
         let head = format!("GET {target} HTTP/1.1\r\nHost: t\r\nX-Request-Id: {id}");
         exchange(port, &head, b"").status()

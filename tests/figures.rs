@@ -12,12 +12,12 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{iter_stream, Redis, TestBody, Upstream};
+use common::binary::run_listening;
+use common::{free_port, iter_stream, Redis, TestBody, Upstream};
 use http::uri::PathAndQuery;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -158,7 +158,7 @@ async fn grpc_outcomes_are_in_every_figure() {
     let (port, admin) = (free_port(), free_port());
     let dir = tempfile::tempdir().unwrap();
     let yaml = grpc_config(port, admin, &redis, upstream);
-    let (_child, lines) = run(&dir, &yaml, port, "json");
+    let (_child, lines) = run_listening(&dir, &yaml, port, "json");
     // the console's figures are the change between its first sample and its last
     assert_eq!(admin_get(admin, "/api/stats").0, 200);
     let mut grpc = client(port).await;
@@ -239,7 +239,7 @@ async fn text_access_lines_have_the_grpc_status() {
     let (port, admin) = (free_port(), free_port());
     let dir = tempfile::tempdir().unwrap();
     let yaml = grpc_config(port, admin, &redis, upstream);
-    let (_child, lines) = run(&dir, &yaml, port, "text");
+    let (_child, lines) = run_listening(&dir, &yaml, port, "text");
     let mut grpc = client(port).await;
     call(&mut grpc, "/test.Echo/Say", "a", "first")
         .await
@@ -285,7 +285,7 @@ routes:
         redis = redis.url(),
         url = upstream.url()
     );
-    let (_child, lines) = run(&dir, &yaml, port, "json");
+    let (_child, lines) = run_listening(&dir, &yaml, port, "json");
     let metrics = admin_get(admin, "/metrics").1;
     let series = r#"tollgate_pacing_delay_seconds_count{upstream="one"} 0"#;
     assert!(metrics.contains(series), "no `{series}` in\n{metrics}");
@@ -355,58 +355,6 @@ routes:
 
 // ---------------------------------------------------------------------------------------------
 // The binary, its log and its admin listener.
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A child process killed when the test ends, also when it fails.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// tollgate run with `yaml`, logging at info in `format`, once it listens on `port`; its log
-/// lines, read on a thread so that a test waits for them with a deadline.
-fn run(dir: &tempfile::TempDir, yaml: &str, port: u16, format: &str) -> (Reaped, Receiver<String>) {
-    use std::io::BufRead;
-    let path = dir.path().join("proxy.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    let mut child = Reaped(
-        Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["--log-format", format, "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let stderr = child.0.stderr.take().expect("stderr piped");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "tollgate did not listen");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (child, rx)
-}
 
 /// The next log line that holds `text`.
 fn next_line(lines: &Receiver<String>, text: &str) -> String {

@@ -4,6 +4,7 @@
 //! test with a message saying how to install it.
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod browser;
 pub mod docs;
 pub mod firefox;
