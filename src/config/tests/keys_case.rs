@@ -3,16 +3,6 @@
 use super::*;
 use crate::identity::DuplicateKey;
 
-/// MINIMAL with `routes` in place of its own.
-fn with_routes(routes: &str) -> String {
-    MINIMAL
-        .split("routes:")
-        .next()
-        .expect("has routes")
-        .to_owned()
-        + routes
-}
-
 /// A route on `/v1` with one limit keyed on `key`, with `more` keys.
 fn keyed(key: &str, more: &str) -> String {
     with_routes(&format!(

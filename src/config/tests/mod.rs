@@ -35,6 +35,16 @@ routes:
     upstream: api
 ";
 
+/// [`MINIMAL`] with its `routes` section replaced by `routes` (which starts with `routes:`).
+fn with_routes(routes: &str) -> String {
+    MINIMAL
+        .split("routes:")
+        .next()
+        .expect("has routes")
+        .to_owned()
+        + routes
+}
+
 /// An environment with nothing set.
 fn no_env(_: &str) -> Option<String> {
     None

@@ -2,16 +2,6 @@
 
 use super::*;
 
-/// [`MINIMAL`] with its `routes` section replaced by `routes` (which starts with `routes:`).
-fn with_routes(routes: &str) -> String {
-    MINIMAL
-        .split("routes:")
-        .next()
-        .expect("has routes")
-        .to_owned()
-        + routes
-}
-
 /// A route after a catch-all (`path_prefix: /`, no other condition) can never match: a
 /// warning at the shadowed route, naming the one that shadows it.
 #[test]
