@@ -536,7 +536,8 @@ impl Nginx {
             .port();
         let d = dir.path().display();
         let conf = format!(
-            "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+            // one process, no master: killing it at the end leaves no orphaned worker behind
+            "daemon off;\nmaster_process off;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
              events {{ worker_connections 1024; }}\n\
              http {{\n  access_log off;\n  client_body_temp_path {d};\n  proxy_temp_path {d};\n\
                fastcgi_temp_path {d};\n  uwsgi_temp_path {d};\n  scgi_temp_path {d};\n\
