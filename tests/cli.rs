@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::binary::{log_lines, run_listening, run_logging, wait_for, Reaped};
+use common::binary::{access_fields, log_lines, run_listening, run_logging, wait_for, Reaped};
 use common::free_port;
 
 fn tollgate() -> Command {
@@ -573,30 +573,6 @@ fn exchange(port: u16, head: &str, body: &[u8]) -> Exchange {
         head: String::from_utf8_lossy(&out[..split]).into_owned(),
         body: out[split + 4..].to_vec(),
     }
-}
-
-/// The next `n` access lines among `lines` (JSON), their fields by request id.
-fn access_fields(
-    lines: &std::sync::mpsc::Receiver<String>,
-    n: usize,
-) -> std::collections::HashMap<String, serde_json::Value> {
-    let mut found = std::collections::HashMap::new();
-    while found.len() < n {
-        let line = lines
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap_or_else(|_| panic!("{} access lines of {n}: {found:#?}", found.len()));
-        if !line.contains("tollgate::access") {
-            continue;
-        }
-        let mut parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
-        let fields = parsed["fields"].take();
-        let id = fields["request_id"]
-            .as_str()
-            .expect("a request id")
-            .to_owned();
-        found.insert(id, fields);
-    }
-    found
 }
 
 /// Whether `id` is a version 4 UUID in its text form.

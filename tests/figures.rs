@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -16,7 +15,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::binary::run_listening;
+use common::binary::{access_fields, run_listening};
 use common::{free_port, iter_stream, Redis, TestBody, Upstream};
 use http::uri::PathAndQuery;
 use http_body_util::{BodyExt, StreamBody};
@@ -176,7 +175,7 @@ async fn grpc_outcomes_are_in_every_figure() {
     let plain = raw_get(port, "/plain", "not-grpc");
     assert!(plain.starts_with("HTTP/1.1 200"), "{plain}");
 
-    let logged = access_lines(&lines, 6);
+    let logged = access_fields(&lines, 6);
     for (id, grpc_status) in [
         ("ok", 0),
         ("refused", 8),
@@ -318,7 +317,7 @@ routes:
         Duration::from_millis(300),
     );
 
-    let logged = access_lines(&lines, 7);
+    let logged = access_fields(&lines, 7);
     let waited = |id: &str| logged[id]["pacing_delay_ms"].as_f64().unwrap();
     assert!(waited("holder") < 100.0, "{:#}", logged["holder"]);
     let refused = &logged["refused"];
@@ -366,24 +365,6 @@ fn next_line(lines: &Receiver<String>, text: &str) -> String {
             return line;
         }
     }
-}
-
-/// The fields of the next `n` JSON access lines, by request id.
-fn access_lines(lines: &Receiver<String>, n: usize) -> HashMap<String, Value> {
-    let mut found = HashMap::new();
-    while found.len() < n {
-        let line = lines
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap_or_else(|_| panic!("{} access lines of {n}: {found:#?}", found.len()));
-        if !line.contains("tollgate::access") {
-            continue;
-        }
-        let mut parsed: Value = serde_json::from_str(&line).unwrap();
-        let fields = parsed["fields"].take();
-        let id = fields["request_id"].as_str().unwrap().to_owned();
-        found.insert(id, fields);
-    }
-    found
 }
 
 /// A GET of `path` over HTTP/1.1 with request id `id`, read to the end.

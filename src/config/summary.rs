@@ -547,17 +547,7 @@ pub(crate) fn algorithm_text(alg: &Algorithm) -> String {
 }
 
 fn key_text(key: &[KeyPart]) -> String {
-    let parts: Vec<String> = key
-        .iter()
-        .map(|part| match part {
-            KeyPart::Ip => "ip".to_owned(),
-            KeyPart::Header(name) => format!("header:{name}"),
-            KeyPart::Query(name) => format!("query:{name}"),
-            KeyPart::Host => "host".to_owned(),
-            KeyPart::Path => "path".to_owned(),
-            KeyPart::Route => "route".to_owned(),
-        })
-        .collect();
+    let parts: Vec<String> = key.iter().map(KeyPart::to_string).collect();
     parts.join("+")
 }
 

@@ -6,7 +6,7 @@
 //!
 //! `X-Forwarded-*` stay in `forward`; this module only builds and sets these two.
 
-use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// Which of the two headers tollgate sets (`forwarded_headers`); off leaves the header as the
 /// client sent it.
@@ -38,51 +38,21 @@ pub(super) fn set_real_ip(headers: &mut HeaderMap, client: HeaderValue) {
 /// lines there are joined with `", "` (RFC 7239 §4: one list, however many lines), so that an
 /// upstream that reads one line sees every hop. `peer` is the TCP peer's address as text, as
 /// `X-Forwarded-For` gets it (RFC 7239 §5.2: the hop tollgate heard, not the client it
-/// believed).
+/// believed). Built in one buffer: a request without `Forwarded` costs one allocation.
 pub(super) fn append_forwarded(
     headers: &mut HeaderMap,
     peer: &HeaderValue,
     proto: &str,
     host: Option<&HeaderValue>,
 ) {
-    let mut entry = match headers.entry(http::header::FORWARDED) {
-        Entry::Vacant(vacant) => {
-            if let Some(element) = element(&[], peer, proto, host) {
-                vacant.insert(element);
-            }
-            return;
-        }
-        Entry::Occupied(occupied) => occupied,
-    };
-    let mut before = Vec::new();
-    for line in entry.iter() {
+    let host = host.map(HeaderValue::as_bytes).filter(|h| !h.is_empty());
+    let mut out = Vec::with_capacity(48 + host.map_or(0, <[u8]>::len));
+    for line in headers.get_all(http::header::FORWARDED) {
         let line = line.as_bytes().trim_ascii();
-        if line.is_empty() {
-            continue;
+        if !line.is_empty() {
+            out.extend_from_slice(line);
+            out.extend_from_slice(b", ");
         }
-        if !before.is_empty() {
-            before.extend_from_slice(b", ");
-        }
-        before.extend_from_slice(line);
-    }
-    if let Some(joined) = element(&before, peer, proto, host) {
-        entry.insert(joined);
-    }
-}
-
-/// `before` (the elements already there, or nothing), then tollgate's element; built in one
-/// buffer, so a request without `Forwarded` costs one allocation.
-fn element(
-    before: &[u8],
-    peer: &HeaderValue,
-    proto: &str,
-    host: Option<&HeaderValue>,
-) -> Option<HeaderValue> {
-    let host = host.map(HeaderValue::as_bytes);
-    let mut out = Vec::with_capacity(before.len() + 2 + 48 + host.map_or(0, <[u8]>::len));
-    if !before.is_empty() {
-        out.extend_from_slice(before);
-        out.extend_from_slice(b", ");
     }
     out.extend_from_slice(b"for=");
     let peer = peer.as_bytes();
@@ -96,11 +66,13 @@ fn element(
     }
     out.extend_from_slice(b";proto=");
     out.extend_from_slice(proto.as_bytes());
-    if let Some(host) = host.filter(|h| !h.is_empty()) {
+    if let Some(host) = host {
         out.extend_from_slice(b";host=");
         push_value(&mut out, host);
     }
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
+    if let Ok(value) = HeaderValue::from_maybe_shared(bytes::Bytes::from(out)) {
+        headers.insert(http::header::FORWARDED, value);
+    }
 }
 
 /// A parameter's value: as it is when it is a token (RFC 9110 §5.6.2), else a quoted string

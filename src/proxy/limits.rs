@@ -190,8 +190,8 @@ pub(super) async fn check<'r, B>(
         path,
         route: &route.name,
     };
-    // the store key, its client part written in place (one buffer for all the limits)
     refuse_repeated_key(route, &ctx, outcome)?;
+    // the store key, its client part written in place (one buffer for all the limits)
     let mut key = String::with_capacity(96);
     let several = route.limits.len() > 1;
     let paced = route.upstream.paced();
@@ -281,11 +281,15 @@ fn refuse_repeated_key<'r>(
     ctx: &KeyContext<'_>,
     outcome: &mut Outcome<'r>,
 ) -> Result<(), ProxyError> {
-    let rejecting = route.limits.iter().filter(|l| {
-        l.duplicate_key == DuplicateKey::Reject && !identity::is_trusted(ctx.ip, &l.exempt)
-    });
+    let rejecting = route
+        .limits
+        .iter()
+        .filter(|l| l.duplicate_key == DuplicateKey::Reject);
     for limit in rejecting {
-        let Some(part) = identity::repeated_part(&limit.key, ctx) else {
+        // (the exemption only once a part repeats: most requests repeat nothing)
+        let Some(part) = identity::repeated_part(&limit.key, ctx)
+            .filter(|_| !identity::is_trusted(ctx.ip, &limit.exempt))
+        else {
             continue;
         };
         if limit.shadow {

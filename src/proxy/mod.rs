@@ -478,13 +478,16 @@ impl Proxy {
             // borrowed from it while the request itself moves on to the forward phase.
             let uri = req.uri().clone();
             let (route, path) = self.route(&req, &uri, outcome)?;
-            let (owed, mut held) = match self.limit(route, &req, &client, &path, outcome).await? {
-                limits::Checked::Denied(resp) => return Ok(resp),
-                limits::Checked::Admitted(shown, owed, held) => {
-                    outcome.shown = shown;
-                    (owed, held)
-                }
-            };
+            // the path the limits and the charges key on
+            let key_path = key_path(route, &path);
+            let (owed, mut held) =
+                match self.limit(route, &req, &client, &key_path, outcome).await? {
+                    limits::Checked::Denied(resp) => return Ok(resp),
+                    limits::Checked::Admitted(shown, owed, held) => {
+                        outcome.shown = shown;
+                        (owed, held)
+                    }
+                };
             // A request refused here, or whose client goes away while it waits, has what its
             // limits took given back as `owed` is dropped, and its slots released as `held` is.
             self.pace(route, outcome, &mut held).await?;
@@ -492,7 +495,6 @@ impl Proxy {
                 owed.paid();
             }
             // what the charged limits are owed once the response says what was used
-            let key_path = key_path(route, &path);
             let charges = charge::Charges::of(self, route, &req, client.ip, &key_path);
             // the slots are held until the response is finished, or an upgrade's tunnel
             // closes (it takes them from here)
@@ -561,7 +563,7 @@ impl Proxy {
         route: &'s Route,
         req: &Request<B>,
         client: &Client,
-        path: &RequestPath<'_>,
+        key_path: &str,
         outcome: &mut Outcome<'s>,
     ) -> Result<limits::Checked<'s>, ProxyError> {
         if let (Some(max), Some(len)) = (
@@ -572,8 +574,7 @@ impl Proxy {
                 return Err(ProxyError::BodyTooLarge);
             }
         }
-        let key_path = key_path(route, path);
-        limits::check(self, route, req, client.ip, &key_path, outcome).await
+        limits::check(self, route, req, client.ip, key_path, outcome).await
     }
 
     /// Pace: waits for the upstream's slot, if it is paced ([`Pacer::wait`]), then for a slot

@@ -74,3 +74,27 @@ pub fn run_listening(
     });
     running
 }
+
+/// The next `n` access lines among `lines` (JSON), their fields by request id.
+pub fn access_fields(
+    lines: &std::sync::mpsc::Receiver<String>,
+    n: usize,
+) -> std::collections::HashMap<String, serde_json::Value> {
+    let mut found = std::collections::HashMap::new();
+    while found.len() < n {
+        let line = lines
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{} access lines of {n}: {found:#?}", found.len()));
+        if !line.contains("tollgate::access") {
+            continue;
+        }
+        let mut parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let fields = parsed["fields"].take();
+        let id = fields["request_id"]
+            .as_str()
+            .expect("a request id")
+            .to_owned();
+        found.insert(id, fields);
+    }
+    found
+}
