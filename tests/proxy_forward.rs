@@ -1545,20 +1545,14 @@ async fn streams_100_mb_both_ways_without_buffering() {
 #[tokio::test]
 async fn h2c_requests_are_proxied_to_an_http1_upstream() {
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"
-listen: 127.0.0.1:0
-upstreams:
-  api:
-    targets: [{}]
-routes:
-  - name: api
-    match: {{host: api.example.com, path_prefix: /v1}}
-    upstream: api
-    strip_prefix: true
-"#,
-        upstream.url()
-    );
+    let yaml = Yaml::to(&[upstream.url()])
+        .route_matching(
+            "api",
+            "{host: api.example.com, path_prefix: /v1}",
+            "api",
+            STRIP,
+        )
+        .build();
     let proxy = Proxy::start(&yaml).await;
     let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let (mut sender, conn) =
@@ -1625,23 +1619,15 @@ routes:
 #[tokio::test]
 async fn request_lines_no_route_may_serve_get_400() {
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"
-listen: 127.0.0.1:0
-upstreams:
-  api: {{targets: ["{}"]}}
-routes:
-  - name: login
-    match: {{path: /login, methods: [POST]}}
-    upstream: api
-    limits:
-      - {{name: tries, algorithm: fixed_window, limit: 1, window: 1h}}
-  - name: rest
-    match: {{path_prefix: /}}
-    upstream: api
-"#,
-        upstream.url()
-    );
+    let yaml = Yaml::to(&[upstream.url()])
+        .route_matching(
+            "login",
+            "{path: /login, methods: [POST]}",
+            "api",
+            "limits:\n  - {name: tries, algorithm: fixed_window, limit: 1, window: 1h}",
+        )
+        .route("rest", "/", "")
+        .build();
     let proxy = Proxy::start(&yaml).await;
     // (the hourly window must not end between the two POSTs)
     clear_of_hour_end(Duration::from_secs(5)).await;
