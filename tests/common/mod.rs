@@ -16,7 +16,7 @@ pub mod sentinel;
 pub mod yaml;
 
 #[allow(unused_imports)] // (only the files that start a proxy declare the pass)
-pub(crate) use passes::{both_http1_clients, http1_client};
+pub(crate) use passes::{both_http1_clients, http1_client, redis_connection};
 #[allow(unused_imports)] // (not every test binary writes a config)
 pub use yaml::Yaml;
 

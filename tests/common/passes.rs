@@ -5,7 +5,8 @@
 //! [`both_http1_clients!`](crate::common::both_http1_clients): its tests run again with
 //! requests without a body carried by hyper's HTTP/1 client rather than tollgate's own, and
 //! with the scheduling tricks off ([`tollgate::turns`]). The proxy starter panics in a test
-//! binary that lacks that pass, so a new file cannot forget it.
+//! binary that lacks that pass, so a new file cannot forget it. `tests/redis_store.rs` runs
+//! again over redis-rs's connection in the same way ([`again_over_redis_rs`]).
 
 use std::process::Command;
 use std::sync::Once;
@@ -17,11 +18,23 @@ pub const HTTP1_CLIENT_VAR: &str = "TOLLGATE_TEST_HTTP1_CLIENT";
 /// The test that [`both_http1_clients!`](crate::common::both_http1_clients) declares.
 pub const HTTP1_PASS: &str = "every_test_again_through_hypers_client";
 
+/// The environment variable that makes [`redis_connection`] name redis-rs's connection: set to
+/// `library` by [`again_over_redis_rs`].
+pub const REDIS_CONNECTION_VAR: &str = "TOLLGATE_TEST_REDIS_CONNECTION";
+
 /// The HTTP/1 client the proxies of this test process use for requests without a body.
 pub fn http1_client() -> tollgate::proxy::Http1Client {
     match std::env::var(HTTP1_CLIENT_VAR).as_deref() {
         Ok("library") => tollgate::proxy::Http1Client::Library,
         _ => tollgate::proxy::Http1Client::Own,
+    }
+}
+
+/// The connection the Redis stores of this test process use to reach one Redis.
+pub fn redis_connection() -> tollgate::store::Connection {
+    match std::env::var(REDIS_CONNECTION_VAR).as_deref() {
+        Ok("library") => tollgate::store::Connection::Library,
+        _ => tollgate::store::Connection::Own,
     }
 }
 
@@ -53,6 +66,19 @@ pub fn again_through_hypers_client() {
             (tollgate::turns::SWITCH, "off"),
         ],
         &[HTTP1_PASS],
+    );
+}
+
+/// Runs every other test of this test binary again, in a child process whose Redis stores go
+/// over redis-rs's connection, and fails when one of them fails there. `me` is the test that
+/// calls this; `single` are the tests about the own connection alone, which the child skips.
+pub fn again_over_redis_rs(me: &str, single: &[&str]) {
+    let mut skip = vec![me];
+    skip.extend_from_slice(single);
+    again(
+        "over redis-rs's connection",
+        &[(REDIS_CONNECTION_VAR, "library")],
+        &skip,
     );
 }
 
