@@ -2,6 +2,7 @@
 //! effective config with the Redis password redacted.
 
 mod common;
+common::both_http1_clients!();
 
 use std::time::Duration;
 

@@ -3,6 +3,7 @@
 //! from a response header or a chunked body's trailer.
 
 mod common;
+common::both_http1_clients!();
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};

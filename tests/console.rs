@@ -3,6 +3,7 @@
 //! the admin token when one is set.
 
 mod common;
+common::both_http1_clients!();
 
 use std::time::Duration;
 

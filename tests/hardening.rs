@@ -5,6 +5,7 @@
 //! on another connection is served right after the abuse.
 
 mod common;
+common::both_http1_clients!();
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;

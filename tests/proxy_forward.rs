@@ -4,6 +4,7 @@
 //! upstream and tollgate in process; no Redis (the memory store is the default).
 
 mod common;
+common::both_http1_clients!();
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -1889,12 +1890,4 @@ async fn an_http10_response_without_a_length_says_close() {
             .contains("connection: keep-alive"),
         "{sized}"
     );
-}
-
-/// Every test above again, with requests without a body carried by hyper's HTTP/1 client
-/// rather than tollgate's own, and the scheduling tricks off: the two clients behave alike,
-/// and the tricks change no answer.
-#[test]
-fn every_test_again_through_hypers_client() {
-    common::again_through_hypers_client("every_test_again_through_hypers_client");
 }

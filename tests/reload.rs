@@ -2,6 +2,7 @@
 //! keeps sending requests; an invalid file is rejected and the old config stays in force.
 
 mod common;
+common::both_http1_clients!();
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
