@@ -8,7 +8,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Tokio's clock is std's unless a test pauses it: the sampling's schedule, the window and the
+// idle stop then run on `tokio::time` instead of real seconds.
+use tokio::time::Instant;
 
 use crate::metrics::Metrics;
 
@@ -326,5 +330,35 @@ mod tests {
         let p99 = change.quantile("h", "u", "a", 0.99).unwrap();
         assert!((p99 - (0.1 + 0.9 * 49.0 / 50.0)).abs() < 1e-9, "{p99}");
         assert_eq!(change.quantile("h", "u", "b", 0.5), None);
+    }
+
+    /// The samples that `sampler` holds now.
+    fn held(sampler: &Sampler) -> usize {
+        sampler.samples.lock().expect("not poisoned").len()
+    }
+
+    /// The first ask takes a sample and starts the sampling, one a second; the window keeps
+    /// a minute and a sample; without an ask for [`IDLE`] the sampling stops, its samples gone.
+    #[tokio::test(start_paused = true)]
+    async fn samples_every_second_while_asked_and_stops_when_idle() {
+        let sampler = Sampler::new(Metrics::new());
+        let (oldest, newest) = sampler.window();
+        assert!(Arc::ptr_eq(&oldest, &newest), "one sample at once");
+        // (the paused clock moves on to each of the sampler's ticks while this sleeps)
+        tokio::time::sleep(EVERY * 3 + EVERY / 2).await;
+        sampler.window();
+        assert_eq!(held(&sampler), 4, "one a second");
+        tokio::time::sleep(WINDOW * 2).await;
+        let (oldest, newest) = sampler.window();
+        let span = newest.at - oldest.at;
+        assert!(span >= WINDOW && span <= WINDOW + EVERY, "{span:?}");
+        tokio::time::sleep(IDLE - EVERY).await;
+        assert!(
+            sampler.running.load(Ordering::Acquire),
+            "stopped while asked"
+        );
+        tokio::time::sleep(EVERY * 2).await;
+        assert!(!sampler.running.load(Ordering::Acquire), "still sampling");
+        assert_eq!(held(&sampler), 0);
     }
 }

@@ -16,9 +16,12 @@ use std::future::Future;
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lru::LruCache;
+// Tokio's clock is std's unless a test pauses it: the cool-down and the deny cache's expiry are
+// then driven by `tokio::time::advance` instead of sleeps.
+use tokio::time::Instant;
 
 use super::{
     ChargeFuture, GiveBackFuture, HoldFuture, MemoryStore, RateFuture, ReadyFuture, Store,

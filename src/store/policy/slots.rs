@@ -18,7 +18,7 @@ impl GuardedStore {
         holder: &str,
         now: Option<Millis>,
     ) -> Result<Decision, StoreError> {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let shared = self
             .through_breaker(self.primary.acquire(key, slots, holder, now), true)
             .await;

@@ -1,9 +1,13 @@
-//! The breaker's state machine on an injected clock, and the policy around a fake store.
+//! The breaker's state machine on an injected clock, and the policy around a fake store on
+//! tokio's paused clock: the fake's delays, the cool-down and the deny cache's expiry pass by
+//! `tokio::time::advance`, or by the runtime's auto-advance while it is idle.
 
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::*;
 use crate::limit::{Bucket, Rate, Slots};
@@ -273,8 +277,9 @@ fn bucket(burst: u32) -> Algorithm {
 }
 
 /// The deny cache counts `retry_after` from when the answer arrived, not from when the call
-/// started: a slow answer must not make the cached Retry-After early by the round trip.
-#[tokio::test]
+/// started: a slow answer must not make the cached Retry-After early by the round trip. The
+/// store is asked again when that wait is over, not before.
+#[tokio::test(start_paused = true)]
 async fn deny_cache_counts_retry_after_from_the_answer() {
     let delay = Duration::from_millis(200);
     let (store, calls) = guarded(Behaviour::Denies(1000), delay, OnError::Deny, 1);
@@ -284,13 +289,26 @@ async fn deny_cache_counts_retry_after_from_the_answer() {
     let cached = store.check("k", &alg, None).await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 1, "second check not cached");
     assert!(!cached.allowed);
-    // a few ms may pass between the answer and this check; the round trip was 200 ms
-    assert!(
-        cached.retry_after_ms > 1000 - 50,
-        "cached retry_after {} ms, early by the round trip",
-        cached.retry_after_ms
+    assert_eq!(
+        cached.retry_after_ms, 1000,
+        "early by the round trip of 200 ms"
     );
     assert_eq!(store.stats().deny_cache_hits.load(Ordering::Relaxed), 1);
+    tokio::time::advance(Duration::from_millis(999)).await;
+    let last = store.check("k", &alg, None).await.unwrap();
+    assert_eq!(last.retry_after_ms, 1, "{last:?}");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "asked before the wait was over"
+    );
+    tokio::time::advance(Duration::from_millis(1)).await;
+    store.check("k", &alg, None).await.unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "not asked again when it was"
+    );
 }
 
 /// Answers to calls in flight together do not push the cached refusal later: a client told to
@@ -491,7 +509,7 @@ async fn local_holds_this_instances_share_of_the_slots() {
 }
 
 /// A slow failing store costs at most one timeout per call, and none once the breaker is open.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn open_breaker_adds_no_latency() {
     let delay = Duration::from_millis(100);
     let (store, _) = guarded(Behaviour::Fails, delay, OnError::Allow, 1);
@@ -503,7 +521,32 @@ async fn open_breaker_adds_no_latency() {
     for _ in 0..10 {
         store.check("k", &alg, None).await.unwrap();
     }
-    assert!(started.elapsed() < delay / 2, "{:?}", started.elapsed());
+    // (on the paused clock only the fake's delay moves time)
+    assert_eq!(started.elapsed(), Duration::ZERO);
+}
+
+/// The open breaker keeps every call from the store for the whole cool-down on the policy's
+/// own clock, then lets one probe through; a failed probe starts another cool-down.
+#[tokio::test(start_paused = true)]
+async fn open_breaker_probes_the_store_after_the_cool_down() {
+    let (store, calls) = guarded(Behaviour::Fails, Duration::ZERO, OnError::Allow, 1);
+    let alg = bucket(2);
+    let calls = || calls.load(Ordering::SeqCst);
+    for _ in 0..TRIP_AFTER {
+        store.check("k", &alg, None).await.unwrap();
+    }
+    assert!(store.breaker_open());
+    for probes in 1..=2 {
+        tokio::time::advance(COOL_DOWN - Duration::from_millis(1)).await;
+        store.check("k", &alg, None).await.unwrap();
+        let before = TRIP_AFTER as usize + probes - 1;
+        assert_eq!(calls(), before, "probed before the cool-down was over");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        store.check("k", &alg, None).await.unwrap();
+        store.check("k", &alg, None).await.unwrap();
+        assert_eq!(calls(), before + 1, "not one probe");
+        assert!(store.breaker_open(), "the failed probe closed it");
+    }
 }
 
 /// A deny-cache entry applies only to the limit that denied: once a reload changes the
