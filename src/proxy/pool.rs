@@ -44,9 +44,9 @@ use tower_service::Service;
 
 use super::h1;
 use super::{Body, BoxError};
-pub use dial::{Dial, Protocol};
+pub use dial::{Dial, H2Settings, Protocol};
 use dial::{Opened, Stream};
-pub use h2::{Conns as H2Conns, H2Settings, Waits};
+pub use h2::{Conns as H2Conns, Waits};
 
 /// Which HTTP/1 client carries a request without a body to an `http://` target. Every other
 /// request goes over hyper's.
