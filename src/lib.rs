@@ -16,6 +16,8 @@
 //!   API and its dashboard.
 //! * [`console`]: the operator console's figures: rates over the last minute, top refused
 //!   clients; and the dashboard's page.
+//! * [`refusals`]: the clients each limit refuses most, which the proxy counts and the console
+//!   shows.
 //! * [`logging`]: the text form of log lines, the access log's above all.
 //! * `server`: serving connections: accept, TLS, HTTP/1 and HTTP/2, framing checks, deadlines,
 //!   the worker threads.
@@ -31,6 +33,7 @@ pub mod limit;
 pub mod logging;
 pub mod metrics;
 pub mod proxy;
+pub mod refusals;
 pub mod routing;
 mod server;
 pub mod store;

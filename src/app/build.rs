@@ -9,7 +9,6 @@ use anyhow::Context as _;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{self, Backend, Config};
-use crate::console::Refusals;
 use crate::metrics::{Metrics, RouteSeries};
 use crate::proxy::inflight::Inflight;
 use crate::proxy::slots::Holders;
@@ -17,6 +16,7 @@ use crate::proxy::{
     access, Charge, Dial, H2Settings, HeaderStyle, Limit, Pacer, Protocol, Proxy, Route, Settings,
     Targets, Upstream, UpstreamClients,
 };
+use crate::refusals::Refusals;
 use crate::routing::{PathMatch, RouteTable};
 use crate::store::{
     Connection, GuardedStore, MemoryStore, RedisStore, RedisTarget, SentinelTarget, Store,
@@ -267,7 +267,12 @@ pub fn build_proxy(
         config::HeaderStyle::Both => HeaderStyle::Both,
         config::HeaderStyle::None => HeaderStyle::None,
     };
-    refusals.keep_only(config);
+    refusals.keep_only(|route, limit| {
+        config
+            .routes
+            .iter()
+            .any(|r| *r.name == *route && r.limits.iter().any(|l| *l.name == *limit))
+    });
     let holders = Holders::new(store.clone(), metrics.clone());
     Ok(Proxy {
         metrics,

@@ -23,9 +23,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
-use crate::console::{Console, Refusals, Reloaded};
+use crate::console::{Console, Reloaded};
 use crate::metrics::Metrics;
 use crate::proxy::{Http1Client, UpstreamClients};
+use crate::refusals::Refusals;
 use crate::server::{accept_loop, http_builder, AcceptCtx, Descriptors, Live, SideBounds, Workers};
 use crate::store::Store;
 use crate::tls;
