@@ -175,7 +175,7 @@ impl Server {
         let (stop_tx, stop_rx) = watch::channel(false);
         let graceful = Arc::new(GracefulShutdown::new());
         let config = self.shared.config();
-        let http = Arc::new(http_builder(&config));
+        let http = Arc::new(http_builder());
         // one budget for every listener: the admin's connections never take the proxy's share
         let descriptors = Arc::new(Descriptors::default());
         // where the fleet's resets stand before the first request: one made from now on is
