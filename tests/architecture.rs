@@ -185,15 +185,32 @@ fn item_end(code: &[u8], from: usize) -> usize {
     code.len()
 }
 
-/// Blanks every `#[cfg(test)]` item of `code`; returns the names of the `mod x;` among them.
+/// Whether the attribute at the start of `code` is `#[cfg(test)]` or `#[cfg(all(test, ..))]`;
+/// its length if so.
+fn test_only(code: &[u8]) -> Option<usize> {
+    let end = code.iter().position(|&c| c == b']')? + 1;
+    let attr: String = String::from_utf8_lossy(&code[..end])
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    let first = attr.strip_prefix("#[cfg(")?;
+    let first = first.strip_prefix("all(").unwrap_or(first);
+    (first.starts_with("test)") || first.starts_with("test,")).then_some(end)
+}
+
+/// Blanks every test-only item of `code`; returns the names of the `mod x;` among them.
 fn drop_test_code(code: &mut [u8]) -> Vec<String> {
     let mut test_mods = Vec::new();
-    let marker = b"#[cfg(test)]";
+    let marker = b"#[cfg(";
     let mut i = 0;
     while let Some(n) = code[i..].windows(marker.len()).position(|w| w == marker) {
         let start = i + n;
-        let end = item_end(code, start + marker.len());
-        let item = String::from_utf8_lossy(&code[start + marker.len()..end]).into_owned();
+        let Some(len) = test_only(&code[start..]) else {
+            i = start + marker.len();
+            continue;
+        };
+        let end = item_end(code, start + len);
+        let item = String::from_utf8_lossy(&code[start + len..end]).into_owned();
         let words: Vec<&str> = item
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ';'))
             .filter(|w| !w.is_empty())
@@ -778,7 +795,9 @@ fn the_scanner_reads_paths_as_rust_does() {
                 let s = \"crate::in_a_string\"; let c = '{'; fn f<'a>() {}\n\
                 super::super::f::g(); $crate::no::x;\n\
                 #[cfg(test)]\nmod tests { use crate::only_in_tests::X; }\n\
-                #[cfg(test)]\nmod more;\n";
+                #[cfg(test)]\nmod more;\n\
+                #[cfg(all(test, unix))]\nmod unix { use crate::unix_tests::X; }\n\
+                #[cfg(not(test))]\nuse crate::kept::Y;\n";
     let mut code = code_only(text);
     assert_eq!(drop_test_code(&mut code), ["more"]);
     let found: Vec<String> = paths_from(&code, &["crate", "super", "self"])
@@ -792,6 +811,7 @@ fn the_scanner_reads_paths_as_rust_does() {
             "crate::a::b::D@1",
             "crate::a@1",
             "super::super::f::g@4",
+            "crate::kept::Y@12",
         ]
     );
     let module: Vec<String> = ["x", "y", "z"].map(String::from).to_vec();
