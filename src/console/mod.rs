@@ -1,4 +1,5 @@
-//! The operator console's figures: what `GET /api/stats` on the admin listener answers.
+//! The operator console: its figures, what `GET /api/stats` on the admin listener answers, and
+//! the operator API's calls ([`api`]).
 //!
 //! Rates come from the registry, sampled once a second while someone asks ([`sample`]). The
 //! clients each limit refuses most come from [`Refusals`], which the proxy counts into, over
@@ -6,9 +7,10 @@
 //! Everything here is this instance's own: every answer says so. [`page`] is the dashboard
 //! that shows these figures in a browser.
 //!
-//! This module reads the config, the proxy and the metrics in force; it decides nothing and
-//! changes no limiter state.
+//! This module reads the config, the proxy and the metrics in force, and decides nothing. Only
+//! an operator's call to [`api`] changes limiter state: a reset, or a lifted hold.
 
+pub mod api;
 pub mod client;
 pub mod page;
 pub mod sample;
