@@ -48,7 +48,11 @@ use tokio::sync::watch;
 use crate::metrics::{self, Metrics};
 use crate::server::{side_accept_loop, SideBounds};
 
+mod api;
 mod hosts;
+
+use api::api_error;
+pub use api::{Api, ApiAnswer, ApiFuture, LimitCall};
 
 const TEXT: &str = "text/plain; charset=utf-8";
 const JSON: &str = "application/json";
@@ -84,56 +88,6 @@ pub struct Page {
     pub html: &'static str,
     pub content_security_policy: HeaderValue,
 }
-
-/// The operator API behind `/api/`, supplied by the application.
-pub trait Api: Send + Sync {
-    /// `GET /api/stats`
-    fn stats(&self) -> serde_json::Value;
-
-    /// `GET /api/limits/<route>/<limit>?key=<client>`
-    fn limit<'a>(&'a self, call: LimitCall<'a>) -> ApiFuture<'a>;
-
-    /// `DELETE /api/limits/<route>/<limit>?key=<client>`, asked by `peer`
-    fn reset<'a>(&'a self, call: LimitCall<'a>, peer: SocketAddr) -> ApiFuture<'a>;
-
-    /// `DELETE /api/upstreams/<name>/hold`, asked by `peer`
-    fn lift_hold<'a>(&'a self, upstream: &'a str, peer: SocketAddr) -> ApiFuture<'a>;
-}
-
-/// One client of one limit, as a `/api/limits/` call names it.
-#[derive(Debug, Clone, Copy)]
-pub struct LimitCall<'a> {
-    pub route: &'a str,
-    pub limit: &'a str,
-    /// the client, as `overrides` name one: `192.0.2.7`, `a b`, `192.0.2.7|gold`
-    pub key: &'a str,
-}
-
-/// An `/api/` answer: its status and JSON body.
-#[derive(Debug)]
-pub struct ApiAnswer {
-    pub status: StatusCode,
-    pub body: serde_json::Value,
-}
-
-impl ApiAnswer {
-    /// 200 with `body`.
-    pub fn ok(body: serde_json::Value) -> ApiAnswer {
-        ApiAnswer {
-            status: StatusCode::OK,
-            body,
-        }
-    }
-
-    /// An error: `{"error": code, "message": message}`.
-    pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> ApiAnswer {
-        let body = serde_json::json!({"error": code, "message": message.into()});
-        ApiAnswer { status, body }
-    }
-}
-
-/// The future of an `/api/` call.
-pub type ApiFuture<'a> = Pin<Box<dyn Future<Output = ApiAnswer> + Send + 'a>>;
 
 /// The answer of [`AdminState::ready`]: why the instance is not ready, if it is not.
 pub type Readiness = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
@@ -217,7 +171,7 @@ async fn answer<B>(
         }
     }
     if let Some(call) = req.uri().path().strip_prefix("/api/") {
-        return api(state, req, call, token, peer).await;
+        return api::answer(state, req, call, token, peer).await;
     }
     if req.uri().path() != "/readyz" || !readable(req.method()) {
         return respond(state, req);
@@ -281,101 +235,6 @@ fn respond<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
     }
 }
 
-/// One `/api/` call: `call` is the path after `/api/`.
-async fn api<B>(
-    state: &AdminState,
-    req: &Request<B>,
-    call: &str,
-    token: Option<Arc<str>>,
-    peer: SocketAddr,
-) -> Response<Full<Bytes>> {
-    if let Some(token) = &token {
-        if !bearer_matches(req, token) {
-            let mut answer = api_error(ApiAnswer::error(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "this call needs Authorization: Bearer <admin.token>",
-            ));
-            answer.headers_mut().insert(
-                http::header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer"),
-            );
-            return answer;
-        }
-    }
-    let parts: Vec<&str> = call.split('/').collect();
-    let method = req.method();
-    let writes = *method == Method::DELETE;
-    let allowed = match parts.as_slice() {
-        ["stats"] => "GET, HEAD",
-        ["limits", _, _] => "GET, HEAD, DELETE",
-        ["upstreams", _, "hold"] => "DELETE",
-        _ => {
-            let answer = ApiAnswer::error(StatusCode::NOT_FOUND, "not_found", "no such API call");
-            return api_error(answer);
-        }
-    };
-    let fits = allowed.split(", ").any(|m| m == method.as_str());
-    if !fits {
-        let mut answer = api_error(ApiAnswer::error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            format!("use {allowed}"),
-        ));
-        answer
-            .headers_mut()
-            .insert(ALLOW, HeaderValue::from_static(allowed));
-        return answer;
-    }
-    if writes && token.is_none() {
-        return api_error(ApiAnswer::error(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "changes need a token: set admin.token, then send it as Authorization: Bearer",
-        ));
-    }
-    let answer = match parts.as_slice() {
-        ["stats"] => ApiAnswer::ok(state.api.stats()),
-        ["limits", route, limit] => {
-            let (Some(route), Some(limit)) = (percent_decoded(route), percent_decoded(limit))
-            else {
-                let answer = ApiAnswer::error(
-                    StatusCode::BAD_REQUEST,
-                    "bad_path",
-                    "the route or limit is not valid percent-encoded UTF-8",
-                );
-                return api_error(answer);
-            };
-            let key = match client_key(req.uri().query()) {
-                Ok(key) => key,
-                Err(why) => {
-                    return api_error(ApiAnswer::error(StatusCode::BAD_REQUEST, "bad_key", why))
-                }
-            };
-            let call = LimitCall {
-                route: &route,
-                limit: &limit,
-                key: &key,
-            };
-            if writes {
-                state.api.reset(call, peer).await
-            } else {
-                state.api.limit(call).await
-            }
-        }
-        ["upstreams", name, "hold"] => match percent_decoded(name) {
-            Some(name) => state.api.lift_hold(&name, peer).await,
-            None => ApiAnswer::error(
-                StatusCode::BAD_REQUEST,
-                "bad_path",
-                "the upstream is not valid percent-encoded UTF-8",
-            ),
-        },
-        _ => unreachable!("every other call was answered above"),
-    };
-    json_answer(answer.status, &answer.body)
-}
-
 /// 403 to a request for a host a listener without a token does not answer ([`hosts`]): JSON
 /// under `/api/`, text elsewhere, each saying how to allow the name.
 fn foreign_host<B>(req: &Request<B>, name: Option<String>) -> Response<Full<Bytes>> {
@@ -404,61 +263,6 @@ fn foreign_host<B>(req: &Request<B>, name: Option<String>) -> Response<Full<Byte
         HeaderValue::from_static("nosniff"),
     );
     response
-}
-
-/// The `key` query parameter: the client, percent-decoded (`+` a space, as forms write it).
-fn client_key(query: Option<&str>) -> Result<String, &'static str> {
-    let value = query
-        .unwrap_or("")
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("key="))
-        .ok_or("name the client: ?key=<client>, as the console shows it")?;
-    // empty names a client too: one whose request had no host, under `key: host`
-    percent_decoded(&value.replace('+', " ")).ok_or("the key is not valid percent-encoded UTF-8")
-}
-
-/// `text` with its `%XX` escapes decoded; `None` when they are malformed or not UTF-8.
-fn percent_decoded(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// Whether `req` carries `Authorization: Bearer <token>`, compared in constant time.
-fn bearer_matches<B>(req: &Request<B>, token: &str) -> bool {
-    let Some(given) = req
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-    else {
-        return false;
-    };
-    constant_time_eq(given.trim_ascii(), token.as_bytes())
-}
-
-/// `a == b`, in a time that depends on their lengths only, so a wrong token's answer tells
-/// nothing of how much of it was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
-}
-
-/// An error of the API as a response.
-fn api_error(answer: ApiAnswer) -> Response<Full<Bytes>> {
-    json_answer(answer.status, &answer.body)
 }
 
 fn json_answer(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
@@ -891,15 +695,6 @@ mod tests {
         assert_eq!(body, test_page().html.as_bytes());
         let (status, _, _) = call(s.addr, Method::GET, "/index.html").await;
         assert_eq!(status, StatusCode::NOT_FOUND);
-    }
-
-    /// Tokens are equal only when every byte is.
-    #[test]
-    fn tokens_compare_whole() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
-        assert!(!constant_time_eq(b"", b"a"));
     }
 
     /// 405 names the allowed method.

@@ -7,6 +7,7 @@
 //! * [`config`]: `proxy.yaml`: raw serde mirror, validation into typed config with positions.
 //! * [`routing`]: the route table: normalised path, host, method, headers to a route.
 //! * [`identity`]: client identity (peer, trusted proxies, X-Forwarded-For) and limiter keys.
+//! * [`body`]: one adapter that watches a body's frames and its end, for `proxy` and `server`.
 //! * [`proxy`]: the request path as phases: identify, route, limit, pace, forward, respond.
 //! * [`tls`]: rustls configs: inbound termination (ALPN h2, http/1.1), and the client config
 //!   of the connections tollgate makes.
@@ -26,6 +27,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod body;
 pub mod config;
 pub mod console;
 mod decimal;

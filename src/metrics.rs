@@ -33,19 +33,25 @@
 
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::{Registry, Unit};
-
+mod labels;
+mod registry;
+mod series;
 mod sharded;
+mod text;
 
+pub use labels::Decision;
+pub use series::{DecisionSeries, RouteSeries, UpstreamSeries};
 pub use sharded::set_thread_slot;
-use sharded::Histogram;
+
+use labels::{
+    ChargeLabels, DecisionLabels, KindLabel, ResultLabel, RouteLabel, RouteStatus, UpstreamKind,
+    UpstreamLabel,
+};
+use registry::{Inner, ScrapeHook};
+use text::prometheus_text;
 
 /// The `Content-Type` of [`Metrics::encode`]'s text: OpenMetrics 1.0, which is what
 /// prometheus-client writes (`# EOF`, counter families named without `_total`) and what
@@ -59,175 +65,6 @@ pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// The route label of a request that matched no route.
 pub const NO_ROUTE: &str = "-";
 
-/// Request duration buckets, in seconds: 0.5 ms to 30 s in 1-2.5-5 steps, so a local answer
-/// (a 429 from the memory store, well under a millisecond) and a slow upstream both land in
-/// a bucket that tells them apart.
-const REQUEST_BUCKETS: [f64; 16] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
-    30.0,
-];
-
-/// Store call buckets, in seconds: 100 µs (a local Redis round trip) to 1 s (far past any
-/// sensible `store.timeout`).
-const STORE_BUCKETS: [f64; 13] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-];
-
-/// Pacing delay buckets, in seconds: 1 ms to 30 s (the longest `max_delay` worth waiting).
-const PACING_BUCKETS: [f64; 15] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
-];
-
-/// What one limit decided for one request: the `decision` label of
-/// `tollgate_limit_decisions_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Decision {
-    /// the request was within the limit
-    Allowed,
-    /// the request was over the limit and was refused
-    Denied,
-    /// the request was over a limit in shadow mode: counted, but let through
-    ShadowDenied,
-    /// the request was admitted after a wait for its slot (`leaky_bucket`)
-    Delayed,
-}
-
-impl Decision {
-    /// The label value: `allowed`, `denied`, `shadow_denied` or `delayed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Decision::Allowed => "allowed",
-            Decision::Denied => "denied",
-            Decision::ShadowDenied => "shadow_denied",
-            Decision::Delayed => "delayed",
-        }
-    }
-}
-
-impl EncodeLabelValue for Decision {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {
-        EncodeLabelValue::encode(&self.as_str(), encoder)
-    }
-}
-
-// Label sets. Names are `Arc<str>` so that recording a known series clones a pointer instead
-// of allocating; kinds and results are `&'static str` for the same reason.
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RouteStatus {
-    route: Arc<str>,
-    status: u16,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RouteLabel {
-    route: Arc<str>,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DecisionLabels {
-    route: Arc<str>,
-    limit: Arc<str>,
-    decision: Decision,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct UpstreamLabel {
-    upstream: Arc<str>,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabel {
-    kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct UpstreamKind {
-    upstream: Arc<str>,
-    kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ChargeLabels {
-    route: Arc<str>,
-    limit: Arc<str>,
-    reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabel {
-    result: &'static str,
-}
-
-/// A histogram family whose series all get the same buckets.
-type Histograms<S> = Family<S, Histogram, fn() -> Histogram>;
-
-/// A function run before each [`Metrics::encode`].
-type ScrapeHook = Box<dyn Fn(&Metrics) + Send + Sync>;
-
-/// A route's request series, kept by the route and found once: recording into it skips the
-/// family's label hashing and lock (a SipHash of the labels and a lock per series, twice per
-/// request). Series appear at the first recording, as through [`Metrics::request`].
-pub struct RouteSeries {
-    route: Arc<str>,
-    duration: OnceLock<Histogram>,
-    /// `tollgate_requests_total{route,status}` for the statuses seen so far, each in the first
-    /// free place when first seen; read on every request without a lock (a lock's read side
-    /// is a write to a line every worker shares)
-    counts: [OnceLock<(u16, sharded::Counter)>; STATUS_PLACES],
-}
-
-/// Statuses a route keeps its own counter for; past them, a status's counter is found in the
-/// family (HTTP has fewer than this in use).
-const STATUS_PLACES: usize = 64;
-
-impl RouteSeries {
-    /// The series of the route named `route`.
-    pub fn new(route: Arc<str>) -> RouteSeries {
-        RouteSeries {
-            route,
-            duration: OnceLock::new(),
-            counts: [const { OnceLock::new() }; STATUS_PLACES],
-        }
-    }
-}
-
-/// A limit's `tollgate_limit_decisions_total` series, kept by the limit (see [`RouteSeries`]).
-pub struct DecisionSeries {
-    route: Arc<str>,
-    limit: Arc<str>,
-    /// by [`Decision`], in its order
-    counters: [OnceLock<sharded::Counter>; 4],
-}
-
-impl DecisionSeries {
-    /// The series of limit `limit` of route `route`.
-    pub fn new(route: Arc<str>, limit: Arc<str>) -> DecisionSeries {
-        DecisionSeries {
-            route,
-            limit,
-            counters: Default::default(),
-        }
-    }
-}
-
-/// An upstream's `tollgate_upstream_responses_total` series, kept by the upstream (see
-/// [`RouteSeries`]).
-pub struct UpstreamSeries {
-    upstream: Arc<str>,
-    responses: OnceLock<sharded::Counter>,
-}
-
-impl UpstreamSeries {
-    /// The series of upstream `upstream`.
-    pub fn new(upstream: Arc<str>) -> UpstreamSeries {
-        UpstreamSeries {
-            upstream,
-            responses: OnceLock::new(),
-        }
-    }
-}
-
 /// A handle to the process's metrics; clones share one registry.
 ///
 /// Every recording method is cheap on the hot path: a read lock and a hash lookup for a
@@ -238,29 +75,6 @@ impl UpstreamSeries {
 #[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Inner>,
-}
-
-struct Inner {
-    /// The metrics below are registered here; the handles below share their state with it.
-    registry: Registry,
-    requests: Family<RouteStatus, sharded::Counter>,
-    request_duration: Histograms<RouteLabel>,
-    limit_decisions: Family<DecisionLabels, sharded::Counter>,
-    pacing_delay: Histograms<UpstreamLabel>,
-    /// each paced upstream's rate in force, per second
-    pace_rate: Family<UpstreamLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    store_errors: Family<KindLabel, Counter>,
-    store_duration: Histogram,
-    deny_cache_hits: Counter,
-    store_leased: Counter,
-    upstream_errors: Family<UpstreamKind, Counter>,
-    upstream_responses: Family<UpstreamLabel, sharded::Counter>,
-    config_reloads: Family<ResultLabel, Counter>,
-    charge_unread: Family<ChargeLabels, Counter>,
-    concurrency_held: Gauge,
-    no_route: Arc<str>,
-    /// A std mutex: taken once per scrape, never on the request path.
-    hooks: Mutex<Vec<ScrapeHook>>,
 }
 
 impl Default for Metrics {
@@ -280,121 +94,8 @@ impl Metrics {
     /// metrics and both `tollgate_config_reloads_total` series start at zero; a labelled series
     /// appears the first time its labels are recorded (an empty family is not written at all).
     pub fn new() -> Metrics {
-        let mut registry = Registry::default();
-        let requests = Family::default();
-        let request_duration = Histograms::new_with_constructor(request_histogram as fn() -> _);
-        let limit_decisions = Family::default();
-        let pacing_delay = Histograms::new_with_constructor(pacing_histogram as fn() -> _);
-        let pace_rate = Family::default();
-        let store_errors = Family::default();
-        let store_duration = Histogram::new(&STORE_BUCKETS);
-        let deny_cache_hits = Counter::default();
-        let store_leased = Counter::default();
-        let upstream_errors = Family::default();
-        let upstream_responses = Family::default();
-        let config_reloads: Family<ResultLabel, Counter> = Family::default();
-        // both results exist from the start, so `increase(...{result="error"})` has a series
-        for result in ["ok", "error"] {
-            drop(config_reloads.get_or_create(&ResultLabel { result }));
-        }
-
-        let r = &mut registry;
-        r.register(
-            "tollgate_requests",
-            "Requests answered, by route and status",
-            requests.clone(),
-        );
-        r.register_with_unit(
-            "tollgate_request_duration",
-            "Time from request head to response head, by route",
-            Unit::Seconds,
-            request_duration.clone(),
-        );
-        r.register(
-            "tollgate_limit_decisions",
-            "Limit checks, by route, limit and decision",
-            limit_decisions.clone(),
-        );
-        r.register_with_unit(
-            "tollgate_pacing_delay",
-            "Time requests waited for an upstream's pacing and in-flight slots, by upstream",
-            Unit::Seconds,
-            pacing_delay.clone(),
-        );
-        r.register(
-            "tollgate_pace_rate",
-            "Each paced upstream's pacing rate in force, requests per second (it moves when the pace is adaptive)",
-            pace_rate.clone(),
-        );
-        r.register(
-            "tollgate_store_errors",
-            "Failed store calls, by kind",
-            store_errors.clone(),
-        );
-        r.register_with_unit(
-            "tollgate_store_duration",
-            "Time of a call to the limit store",
-            Unit::Seconds,
-            store_duration.clone(),
-        );
-        r.register(
-            "tollgate_deny_cache_hits",
-            "Denials answered from the local deny cache without asking the store",
-            deny_cache_hits.clone(),
-        );
-        r.register(
-            "tollgate_store_leased",
-            "Limit checks answered from tokens leased ahead from Redis, without a store call",
-            store_leased.clone(),
-        );
-        r.register(
-            "tollgate_upstream_errors",
-            "Failed forwards, by upstream and kind",
-            upstream_errors.clone(),
-        );
-        r.register(
-            "tollgate_upstream_responses",
-            "Response heads received from upstreams, by upstream",
-            upstream_responses.clone(),
-        );
-        r.register(
-            "tollgate_config_reloads",
-            "Configuration reloads, by result",
-            config_reloads.clone(),
-        );
-        let charge_unread = Family::default();
-        r.register(
-            "tollgate_charge_unread",
-            "Responses of a charged limit without a usable number, by route, limit and reason",
-            charge_unread.clone(),
-        );
-        let concurrency_held = Gauge::default();
-        r.register(
-            "tollgate_concurrency_held",
-            "Concurrency slots this instance holds: requests in flight under a concurrency limit or an upstream's pace.concurrency",
-            concurrency_held.clone(),
-        );
-
         Metrics {
-            inner: Arc::new(Inner {
-                registry,
-                requests,
-                request_duration,
-                limit_decisions,
-                pacing_delay,
-                pace_rate,
-                store_errors,
-                store_duration,
-                deny_cache_hits,
-                store_leased,
-                upstream_errors,
-                upstream_responses,
-                config_reloads,
-                charge_unread,
-                concurrency_held,
-                no_route: Arc::from(NO_ROUTE),
-                hooks: Mutex::new(Vec::new()),
-            }),
+            inner: Arc::new(Inner::new()),
         }
     }
 
@@ -660,54 +361,9 @@ impl Metrics {
     }
 }
 
-/// OpenMetrics text as the Prometheus text format 0.0.4. The samples are written the same;
-/// what differs is the metadata: a counter family is named with its `_total` in `# HELP` and
-/// `# TYPE` (OpenMetrics names it without), and there is no `# UNIT` nor `# EOF`.
-fn prometheus_text(open: &str) -> String {
-    let counters: std::collections::HashSet<&str> = open
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-        .collect();
-    let mut out = String::with_capacity(open.len() + 16 * counters.len());
-    for line in open.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        // (no family of ours is `unknown`, `info` or `stateset`; 0.0.4 would call the first
-        // `untyped` and has no others)
-        let meta = ["# HELP ", "# TYPE "]
-            .into_iter()
-            .find_map(|tag| Some((tag, line.strip_prefix(tag)?)));
-        match meta {
-            Some((tag, rest)) => {
-                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                out.push_str(tag);
-                out.push_str(name);
-                if counters.contains(name) {
-                    out.push_str("_total");
-                }
-                if !tail.is_empty() {
-                    out.push(' ');
-                    out.push_str(tail);
-                }
-            }
-            None => out.push_str(line),
-        }
-        out.push('\n');
-    }
-    out
-}
-
-fn request_histogram() -> Histogram {
-    Histogram::new(&REQUEST_BUCKETS)
-}
-
-fn pacing_histogram() -> Histogram {
-    Histogram::new(&PACING_BUCKETS)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::series::STATUS_PLACES;
     use super::*;
 
     fn lines(text: &str) -> Vec<&str> {

@@ -5,6 +5,7 @@
 //! the last rate, and answers timed across a stopped process count for nothing.
 
 mod common;
+common::both_http1_clients!();
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -2,10 +2,12 @@
 //! effective config with the Redis password redacted.
 
 mod common;
+common::both_http1_clients!();
 
 use std::time::Duration;
 
 use common::{eventually, get, Proxy, Redis, Upstream, Yaml};
+use tollgate::store::StoreError;
 
 fn metric_line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
     text.lines().find(|l| l.starts_with(prefix))
@@ -267,31 +269,29 @@ async fn abandoned_requests_are_counted_as_499() {
         .route("api", "/", "")
         .build();
     let proxy = Proxy::start(&yaml).await;
-    for _ in 0..3 {
+    for sent in 1..=3 {
         let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
         s.write_all(b"GET /slow/3000 HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
             .unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        // hang up once the request is under way at the upstream
+        eventually(Duration::from_secs(5), || async {
+            upstream.seen().len() == sent
+        })
+        .await;
         drop(s);
     }
     let admin = format!("http://{}/metrics", proxy.admin.expect("admin listener"));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
+    // three abandoned requests counted as 499
+    eventually(Duration::from_secs(5), || async {
         let m = get(&admin, &[]).await;
-        let line = metric_line(
+        metric_line(
             &m.body,
             r#"tollgate_requests_total{route="api",status="499"}"#,
-        );
-        if line.is_some_and(|l| l.ends_with(" 3")) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "three abandoned requests not counted as 499: {line:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+        )
+        .is_some_and(|l| l.ends_with(" 3"))
+    })
+    .await;
 }
 
 /// On a Cluster whose state is `fail` (a master gone), with `on_error: deny`, a `/readyz` probe
@@ -311,17 +311,13 @@ async fn readyz_on_a_failed_cluster_keeps_the_breaker_open() {
     let admin = format!("http://{}", proxy.admin.unwrap());
     assert_eq!(get(&proxy.url("/"), &[]).await.status, 200);
     cluster.nodes[2].kill();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !cluster.nodes[0]
-        .cli(&["cluster", "info"])
-        .contains("cluster_state:fail")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the cluster never noticed"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // the cluster notices
+    eventually(Duration::from_secs(20), || async {
+        cluster.nodes[0]
+            .cli(&["cluster", "info"])
+            .contains("cluster_state:fail")
+    })
+    .await;
     let skipped = || async {
         let text = get(&format!("{admin}/metrics"), &[]).await.body;
         metric_value(&text, r#"tollgate_store_errors_total{kind="circuit_open"}"#)
@@ -333,11 +329,17 @@ async fn readyz_on_a_failed_cluster_keeps_the_breaker_open() {
     })
     .await;
     for _ in 0..3 {
-        // past the cool-down, a probe goes to the cluster and finds it unready
-        tokio::time::sleep(tollgate::store::policy::COOL_DOWN + Duration::from_millis(100)).await;
+        // Probes within the cool-down are kept from the cluster; past it, one goes to the
+        // cluster and finds it unready. Polling for it, not sleeping the cool-down, leaves the
+        // test no margin to miss on a busy machine.
         let before = skipped().await;
-        let probe = get(&format!("{admin}/readyz"), &[]).await;
-        assert_eq!(probe.status, 503, "{}", probe.body);
+        let kept = StoreError::CircuitOpen.to_string();
+        eventually(Duration::from_secs(10), || async {
+            let probe = get(&format!("{admin}/readyz"), &[]).await;
+            assert_eq!(probe.status, 503, "{}", probe.body);
+            !probe.body.contains(&kept)
+        })
+        .await;
         assert_eq!(
             skipped().await,
             before,

@@ -5,6 +5,7 @@
 //! without a token.
 
 mod common;
+common::both_http1_clients!();
 
 use std::io::Write;
 use std::net::SocketAddr;

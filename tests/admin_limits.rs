@@ -5,6 +5,7 @@
 //! accept fails.
 
 mod common;
+common::both_http1_clients!();
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

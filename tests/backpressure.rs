@@ -2,6 +2,7 @@
 //! schedule, so no tollgate instance sends to it before then.
 
 mod common;
+common::both_http1_clients!();
 
 use std::time::{Duration, Instant};
 

@@ -3,13 +3,14 @@
 //! from a response header or a chunked body's trailer.
 
 mod common;
+common::both_http1_clients!();
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::yaml::Yaml;
-use common::{get, Proxy, Redis, TestBody};
+use common::{eventually, get, Proxy, Redis, TestBody};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response};
@@ -213,7 +214,13 @@ async fn missing_and_malformed_values_charge_nothing_and_are_counted() {
     assert_eq!(get(&proxy.url("/none"), &[]).await.status, 200);
     assert_eq!(get(&proxy.url("/bad"), &[]).await.status, 200);
     assert_eq!(get(&proxy.url("/bad"), &[]).await.status, 200);
-    tokio::time::sleep(SETTLE).await;
+    // counted once each response has ended: then exactly these
+    eventually(Duration::from_secs(5), || async {
+        let counted = |n: String| n.parse::<u64>().unwrap();
+        counted(unread(&proxy, "missing").await) >= 1
+            && counted(unread(&proxy, "malformed").await) >= 2
+    })
+    .await;
     assert_eq!(unread(&proxy, "missing").await, "1");
     assert_eq!(unread(&proxy, "malformed").await, "2");
     // three requests took one token each, and nothing more: 96 left after the fourth

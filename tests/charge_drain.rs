@@ -4,6 +4,7 @@
 //! Redis, over HTTP/1 and HTTP/2 to the client and to the upstream.
 
 mod common;
+common::both_http1_clients!();
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -2,6 +2,7 @@
 //! an upstream that holds each response open until the test lets it finish.
 
 mod common;
+common::both_http1_clients!();
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};

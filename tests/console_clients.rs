@@ -4,6 +4,7 @@
 //! its digest. `/api/stats`, `DELETE /api/limits/...` and `tollgate limits` agree on one form.
 
 mod common;
+common::both_http1_clients!();
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 

@@ -4,6 +4,7 @@
 //! instance.
 
 mod common;
+common::both_http1_clients!();
 
 use std::time::Duration;
 

@@ -4,6 +4,7 @@
 //! A real upstream, a real Redis, tollgate in process.
 
 mod common;
+common::both_http1_clients!();
 
 use common::{get, Proxy, Redis, Upstream, Yaml};
 

@@ -8,6 +8,7 @@
 //! several connections busy at once; clients are told apart by their `x-api-key`.
 
 mod common;
+common::both_http1_clients!();
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -5,6 +5,7 @@
 //! store that cannot answer are UNAVAILABLE, no route is UNIMPLEMENTED.
 
 mod common;
+common::both_http1_clients!();
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -8,6 +8,7 @@
 //! needed, and Debian's nginx.
 
 mod common;
+common::both_http1_clients!();
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,6 +4,7 @@
 //! memory store.
 
 mod common;
+common::both_http1_clients!();
 
 use common::{get, Proxy, Upstream, Yaml};
 

@@ -5,6 +5,7 @@
 //! tollgate in process, a real `redis-server` for the limit, Python when it is installed.
 
 mod common;
+common::both_http1_clients!();
 
 use std::net::SocketAddr;
 use std::process::Command;

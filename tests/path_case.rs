@@ -3,6 +3,7 @@
 //! route is picked. A real upstream, a real Redis, tollgate in process.
 
 mod common;
+common::both_http1_clients!();
 
 use common::{get, Proxy, Redis, Upstream, Yaml};
 

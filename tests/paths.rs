@@ -7,6 +7,7 @@
 //! Tomcat and Windows servers do: none of those spellings may reach it as an `/api` path.
 
 mod common;
+common::both_http1_clients!();
 
 use common::lenient::lenient_reading;
 use common::raw::{error_code, one, RawResponse};

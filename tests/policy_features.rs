@@ -1,6 +1,7 @@
 //! Per-limit policy features: shadow mode, exempt networks.
 
 mod common;
+common::both_http1_clients!();
 
 use std::time::Duration;
 

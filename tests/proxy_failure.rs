@@ -6,6 +6,7 @@
 //! proxy), so each phase of a test uses a client no earlier phase has touched.
 
 mod common;
+common::both_http1_clients!();
 
 use std::time::{Duration, Instant};
 

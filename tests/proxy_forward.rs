@@ -4,6 +4,7 @@
 //! upstream and tollgate in process; no Redis (the memory store is the default).
 
 mod common;
+common::both_http1_clients!();
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -20,7 +21,9 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use common::{clear_of_hour_end, get, http_client, send, Answer, Proxy, Upstream, Yaml};
+use common::{
+    clear_of_hour_end, eventually, get, http_client, send, Answer, Proxy, Upstream, Yaml,
+};
 
 /// The body type of the harness's client (`common::send`).
 type TestBody =
@@ -661,6 +664,8 @@ struct RawUpstream {
     addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
     closed_by_proxy: Arc<AtomicUsize>,
+    /// connections it closed itself, after a reply's `close_after`
+    closed_by_upstream: Arc<AtomicUsize>,
     /// request heads read, on every connection
     heads_read: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
@@ -746,8 +751,10 @@ impl RawUpstream {
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
         let closed_by_proxy = Arc::new(AtomicUsize::new(0));
+        let closed_by_upstream = Arc::new(AtomicUsize::new(0));
         let heads_read = Arc::new(AtomicUsize::new(0));
         let (count, closed) = (accepted.clone(), closed_by_proxy.clone());
+        let closing = closed_by_upstream.clone();
         let read = heads_read.clone();
         let answering = Arc::new(answering);
         let task = tokio::spawn(async move {
@@ -755,6 +762,7 @@ impl RawUpstream {
             while let Ok((mut stream, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
                 let closed = closed.clone();
+                let closing = closing.clone();
                 let answering = answering.clone();
                 let heads = read.clone();
                 connections.spawn(async move {
@@ -779,7 +787,9 @@ impl RawUpstream {
                             }
                             if let Some(after) = reply.close_after {
                                 tokio::time::sleep(after).await;
-                                return; // closed by the upstream
+                                drop(stream);
+                                closing.fetch_add(1, Ordering::SeqCst);
+                                return;
                             }
                         }
                     }
@@ -790,6 +800,7 @@ impl RawUpstream {
             addr,
             accepted,
             closed_by_proxy,
+            closed_by_upstream,
             heads_read,
             task,
         }
@@ -809,8 +820,11 @@ async fn upstream_connections_closed_by_the_upstream_are_not_reused() {
     for i in 0..8 {
         let a = get(&proxy.url(&format!("/v1/n{i}")), &[]).await;
         assert_eq!(a.status, 200, "request {i}: {a:?}");
-        // well past the upstream's close, on a busy machine too
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // the upstream has closed the connection
+        eventually(Duration::from_secs(5), || async {
+            upstream.closed_by_upstream.load(Ordering::SeqCst) == i + 1
+        })
+        .await;
     }
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 8);
 }
@@ -1161,14 +1175,11 @@ async fn idle_upstream_connections_close_after_idle() {
         assert_eq!(get(&proxy.url(&format!("/v1/a{i}")), &[]).await.status, 200);
     }
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 1, "kept alive");
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while upstream.closed_by_proxy.load(Ordering::SeqCst) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the idle upstream connection is still open"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // the proxy closes the idle upstream connection
+    eventually(Duration::from_secs(3), || async {
+        upstream.closed_by_proxy.load(Ordering::SeqCst) > 0
+    })
+    .await;
     assert_eq!(get(&proxy.url("/v1/again"), &[]).await.status, 200);
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 2);
 }
@@ -1545,20 +1556,14 @@ async fn streams_100_mb_both_ways_without_buffering() {
 #[tokio::test]
 async fn h2c_requests_are_proxied_to_an_http1_upstream() {
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"
-listen: 127.0.0.1:0
-upstreams:
-  api:
-    targets: [{}]
-routes:
-  - name: api
-    match: {{host: api.example.com, path_prefix: /v1}}
-    upstream: api
-    strip_prefix: true
-"#,
-        upstream.url()
-    );
+    let yaml = Yaml::to(&[upstream.url()])
+        .route_matching(
+            "api",
+            "{host: api.example.com, path_prefix: /v1}",
+            "api",
+            STRIP,
+        )
+        .build();
     let proxy = Proxy::start(&yaml).await;
     let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let (mut sender, conn) =
@@ -1625,23 +1630,15 @@ routes:
 #[tokio::test]
 async fn request_lines_no_route_may_serve_get_400() {
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"
-listen: 127.0.0.1:0
-upstreams:
-  api: {{targets: ["{}"]}}
-routes:
-  - name: login
-    match: {{path: /login, methods: [POST]}}
-    upstream: api
-    limits:
-      - {{name: tries, algorithm: fixed_window, limit: 1, window: 1h}}
-  - name: rest
-    match: {{path_prefix: /}}
-    upstream: api
-"#,
-        upstream.url()
-    );
+    let yaml = Yaml::to(&[upstream.url()])
+        .route_matching(
+            "login",
+            "{path: /login, methods: [POST]}",
+            "api",
+            "limits:\n  - {name: tries, algorithm: fixed_window, limit: 1, window: 1h}",
+        )
+        .route("rest", "/", "")
+        .build();
     let proxy = Proxy::start(&yaml).await;
     // (the hourly window must not end between the two POSTs)
     clear_of_hour_end(Duration::from_secs(5)).await;
@@ -1725,7 +1722,11 @@ async fn malformed_request_gets_400_without_disturbing_others() {
     let proxy = Proxy::start(&config(&[upstream.url()], "", "", STRIP)).await;
     let slow_url = proxy.url("/v1/slow/800");
     let in_flight = tokio::spawn(async move { get(&slow_url, &[]).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // the slow request is at the upstream
+    eventually(Duration::from_secs(5), || async {
+        upstream.seen().len() == 1
+    })
+    .await;
 
     let response = raw(
         proxy.addr,
@@ -1889,12 +1890,4 @@ async fn an_http10_response_without_a_length_says_close() {
             .contains("connection: keep-alive"),
         "{sized}"
     );
-}
-
-/// Every test above again, with requests without a body carried by hyper's HTTP/1 client
-/// rather than tollgate's own, and the scheduling tricks off: the two clients behave alike,
-/// and the tricks change no answer.
-#[test]
-fn every_test_again_through_hypers_client() {
-    common::again_through_hypers_client("every_test_again_through_hypers_client");
 }

@@ -1,6 +1,7 @@
 //! Inbound limits end to end: a real upstream, a real Redis, tollgate in process.
 
 mod common;
+common::both_http1_clients!();
 
 use std::time::{Duration, Instant};
 

@@ -4,6 +4,7 @@
 //! in the middle of the schedule too.
 
 mod common;
+common::both_http1_clients!();
 
 use std::time::{Duration, Instant};
 

@@ -5,6 +5,7 @@
 //! `on_error` (`deny` here) answers.
 
 mod common;
+common::both_http1_clients!();
 
 use common::{get, Proxy, Upstream, Yaml};
 

@@ -2,6 +2,7 @@
 //! keeps sending requests; an invalid file is rejected and the old config stays in force.
 
 mod common;
+common::both_http1_clients!();
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -45,7 +46,10 @@ async fn start_watching(text: &str) -> (tempfile::TempDir, std::path::PathBuf, P
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloads_under_load_drop_nothing() {
     let upstream = Upstream::start().await;
-    let (_dir, path, proxy) = start_watching(&yaml(&upstream, 2, "", false)).await;
+    // (the admin listener counts the reloads)
+    let admin = "admin: {listen: 127.0.0.1:0}";
+    let (_dir, path, proxy) = start_watching(&yaml(&upstream, 2, admin, false)).await;
+    let metrics = format!("http://{}/metrics", proxy.admin.expect("admin listener"));
 
     // the background client: a fresh identity per request so limits never deny it
     let stop = Arc::new(AtomicBool::new(false));
@@ -80,7 +84,7 @@ async fn reloads_under_load_drop_nothing() {
     assert_eq!(statuses("a", 3).await, [200, 200, 429]);
 
     // reload 1: burst 5 (the key is the same, so the bucket keeps what was taken)
-    replace_file(&path, &yaml(&upstream, 5, "", false));
+    replace_file(&path, &yaml(&upstream, 5, admin, false));
     eventually(Duration::from_secs(5), || async {
         get(&proxy.url("/x"), &[("x-client", "a")]).await.status == 200
     })
@@ -91,7 +95,11 @@ async fn reloads_under_load_drop_nothing() {
         &path,
         "listen: 127.0.0.1:0\nroutes: [{name: broken, upstream: nowhere}]\n",
     );
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    eventually(Duration::from_secs(5), || async {
+        let text = get(&metrics, &[]).await.body;
+        text.contains("tollgate_config_reloads_total{result=\"error\"} 1")
+    })
+    .await;
     assert_eq!(
         statuses("b", 6).await,
         [200, 200, 200, 200, 200, 429],
@@ -99,7 +107,7 @@ async fn reloads_under_load_drop_nothing() {
     );
 
     // reload 3: a new route in front
-    replace_file(&path, &yaml(&upstream, 5, "", true));
+    replace_file(&path, &yaml(&upstream, 5, admin, true));
     eventually(Duration::from_secs(5), || async {
         get(&proxy.url("/new"), &[("x-client", "c")])
             .await

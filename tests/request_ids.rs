@@ -3,6 +3,7 @@
 //! HTTP/2. A real upstream and tollgate in process, on the memory store.
 
 mod common;
+common::both_http1_clients!();
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -184,13 +185,6 @@ async fn http2_requests_carry_the_id() {
     let id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
     assert!(is_uuid_v4(&id), "{id}");
     assert_eq!(upstream_id(&upstream, 1), id);
-}
-
-/// The tests above again through hyper's HTTP/1 client, which carries requests without a body
-/// there: both clients forward the id.
-#[test]
-fn every_test_again_through_hypers_client() {
-    common::again_through_hypers_client("every_test_again_through_hypers_client");
 }
 
 type TestBody =

@@ -4,6 +4,7 @@
 //! waits past the store's timeout, and nothing is written to a master that was replaced.
 
 mod common;
+common::both_http1_clients!();
 
 use common::sentinel::{debug_sleep, Monitor, SentinelSet};
 use common::{get, Proxy, Upstream, Yaml};

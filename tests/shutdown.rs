@@ -2,6 +2,7 @@
 //! one sleeping for its pacing slot) complete; new connections are refused.
 
 mod common;
+common::both_http1_clients!();
 
 use std::time::{Duration, Instant};
 

@@ -5,6 +5,7 @@
 //! Its own binary: [`trusted_certs`] sets SSL_CERT_FILE for the process.
 
 mod common;
+common::both_http1_clients!();
 
 use common::Yaml;
 

@@ -5,6 +5,7 @@
 //! Certificates are made by the test; upstreams are real HTTP servers on free ports.
 
 mod common;
+common::both_http1_clients!();
 
 use std::time::{Duration, Instant};
 
@@ -236,11 +237,4 @@ async fn trailers_reach_http1_clients_that_ask_for_them() {
     );
     assert_eq!(te.iter().filter(|t| t.is_none()).count(), 4, "{te:?}");
     proxy.shutdown().await;
-}
-
-/// Every test above again, with requests without a body carried by hyper's HTTP/1 client
-/// rather than tollgate's own: the two clients behave alike.
-#[test]
-fn every_test_again_through_hypers_client() {
-    common::again_through_hypers_client("every_test_again_through_hypers_client");
 }

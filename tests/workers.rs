@@ -3,6 +3,7 @@
 //! (Its own test binary: it counts the process's threads by name.)
 
 mod common;
+common::both_http1_clients!();
 
 use std::time::{Duration, Instant};
 

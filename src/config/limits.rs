@@ -27,18 +27,7 @@ pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Optio
         chk.error(path.key("name"), message);
     }
     let kind = chk.required(&raw.algorithm, path, "algorithm").copied();
-    if raw.key.get().is_some_and(|k| k.is_empty()) {
-        chk.error(path.key("key"), "needs at least one part, such as ip");
-    }
-    let mut key = chk.parse_list(&raw.key, &path.key("key"), parse_key_part);
-    // (the key's own problems are reported; its overrides are not read against part of it)
-    let key_whole = raw.key.get().is_none_or(|k| match k {
-        StrList::One(_) => key.len() == 1,
-        StrList::Many(items) => key.len() == items.len(),
-    });
-    if !raw.key.is_given() {
-        key.push(KeyPart::Ip);
-    }
+    let (key, key_whole) = key(chk, raw, path);
     let exempt = chk.parse_list(&raw.exempt, &path.key("exempt"), parse_net);
     let own = Params::read(chk, &raw.params(), path);
     let algorithm = kind.and_then(|kind| {
@@ -59,18 +48,7 @@ pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Optio
         let Some(params) = chk.item(field, &opath, "parameters such as {rate: 100/s}") else {
             continue;
         };
-        // the override's client as the proxy keys it (escaped, an address in one notation);
-        // one no request can have is kept as written, with a warning. The documented example
-        // has one: an API key under `key: ip`.
-        let client = match identity::override_key(&key, value) {
-            Ok(client) => client,
-            Err(message) => {
-                if key_whole {
-                    chk.warn(opath.clone(), format!("matches no request: {message}"));
-                }
-                value.clone()
-            }
-        };
+        let client = override_client(chk, (&key, key_whole), value, &opath);
         if let Some(first) = named.insert(client.clone(), value) {
             let message = format!("names the same client as {first:?}; this one applies");
             chk.warn(opath.clone(), message);
@@ -112,6 +90,43 @@ pub(crate) fn limit(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> Optio
         charge,
         duplicate_key,
     })
+}
+
+/// `key`, the client's address when it is not given, and whether every part of it was read
+/// (a key with a problem of its own is not checked against its overrides).
+fn key(chk: &mut Checker<'_>, raw: &RawLimit, path: &Path) -> (Vec<KeyPart>, bool) {
+    if raw.key.get().is_some_and(|k| k.is_empty()) {
+        chk.error(path.key("key"), "needs at least one part, such as ip");
+    }
+    let mut key = chk.parse_list(&raw.key, &path.key("key"), parse_key_part);
+    let whole = raw.key.get().is_none_or(|k| match k {
+        StrList::One(_) => key.len() == 1,
+        StrList::Many(items) => key.len() == items.len(),
+    });
+    if !raw.key.is_given() {
+        key.push(KeyPart::Ip);
+    }
+    (key, whole)
+}
+
+/// The client the override `value` names, as the proxy keys it: escaped, an address in one
+/// notation. One no request can have is kept as written, with a warning when the key is
+/// whole. The documented example has one: an API key under `key: ip`.
+fn override_client(
+    chk: &mut Checker<'_>,
+    (key, whole): (&[KeyPart], bool),
+    value: &str,
+    path: &Path,
+) -> String {
+    match identity::override_key(key, value) {
+        Ok(client) => client,
+        Err(message) => {
+            if whole {
+                chk.warn(path.clone(), format!("matches no request: {message}"));
+            }
+            value.to_owned()
+        }
+    }
 }
 
 /// `duplicate_key`, with a warning when the key reads no header or query parameter.

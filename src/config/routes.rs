@@ -197,6 +197,32 @@ fn matcher(
     let exact = chk.parse(&raw.path, &path.key("path"), |p| {
         parse_path(p).map(|p| PathMatch::Exact(p.to_owned()))
     });
+    warn_unmatched_paths(chk, raw, path, paths);
+    if raw.path_prefix.is_given() && raw.path.is_given() {
+        let message = "give either path_prefix or path, not both";
+        chk.key_error(path.key("path"), message);
+    }
+    let methods = methods(chk, &raw.methods, &path.key("methods"));
+    let headers = headers(chk, raw, path);
+    let case_sensitive = raw.case_sensitive.get().copied().unwrap_or(true);
+    if !case_sensitive && !raw.path_prefix.is_given() && !raw.path.is_given() {
+        let message = "has no effect: the match has no path_prefix or path";
+        chk.warn(path.key("case_sensitive"), message);
+    }
+    if chk.errors.len() > errors_before {
+        return None;
+    }
+    Some(RouteMatch {
+        host,
+        path: prefix.or(exact).unwrap_or(PathMatch::Any),
+        methods,
+        headers,
+        case_sensitive,
+    })
+}
+
+/// Warns of a `path_prefix` or `path` that no request's normalised path can match.
+fn warn_unmatched_paths(chk: &mut Checker<'_>, raw: &RawMatch, path: &Path, paths: &PathPolicy) {
     for (given, key) in [(&raw.path_prefix, "path_prefix"), (&raw.path, "path")] {
         let Some(text) = given.get().filter(|t| t.starts_with('/')) else {
             continue;
@@ -226,11 +252,10 @@ fn matcher(
             _ => {}
         }
     }
-    if raw.path_prefix.is_given() && raw.path.is_given() {
-        let message = "give either path_prefix or path, not both";
-        chk.key_error(path.key("path"), message);
-    }
-    let methods = methods(chk, &raw.methods, &path.key("methods"));
+}
+
+/// `headers`: each name and the value it must have.
+fn headers(chk: &mut Checker<'_>, raw: &RawMatch, path: &Path) -> Vec<(HeaderName, HeaderValue)> {
     let mut headers = Vec::new();
     for (name, value) in raw.headers.get().map_or(&[][..], |h| h.0.as_slice()) {
         let hpath = path.key("headers").key(name);
@@ -246,21 +271,7 @@ fn matcher(
             headers.push((header, value));
         }
     }
-    let case_sensitive = raw.case_sensitive.get().copied().unwrap_or(true);
-    if !case_sensitive && !raw.path_prefix.is_given() && !raw.path.is_given() {
-        let message = "has no effect: the match has no path_prefix or path";
-        chk.warn(path.key("case_sensitive"), message);
-    }
-    if chk.errors.len() > errors_before {
-        return None;
-    }
-    Some(RouteMatch {
-        host,
-        path: prefix.or(exact).unwrap_or(PathMatch::Any),
-        methods,
-        headers,
-        case_sensitive,
-    })
+    headers
 }
 
 fn methods(chk: &mut Checker<'_>, raw: &Field<StrList>, path: &Path) -> Vec<Method> {

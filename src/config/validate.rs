@@ -21,12 +21,14 @@ use super::raw::{
 use super::routes;
 use super::types::{
     AccessLog, AdminConfig, AdminToken, Config, ForwardedHeaders, HeaderStyle, Http2Config,
-    LogClient, PaceConcurrency, Protocol, StoreConfig, Timeouts, TlsConfig, UpstreamConfig,
+    LogClient, PaceConcurrency, Protocol, RouteConfig, StoreConfig, Timeouts, TlsConfig,
+    UpstreamConfig,
 };
 use super::units;
 use crate::limit::{Pace, Slots};
 use crate::routing::{AuthorityFault, EscapedSlashes, PathPolicy, SegmentParams};
 use http::uri::Scheme;
+use ipnet::IpNet;
 
 /// Builds the typed config. The config is meaningful only when `chk.errors` stays empty.
 pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
@@ -39,41 +41,7 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
         .tls
         .get()
         .and_then(|t| tls(chk, t.cert.clone(), t.key.clone()));
-    let admin = raw.admin.get().and_then(|a| {
-        let path = root.key("admin");
-        chk.required(&a.listen, &path, "listen")?;
-        let addr = chk.parse(&a.listen, &path.key("listen"), parse_addr)?;
-        // port 0 asks the system for a free port: two of those never collide
-        if listen.iter().any(|l| collide(l, &addr)) {
-            let message =
-                format!("{addr} is also a proxy listener's port; give admin its own port");
-            chk.error(path.key("listen"), message);
-        }
-        let max_connections = chk
-            .positive(
-                &a.max_connections,
-                &path.key("max_connections"),
-                "max_connections",
-            )
-            .map_or(AdminConfig::DEFAULT_MAX_CONNECTIONS, |n| {
-                usize::try_from(n).unwrap_or(usize::MAX)
-            });
-        let token = admin_token(chk, a, &path);
-        if token.is_none() && !addr.ip().is_loopback() {
-            let message = format!(
-                "{addr} is not a loopback address and admin.token is not set: anyone who can \
-                 reach it can read /api/stats, which names clients; set admin.token, or listen \
-                 on 127.0.0.1"
-            );
-            chk.warn(path.key("listen"), message);
-        }
-        Some(AdminConfig {
-            listen: addr,
-            token,
-            max_connections,
-            hosts: chk.parse_list(&a.hosts, &path.key("hosts"), parse_admin_host),
-        })
-    });
+    let admin = raw.admin.get().and_then(|a| admin(chk, a, &listen));
     let upstreams = upstreams(chk, raw);
     // Every name written under `upstreams`, valid or not: a route naming an upstream whose own
     // problem is already reported must not add "no upstream named ..." on top; nor may every
@@ -86,30 +54,8 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
     };
     let paths = paths(raw.paths.get());
     let routes = routes::routes(chk, &raw.routes, names.as_deref(), &paths);
-    for upstream in &upstreams {
-        if !routes.iter().any(|r| r.upstream == upstream.name) {
-            let path = root.key("upstreams").key(&upstream.name);
-            let message = format!("upstream {:?} is not used by any route", upstream.name);
-            chk.warn(path, message);
-        }
-    }
-    let trusted_proxies = chk.parse_list(
-        &raw.trusted_proxies,
-        &root.key("trusted_proxies"),
-        parse_net,
-    );
-    // a network of every address trusts any client to name itself in X-Forwarded-For
-    if let Some(list) = raw.trusted_proxies.get() {
-        for (path, text) in list.items(&root.key("trusted_proxies")) {
-            if parse_net(text).is_ok_and(|net| net.prefix_len() == 0) {
-                let message = format!(
-                    "{text:?} trusts every peer: any client can choose the address it is limited \
-                     by with X-Forwarded-For; list the proxies in front of tollgate"
-                );
-                chk.warn(path, message);
-            }
-        }
-    }
+    warn_unused(chk, &upstreams, &routes);
+    let trusted_proxies = trusted_proxies(chk, raw);
     Config {
         listen,
         workers,
@@ -141,6 +87,76 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
         upstreams,
         routes,
     }
+}
+
+/// `admin`, checked against the proxy's listeners: `None` when it has an error.
+fn admin(chk: &mut Checker<'_>, a: &RawAdmin, listen: &[SocketAddr]) -> Option<AdminConfig> {
+    let path = Path::root().key("admin");
+    chk.required(&a.listen, &path, "listen")?;
+    let addr = chk.parse(&a.listen, &path.key("listen"), parse_addr)?;
+    // port 0 asks the system for a free port: two of those never collide
+    if listen.iter().any(|l| collide(l, &addr)) {
+        let message = format!("{addr} is also a proxy listener's port; give admin its own port");
+        chk.error(path.key("listen"), message);
+    }
+    let max_connections = chk
+        .positive(
+            &a.max_connections,
+            &path.key("max_connections"),
+            "max_connections",
+        )
+        .map_or(AdminConfig::DEFAULT_MAX_CONNECTIONS, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        });
+    let token = admin_token(chk, a, &path);
+    if token.is_none() && !addr.ip().is_loopback() {
+        let message = format!(
+            "{addr} is not a loopback address and admin.token is not set: anyone who can \
+             reach it can read /api/stats, which names clients; set admin.token, or listen \
+             on 127.0.0.1"
+        );
+        chk.warn(path.key("listen"), message);
+    }
+    Some(AdminConfig {
+        listen: addr,
+        token,
+        max_connections,
+        hosts: chk.parse_list(&a.hosts, &path.key("hosts"), parse_admin_host),
+    })
+}
+
+/// Warns of each upstream no route sends to.
+fn warn_unused(chk: &mut Checker<'_>, upstreams: &[UpstreamConfig], routes: &[RouteConfig]) {
+    for upstream in upstreams {
+        if !routes.iter().any(|r| r.upstream == upstream.name) {
+            let path = Path::root().key("upstreams").key(&upstream.name);
+            let message = format!("upstream {:?} is not used by any route", upstream.name);
+            chk.warn(path, message);
+        }
+    }
+}
+
+/// `trusted_proxies`, with a warning for a network of every address.
+fn trusted_proxies(chk: &mut Checker<'_>, raw: &RawConfig) -> Vec<IpNet> {
+    let root = Path::root();
+    let trusted_proxies = chk.parse_list(
+        &raw.trusted_proxies,
+        &root.key("trusted_proxies"),
+        parse_net,
+    );
+    // a network of every address trusts any client to name itself in X-Forwarded-For
+    if let Some(list) = raw.trusted_proxies.get() {
+        for (path, text) in list.items(&root.key("trusted_proxies")) {
+            if parse_net(text).is_ok_and(|net| net.prefix_len() == 0) {
+                let message = format!(
+                    "{text:?} trusts every peer: any client can choose the address it is limited \
+                     by with X-Forwarded-For; list the proxies in front of tollgate"
+                );
+                chk.warn(path, message);
+            }
+        }
+    }
+    trusted_proxies
 }
 
 /// `access_log`, with its defaults: no query, the client's address.

@@ -12,7 +12,6 @@
 
 use std::fmt;
 use std::net::IpAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -22,9 +21,10 @@ use bytes::Bytes;
 use http::uri::Authority;
 use http::{HeaderValue, Method, Request, Response, Uri, Version};
 use http_body_util::BodyExt;
-use hyper::body::{Body as _, Frame, SizeHint};
+use hyper::body::Body as _;
 
 use super::{Body, BoxError, Outcome, Upstream};
+use crate::body::{Observed, Observer};
 use crate::metrics::Decision;
 
 /// The target of every access line: `RUST_LOG=info,tollgate::access=off` turns the log off.
@@ -80,43 +80,16 @@ impl Report {
 
     /// `body`, counting its bytes into this report as they are read.
     pub(super) fn count(&self, body: Body) -> Body {
-        CountedBody {
-            inner: body,
-            count: self.received.clone(),
-        }
-        .boxed()
+        Observed::new(body, Counted(self.received.clone())).boxed()
     }
 }
 
-/// A request body that counts the bytes read from it.
-struct CountedBody {
-    inner: Body,
-    count: Arc<AtomicU64>,
-}
+/// Counts the bytes of a request body into its [`Report`] as they are read.
+struct Counted(Arc<AtomicU64>);
 
-impl hyper::body::Body for CountedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if let Some(data) = frame.data_ref() {
-                self.count.fetch_add(data.len() as u64, Ordering::Relaxed);
-            }
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+impl Observer<Body> for Counted {
+    fn data(&mut self, data: &Bytes, _: &Body) {
+        self.0.fetch_add(data.len() as u64, Ordering::Relaxed);
     }
 }
 
@@ -208,12 +181,11 @@ impl Line {
     pub(super) fn follow(mut self: Box<Line>, resp: Response<Body>) -> Response<Body> {
         self.read_grpc_status(resp.headers());
         resp.map(|body| {
-            LoggedBody {
-                inner: body,
+            let logged = Logged {
                 line: Some(self),
                 sent: 0,
-            }
-            .boxed()
+            };
+            Observed::new(body, logged).boxed()
         })
     }
 
@@ -267,60 +239,47 @@ impl Line {
     }
 }
 
-/// A response body that writes its request's access line when it ends, or when it is dropped
-/// before its end (the client went away, or the upstream's body failed).
-struct LoggedBody {
-    inner: Body,
+/// Writes a response body's access line when the body ends, or when it is dropped before its
+/// end (the client went away, or the upstream's body failed).
+struct Logged {
+    /// taken when written
     line: Option<Box<Line>>,
     /// the body's bytes so far
     sent: u64,
 }
 
-impl hyper::body::Body for LoggedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    self.sent += data.len() as u64;
-                } else if let (Some(trailers), Some(line)) = (frame.trailers_ref(), &mut self.line)
-                {
-                    line.read_grpc_status(trailers);
-                }
-            }
-            Poll::Ready(ended) => {
-                let complete = ended.is_none();
-                if let Some(line) = self.line.take() {
-                    line.write(self.sent, complete);
-                }
-            }
-            Poll::Pending => {}
+impl Logged {
+    fn write(&mut self, complete: bool) {
+        if let Some(line) = self.line.take() {
+            line.write(self.sent, complete);
         }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
-impl Drop for LoggedBody {
-    fn drop(&mut self) {
-        if let Some(line) = self.line.take() {
-            // (a body with nothing to send, as a HEAD's or a 204's, may be dropped unread: it
-            // is whole all the same)
-            line.write(self.sent, self.inner.is_end_stream());
+impl Observer<Body> for Logged {
+    fn data(&mut self, data: &Bytes, _: &Body) {
+        self.sent += data.len() as u64;
+    }
+
+    fn trailers(&mut self, trailers: &http::HeaderMap, _: &Body) {
+        if let Some(line) = &mut self.line {
+            line.read_grpc_status(trailers);
         }
+    }
+
+    fn error(&mut self, error: BoxError, _: &mut Body, _: &mut Context<'_>) -> Poll<BoxError> {
+        self.write(false);
+        Poll::Ready(error)
+    }
+
+    fn end(&mut self) {
+        self.write(true);
+    }
+
+    fn dropped(&mut self, body: &mut Body) {
+        // (a body with nothing to send, as a HEAD's or a 204's, may be dropped unread: it is
+        // whole all the same)
+        self.write(body.is_end_stream());
     }
 }
 

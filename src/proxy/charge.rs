@@ -12,20 +12,19 @@
 mod drain;
 
 use std::net::IpAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Empty};
-use hyper::body::{Frame, SizeHint};
+use hyper::body::Body as _;
 use tokio_util::task::TaskTracker;
 
 use super::limits::{cost, limit_key};
 use super::respond::Showing;
 use super::{Body, BoxError, Proxy, Route};
+use crate::body::{Observed, Observer};
 use crate::identity::{self, KeyContext};
 use crate::limit::Algorithm;
 use crate::metrics::Metrics;
@@ -142,13 +141,7 @@ impl Charges {
         if self.owed.is_empty() {
             return resp;
         }
-        resp.map(|inner| {
-            ChargedBody {
-                inner,
-                charges: Some(self),
-            }
-            .boxed()
-        })
+        resp.map(|inner| Observed::new(inner, Charged(Some(self))).boxed())
     }
 
     /// Charges each owed limit whose header `fields` hold; the others stay owed, unless these
@@ -248,69 +241,49 @@ fn reported(value: &HeaderValue) -> Result<u64, Unread> {
     Ok(n)
 }
 
-/// A response body whose trailers may hold what the head did not: read as they pass.
-struct ChargedBody {
-    inner: Body,
-    /// taken once settled: at the trailers, or at the end of the body
-    charges: Option<Charges>,
-}
+/// Reads a response body's trailers, which may hold what the head did not, as they pass.
+/// The charges are taken once settled: at the trailers, or at the end of the body.
+struct Charged(Option<Charges>);
 
-impl ChargedBody {
+impl Charged {
     /// What is still owed was never reported: counted as missing.
     fn no_trailers(&mut self) {
-        if let Some(mut charges) = self.charges.take() {
+        if let Some(mut charges) = self.0.take() {
             charges.settle(&HeaderMap::new(), true, None);
         }
     }
 }
 
-impl Drop for ChargedBody {
+impl Observer<Body> for Charged {
+    fn trailers(&mut self, trailers: &HeaderMap, _: &Body) {
+        if let Some(mut charges) = self.0.take() {
+            charges.settle(trailers, true, None);
+        }
+    }
+
+    // a failed body: no trailers came
+    fn error(&mut self, error: BoxError, _: &mut Body, _: &mut Context<'_>) -> Poll<BoxError> {
+        self.no_trailers();
+        Poll::Ready(error)
+    }
+
+    fn end(&mut self) {
+        self.no_trailers();
+    }
+
     /// A body dropped before its end (the client went away) never got to its trailers: the
     /// rest is read in the background, for them.
-    fn drop(&mut self) {
-        let Some(charges) = self.charges.take() else {
+    fn dropped(&mut self, body: &mut Body) {
+        if self.0.is_none() {
             return;
-        };
-        if hyper::body::Body::is_end_stream(&self.inner) {
-            self.charges = Some(charges);
+        }
+        if body.is_end_stream() {
             return self.no_trailers();
         }
+        let charges = self.0.take().expect("checked just above");
         // (an empty body boxes a zero-sized value: no allocation)
         let empty = Empty::new().map_err(|never| match never {}).boxed();
-        drain::start(std::mem::replace(&mut self.inner, empty), charges);
-    }
-}
-
-impl hyper::body::Body for ChargedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(trailers) = frame.trailers_ref() {
-                    if let Some(mut charges) = self.charges.take() {
-                        charges.settle(trailers, true, None);
-                    }
-                }
-            }
-            // the end, or a failed body: no trailers came
-            Poll::Ready(_) => self.no_trailers(),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        drain::start(std::mem::replace(body, empty), charges);
     }
 }
 

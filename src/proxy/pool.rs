@@ -22,21 +22,19 @@
 mod dial;
 mod h2;
 mod peer;
+mod pooled;
 mod replay;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{header, Method, Request, Response, StatusCode, Uri};
-use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::body::{Body as HttpBody, Incoming};
 use hyper::client::conn::http1;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
@@ -47,6 +45,8 @@ use super::{Body, BoxError};
 pub use dial::{Dial, H2Settings, Protocol};
 use dial::{Opened, Stream};
 pub use h2::{Conns as H2Conns, Waits};
+pub use pooled::Pooled;
+use pooled::{Back, Home};
 
 /// Which HTTP/1 client carries a request without a body to an `http://` target. Every other
 /// request goes over hyper's.
@@ -362,12 +362,8 @@ impl Pool {
             match h2::send(&stream, req).await {
                 Ok(resp) => {
                     let (parts, body) = resp.into_parts();
-                    let reading = Reading::Hyper {
-                        body,
-                        back: None,
-                        stream: Some(stream),
-                    };
-                    return Ok(Response::from_parts(parts, Pooled::of(reading)));
+                    let body = Pooled::hyper(body, None, Some(stream));
+                    return Ok(Response::from_parts(parts, body));
                 }
                 Err((_, Some(unsent))) if !retried => {
                     // (closing: the next try must not find it)
@@ -577,8 +573,7 @@ impl Inner {
                 back.give();
             }
         }
-        let stream = None;
-        Ok(resp.map(|body| Pooled::of(Reading::Hyper { body, back, stream })))
+        Ok(resp.map(|body| Pooled::hyper(body, back, None)))
     }
 
     fn put(self: &Arc<Inner>, key: Key, sender: Sender) {
@@ -639,206 +634,6 @@ async fn reap(pool: Weak<Inner>, idle_for: Duration) {
         };
         expire(&pool.idle, idle_for, |idle| !idle.conn.is_closed());
         expire(&pool.own_idle, idle_for, |idle| idle.conn.idle_and_open());
-    }
-}
-
-/// Where a connection of the own client goes back to when its response has been read.
-struct Home {
-    pool: Weak<Inner>,
-    key: Key,
-}
-
-impl h1::Home for Home {
-    fn take_back(self, conn: h1::Conn) {
-        if let Some(pool) = self.pool.upgrade() {
-            pool.put_own(self.key, conn);
-        }
-    }
-}
-
-/// A connection to hand back to its pool.
-struct Back {
-    pool: Weak<Inner>,
-    key: Key,
-    sender: Sender,
-}
-
-impl Back {
-    fn give(self) {
-        if let Some(pool) = self.pool.upgrade() {
-            pool.put(self.key, self.sender);
-        }
-    }
-}
-
-/// An upstream response body that hands its connection back to the pool once read to the end
-/// (dropped before that, the connection closes with it).
-///
-/// A body the upstream cuts short (closed within its length, a malformed chunk) ends the
-/// client's response early: the client is sent the head and what came, then the connection is
-/// cut, as nginx does. The failure is reported to hyper one poll late — [`Pooled::cut`] holds
-/// it over a `Pending` — because hyper's server drops a connection whose response body fails
-/// without writing what it had buffered: a short body's head and first bytes, taken in the same
-/// turn as the failure, would be lost, and the client would see the connection close with no
-/// response at all (which it may take as leave to send the request again).
-pub struct Pooled {
-    reading: Reading,
-    cut: Option<BoxError>,
-    /// the longest the upstream may leave the body waiting, and its timer: set when a poll
-    /// finds nothing to read (so a body read in one go never makes one)
-    stall: Option<Stall>,
-}
-
-/// See [`Pooled::stalls_after`].
-struct Stall {
-    limit: Duration,
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// the timer runs for the wait under way (not one before it)
-    armed: bool,
-}
-
-enum Reading {
-    /// from hyper's client: the connection is handed back by `back`; over HTTP/2, `stream`
-    /// is the stream given back when the body ends
-    Hyper {
-        body: Incoming,
-        back: Option<Back>,
-        stream: Option<h2::StreamSlot>,
-    },
-    /// from the own client, which hands its connection back itself
-    Own(h1::Reading<Home>),
-}
-
-impl Pooled {
-    fn own(body: h1::Reading<Home>) -> Pooled {
-        Pooled::of(Reading::Own(body))
-    }
-
-    fn of(reading: Reading) -> Pooled {
-        Pooled {
-            reading,
-            cut: None,
-            stall: None,
-        }
-    }
-
-    /// Ends the body as cut short when the upstream sends nothing of it for `limit` (between
-    /// two reads, as nginx's `proxy_read_timeout`): a stalled upstream no longer holds the
-    /// client's response and both connections open for ever.
-    pub fn stalls_after(mut self, limit: Duration) -> Pooled {
-        self.stall = Some(Stall {
-            limit,
-            timer: None,
-            armed: false,
-        });
-        self
-    }
-
-    /// `Pending` while the body waits within its stall limit; the failure once past it.
-    fn waiting(&mut self, cx: &mut Context<'_>) -> Poll<BoxError> {
-        let Some(stall) = &mut self.stall else {
-            return Poll::Pending;
-        };
-        if !stall.armed {
-            let deadline = tokio::time::Instant::now() + stall.limit;
-            match &mut stall.timer {
-                Some(timer) => timer.as_mut().reset(deadline),
-                None => stall.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
-            }
-            stall.armed = true;
-        }
-        let timer = stall.timer.as_mut().expect("armed above");
-        ready!(timer.as_mut().poll(cx));
-        let limit = stall.limit;
-        Poll::Ready(format!("the upstream sent nothing of the body for {limit:?}").into())
-    }
-
-    fn poll_reading(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let (body, back, stream) = match &mut self.reading {
-            Reading::Own(body) => return Pin::new(body).poll_frame(cx).map_err(BoxError::from),
-            Reading::Hyper { body, back, stream } => (body, back, stream),
-        };
-        let frame = ready!(Pin::new(&mut *body).poll_frame(cx));
-        let ended = match &frame {
-            None => true,
-            // trailers end a chunked body, whose length never tells (the server side may not
-            // poll past them)
-            Some(Ok(frame)) => frame.is_trailers() || body.is_end_stream(),
-            // (the connection is not handed back: `poll_frame` drops `back`)
-            Some(Err(_)) => false,
-        };
-        if ended {
-            if let Some(back) = back.take() {
-                back.give();
-            }
-        }
-        if ended || matches!(frame, Some(Err(_))) {
-            // the stream is over: another request may have it
-            *stream = None;
-        }
-        Poll::Ready(frame.map(|f| f.map_err(BoxError::from)))
-    }
-}
-
-impl HttpBody for Pooled {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        if let Some(cut) = this.cut.take() {
-            return Poll::Ready(Some(Err(cut)));
-        }
-        let read = match this.poll_reading(cx) {
-            Poll::Ready(read) => {
-                if let Some(stall) = &mut this.stall {
-                    stall.armed = false;
-                }
-                read
-            }
-            Poll::Pending => match this.waiting(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(stalled) => Some(Err(stalled)),
-            },
-        };
-        match read {
-            Some(Err(cut)) => {
-                let target = match &mut this.reading {
-                    Reading::Own(body) => body.home().map(|home| home.key.authority().clone()),
-                    // (the connection is not handed back)
-                    Reading::Hyper { back, .. } => {
-                        back.take().map(|back| back.key.authority().clone())
-                    }
-                };
-                let target = target.as_ref().map_or("-", |a| a.as_str());
-                tracing::warn!(target, error = %cut, "upstream response cut short; so is the client's");
-                // what hyper holds is written before the failure is told (see above)
-                this.cut = Some(cut);
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-            frame => Poll::Ready(frame),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.reading {
-            Reading::Hyper { body, .. } => body.is_end_stream(),
-            Reading::Own(body) => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.reading {
-            Reading::Hyper { body, .. } => body.size_hint(),
-            Reading::Own(body) => body.size_hint(),
-        }
     }
 }
 

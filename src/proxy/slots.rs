@@ -9,16 +9,12 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use hyper::body::{Body as HttpBody, Frame, SizeHint};
-
-use super::{Body, BoxError};
+use super::Body;
+use crate::body::{Observed, Observer};
 use crate::limit::{Decision, Slots};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
@@ -272,40 +268,14 @@ impl Held {
         if self.is_empty() {
             return body;
         }
-        Body::new(HeldBody {
-            inner: body,
-            held: Some(self),
-        })
+        Body::new(Observed::new(body, self))
     }
 }
 
-/// A response body that releases its request's slots when it ends or is dropped.
-struct HeldBody {
-    inner: Body,
-    held: Option<Held>,
-}
-
-impl HttpBody for HeldBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) {
-            // the last byte is out: the slots go now, not when the connection drops the body
-            self.held = None;
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+/// A response body holds its request's slots until it ends or is dropped.
+impl Observer<Body> for Held {
+    fn end(&mut self) {
+        // the last byte is out: the slots go now, not when the connection drops the body
+        drop(std::mem::take(&mut self.slots));
     }
 }

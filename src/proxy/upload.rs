@@ -15,12 +15,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body_util::BodyExt;
-use hyper::body::{Frame, SizeHint};
+use hyper::body::Body as _;
 use tokio::time::Instant;
 
 use super::pool::Waits;
 use super::{Body, BoxError};
+use crate::body::{Observed, Observer};
 
 /// How a request body's upload is going: written by the body as the upstream connection reads
 /// it, read by the wait for the response head.
@@ -49,10 +51,7 @@ impl Upload {
                 waiting_on_client: false,
             }),
         });
-        let watched = Watched {
-            inner: body,
-            upload: upload.clone(),
-        };
+        let watched = Observed::new(body, Watch(upload.clone()));
         (watched.boxed(), upload)
     }
 
@@ -112,42 +111,37 @@ pub async fn head_in_time<F: Future>(
     }
 }
 
-/// A request body that reports its progress to its [`Upload`].
-struct Watched {
-    inner: Body,
-    upload: Arc<Upload>,
-}
+/// Reports a request body's progress to its [`Upload`].
+struct Watch(Arc<Upload>);
 
-impl hyper::body::Body for Watched {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Pending => self.upload.state().waiting_on_client = true,
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.upload.moved(true),
-            Poll::Ready(Some(Ok(_))) => self.upload.moved(self.inner.is_end_stream()),
-        }
-        polled
+impl Observer<Body> for Watch {
+    fn pending(&mut self, _: &mut Context<'_>) -> Poll<BoxError> {
+        self.0.state().waiting_on_client = true;
+        Poll::Pending
     }
 
-    fn is_end_stream(&self) -> bool {
-        let end = self.inner.is_end_stream();
-        if end {
-            let mut s = self.upload.state();
-            if !s.done {
-                s.done = true;
-                s.last = Instant::now();
-            }
-        }
-        end
+    fn data(&mut self, _: &Bytes, body: &Body) {
+        self.0.moved(body.is_end_stream());
     }
 
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+    fn trailers(&mut self, _: &HeaderMap, body: &Body) {
+        self.0.moved(body.is_end_stream());
+    }
+
+    fn error(&mut self, error: BoxError, _: &mut Body, _: &mut Context<'_>) -> Poll<BoxError> {
+        self.0.moved(true);
+        Poll::Ready(error)
+    }
+
+    fn end(&mut self) {
+        self.0.moved(true);
+    }
+
+    fn ends(&self) {
+        let mut s = self.0.state();
+        if !s.done {
+            s.done = true;
+            s.last = Instant::now();
+        }
     }
 }

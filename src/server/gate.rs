@@ -3,7 +3,7 @@
 //! A connection's task is woken for its HTTP work (a request's bytes, an upstream's response,
 //! the end of a pass) far more often than for its deadlines and shutdown, yet `select!` polls
 //! every branch on every wake. Polling the stop watch, the head `Notify` and the deadline timer
-//! on every wake cost about 5 % of a request. Behind a [`Gate`] they are polled when their own
+//! on every wake cost a measurable share of a request (BENCHMARKS.md). Behind a [`Gate`] they are polled when their own
 //! wakers fired, and not otherwise.
 
 use std::future::Future;

@@ -39,13 +39,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Version;
-use hyper::body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::linger::Linger;
-use crate::proxy::Body;
+use crate::body::{Observed, Observer};
 
 /// The connection's timeouts, from `timeouts`.
 #[derive(Debug, Clone, Copy)]
@@ -273,39 +272,10 @@ impl Drop for InFlight {
 
 /// A response body (the proxy's, or the admin's) that keeps its request in flight until hyper
 /// drops it.
-pub(super) struct Guarded<B = Body> {
-    body: B,
-    _in_flight: InFlight,
-}
+pub(super) type Guarded<B> = Observed<B, InFlight>;
 
-impl<B> Guarded<B> {
-    pub(super) fn new(body: B, in_flight: InFlight) -> Guarded<B> {
-        Guarded {
-            body,
-            _in_flight: in_flight,
-        }
-    }
-}
-
-impl<B: hyper::body::Body + Unpin> hyper::body::Body for Guarded<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
+/// The request stays in flight while its response body is alive: no hook, only the drop.
+impl<B: hyper::body::Body> Observer<B> for InFlight {}
 
 /// A connection's I/O, reporting reads, and writes that find the socket full, to its
 /// [`Activity`].

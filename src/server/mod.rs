@@ -32,16 +32,19 @@ use std::cell::RefCell;
 use std::convert::Infallible;
 use std::fmt::Display;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -120,51 +123,64 @@ pub(crate) async fn accept_loop(
         let watcher = graceful.watcher();
         let stop = stop.clone();
         // the handshake runs in the connection's task, so a slow client never holds up accept
-        workers.spawn(stream, move |stream, worker| async move {
-            let _counted_until_closed = watcher;
-            let conn = Conn::new(peer, ctx.live.tls.is_some(), worker);
-            let accepted = Instant::now();
-            match &ctx.live.tls {
-                None => {
-                    // the first bytes are owed within client_header, as the rest of the head
-                    let mut waiting = stop.clone();
-                    let speaks = tokio::select! {
-                        speaks = tokio::time::timeout(deadlines.client_header, sniff(&stream)) => speaks,
-                        _ = waiting.wait_for(|stop| *stop) => return,
-                    };
-                    let Ok(Ok(speaks)) = speaks else {
-                        tracing::debug!(%peer, "no request bytes within client_header");
-                        return;
-                    };
-                    let io = (stream, accepted);
-                    serve(io, speaks, conn, &ctx, deadlines, stop).await
-                }
-                // boxed, so that plain connections' tasks are not sized for a TLS session
-                Some(config) => {
-                    // the certificate in force when the connection came
-                    let acceptor = TlsAcceptor::from(config.load_full());
-                    let tls = async {
-                        // (a TLS handshake must finish within client_header, as a head must;
-                        // one under way when shutdown starts is dropped, as a silent
-                        // cleartext connection is)
-                        let mut waiting = stop.clone();
-                        let shaken = tokio::select! {
-                            shaken = handshake(&acceptor, stream, deadlines.client_header) => shaken,
-                            _ = waiting.wait_for(|stop| *stop) => return,
-                        };
-                        match shaken {
-                            Some(tls) => {
-                                let speaks = alpn(&tls);
-                                let io = (tls, Instant::now());
-                                serve(io, speaks, conn, &ctx, deadlines, stop).await
-                            }
-                            None => tracing::debug!(%peer, "TLS handshake failed or timed out"),
-                        }
-                    };
-                    Box::pin(tls).await;
-                }
-            }
+        workers.spawn(stream, move |stream, worker| {
+            connection(stream, peer, worker, ctx, deadlines, stop, watcher)
         });
+    }
+}
+
+/// One connection's task, from its TLS handshake or first bytes to its close. It holds
+/// `_counted_until_closed` until it ends, so that a graceful shutdown waits for it.
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    worker: usize,
+    ctx: Arc<AcceptCtx>,
+    deadlines: Deadlines,
+    stop: watch::Receiver<bool>,
+    _counted_until_closed: Watcher,
+) {
+    let conn = Conn::new(peer, ctx.live.tls.is_some(), worker);
+    let accepted = Instant::now();
+    match &ctx.live.tls {
+        None => {
+            // the first bytes are owed within client_header, as the rest of the head
+            let mut waiting = stop.clone();
+            let speaks = tokio::select! {
+                speaks = tokio::time::timeout(deadlines.client_header, sniff(&stream)) => speaks,
+                _ = waiting.wait_for(|stop| *stop) => return,
+            };
+            let Ok(Ok(speaks)) = speaks else {
+                tracing::debug!(%peer, "no request bytes within client_header");
+                return;
+            };
+            let io = (stream, accepted);
+            serve(io, speaks, conn, &ctx, deadlines, stop).await
+        }
+        // boxed, so that plain connections' tasks are not sized for a TLS session
+        Some(config) => {
+            // the certificate in force when the connection came
+            let acceptor = TlsAcceptor::from(config.load_full());
+            let tls = async {
+                // (a TLS handshake must finish within client_header, as a head must;
+                // one under way when shutdown starts is dropped, as a silent
+                // cleartext connection is)
+                let mut waiting = stop.clone();
+                let shaken = tokio::select! {
+                    shaken = handshake(&acceptor, stream, deadlines.client_header) => shaken,
+                    _ = waiting.wait_for(|stop| *stop) => return,
+                };
+                match shaken {
+                    Some(tls) => {
+                        let speaks = alpn(&tls);
+                        let io = (tls, Instant::now());
+                        serve(io, speaks, conn, &ctx, deadlines, stop).await
+                    }
+                    None => tracing::debug!(%peer, "TLS handshake failed or timed out"),
+                }
+            };
+            Box::pin(tls).await;
+        }
     }
 }
 
@@ -280,27 +296,7 @@ async fn serve<I>(
         // Boxed: hyper keeps a slot the size of this future for the whole life of the
         // connection; boxed, the slot is a pointer and the request's state is freed when it
         // is answered, so an idle keep-alive connection holds none of it.
-        boxed_in_place(move || async move {
-            let mut req = req;
-            let resp = match framing::check(&req) {
-                Ok(()) => {
-                    let handling = pass::Handling::start();
-                    let resp = proxy.handle(req, conn).await;
-                    pass::end_of_pass(handling).await;
-                    resp
-                }
-                Err(e) => {
-                    tracing::debug!(peer = %conn.peer, error = %e, "request refused");
-                    // refused before the proxy sees it, yet answered with an id as its answers are
-                    let id = request_id::keep_or_make(req.headers_mut());
-                    let mut resp = framing::refusal(&e);
-                    resp.headers_mut()
-                        .insert(request_id::X_REQUEST_ID.clone(), id);
-                    resp
-                }
-            };
-            Ok::<_, Infallible>(resp.map(|body| Guarded::new(body, in_flight)))
-        })
+        boxed_in_place(move || answer(req, proxy, conn, in_flight))
     });
     let io = TokioIo::new(Tracked::new(io, activity.clone()));
     // boxed: the connection is most of a connection task's memory, and a future moved through
@@ -326,6 +322,37 @@ async fn serve<I>(
             report(ended, conn);
         }
     }
+}
+
+/// One request of a connection: refused when its HTTP/1 framing is ambiguous, else handled by
+/// `proxy`, a reference to the connection's handle (see `serve`). Its response body holds
+/// `in_flight` until it ends.
+// the handle's count is this connection's alone, unlike the proxy's own
+#[allow(clippy::redundant_allocation)]
+async fn answer(
+    mut req: Request<Incoming>,
+    proxy: Arc<Arc<Proxy>>,
+    conn: Conn,
+    in_flight: InFlight,
+) -> Result<Response<Guarded<crate::proxy::Body>>, Infallible> {
+    let resp = match framing::check(&req) {
+        Ok(()) => {
+            let handling = pass::Handling::start();
+            let resp = proxy.handle(req, conn).await;
+            pass::end_of_pass(handling).await;
+            resp
+        }
+        Err(e) => {
+            tracing::debug!(peer = %conn.peer, error = %e, "request refused");
+            // refused before the proxy sees it, yet answered with an id as its answers are
+            let id = request_id::keep_or_make(req.headers_mut());
+            let mut resp = framing::refusal(&e);
+            resp.headers_mut()
+                .insert(request_id::X_REQUEST_ID.clone(), id);
+            resp
+        }
+    };
+    Ok(resp.map(|body| Guarded::new(body, in_flight)))
 }
 
 /// `Box::pin(make())`, with the box allocated before the future is made, so the compiler can

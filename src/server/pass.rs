@@ -7,9 +7,8 @@
 //! orders its pass the other way: every ready read first, then every send. A response whose
 //! worker has other requests under way therefore waits for the end of the pass (one
 //! [`tokio::task::yield_now`]: the runtime wakes such tasks after it has polled its I/O
-//! again), and the responses of a pass leave together. Measured with `perf record -e
-//! sched:sched_wakeup` under `wrk -t1 -c32`, 1 worker: wrk was woken 0.22 times per request
-//! before, 0.03 after (HAProxy 0.055).
+//! again), and the responses of a pass leave together. A client waiting on several is then
+//! woken once for them, and less often than under HAProxy (BENCHMARKS.md, "Decisions the figures made").
 //!
 //! A request alone on its worker is answered at once: there is nothing to wait for.
 

@@ -5,7 +5,7 @@
 //!
 //! Worker 0 is the runtime that runs the server (the one `main` builds, or a test's); the
 //! others are threads started here. Against tokio's multi-thread scheduler, two workers took
-//! 1.3–1.6x less CPU per request; one worker about the same (BENCHMARKS.md).
+//! less CPU per request, and one worker about the same (BENCHMARKS.md).
 //!
 //! What is process-wide stays on worker 0: the accept loops, the admin server, the reloader.
 //! Each worker has its own Redis connection too ([`crate::store::set_worker`]), driven by its

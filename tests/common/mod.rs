@@ -9,11 +9,14 @@ pub mod browser;
 pub mod docs;
 pub mod firefox;
 pub mod lenient;
+pub mod passes;
 pub mod pki;
 pub mod raw;
 pub mod sentinel;
 pub mod yaml;
 
+#[allow(unused_imports)] // (only the files that start a proxy declare the pass)
+pub(crate) use passes::{both_http1_clients, http1_client, redis_connection};
 #[allow(unused_imports)] // (not every test binary writes a config)
 pub use yaml::Yaml;
 
@@ -497,40 +500,6 @@ impl Upstream {
 }
 
 /// A tollgate running in this process with a config given as text.
-/// The environment variable that makes [`Proxy::start`] carry every request over hyper's HTTP/1
-/// client: set to `library` by [`again_through_hypers_client`].
-pub const HTTP1_CLIENT_VAR: &str = "TOLLGATE_TEST_HTTP1_CLIENT";
-
-/// The HTTP/1 client the proxies of this test process use for requests without a body.
-pub fn http1_client() -> tollgate::proxy::Http1Client {
-    match std::env::var(HTTP1_CLIENT_VAR).as_deref() {
-        Ok("library") => tollgate::proxy::Http1Client::Library,
-        _ => tollgate::proxy::Http1Client::Own,
-    }
-}
-
-/// Runs every other test of this test binary again, in a child process whose proxies carry
-/// every request over hyper's HTTP/1 client, with the scheduling tricks off
-/// ([`tollgate::turns`]), and fails when one of them fails there. `me` is the name of the test
-/// that calls this, which the child skips.
-pub fn again_through_hypers_client(me: &str) {
-    if std::env::var_os(HTTP1_CLIENT_VAR).is_some() {
-        return;
-    }
-    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-        .env(HTTP1_CLIENT_VAR, "library")
-        .env(tollgate::turns::SWITCH, "off")
-        .args(["--skip", me, "--test-threads", "4"])
-        .output()
-        .expect("the test binary runs again");
-    assert!(
-        out.status.success(),
-        "through hyper's HTTP/1 client:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 pub struct Proxy {
     pub addr: SocketAddr,
     /// the admin listener, when the config has one
@@ -546,6 +515,7 @@ impl Proxy {
     /// runs two, whatever the machine's cores: the hand-over of connections between threads is
     /// exercised on every machine, and a large one does not start dozens of threads per test.
     pub async fn start(yaml: &str) -> Proxy {
+        passes::require_http1_pass();
         let mut loaded = tollgate::config::parse(yaml, "test.yaml", &|_| None)
             .unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
         loaded.config.workers = loaded.config.workers.or(std::num::NonZeroUsize::new(2));
@@ -570,9 +540,10 @@ impl Proxy {
 
     /// Starts tollgate from the file at `path`, reloading it when it changes (as the binary does).
     pub async fn start_watching(path: &Path) -> Proxy {
+        passes::require_http1_pass();
         let loaded =
             tollgate::config::load(path).unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
-        let server = tollgate::app::Server::bind(loaded.config)
+        let server = tollgate::app::Server::bind_over(loaded.config, http1_client())
             .await
             .expect("bind");
         let addr = server.local_addrs()[0];

@@ -73,9 +73,20 @@ impl Yaml {
     }
 
     /// [`Yaml::route`] to the upstream `upstream`.
-    pub fn route_to(mut self, name: &str, prefix: &str, upstream: &str, more: &str) -> Yaml {
-        let head =
-            format!("- name: {name}\n  match: {{path_prefix: {prefix}}}\n  upstream: {upstream}\n");
+    pub fn route_to(self, name: &str, prefix: &str, upstream: &str, more: &str) -> Yaml {
+        self.route_matching(name, &format!("{{path_prefix: {prefix}}}"), upstream, more)
+    }
+
+    /// A route `name` to `upstream` for the requests `matching` picks, its `match:` as a flow
+    /// mapping: `"{host: api.example.com, path_prefix: /v1}"`.
+    pub fn route_matching(
+        mut self,
+        name: &str,
+        matching: &str,
+        upstream: &str,
+        more: &str,
+    ) -> Yaml {
+        let head = format!("- name: {name}\n  match: {matching}\n  upstream: {upstream}\n");
         push_indented(&mut self.routes, &head, 2);
         push_indented(&mut self.routes, more, 4);
         self

@@ -3,7 +3,7 @@
 
 use std::mem::MaybeUninit;
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode, Version};
 
@@ -73,9 +73,31 @@ pub(super) fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Optio
         );
     }
     let head = buf.split_to(len).freeze();
+    let (mut headers, meta) = field_map(&head, &spans[..count])?;
+    if http10 && meta.transfer_encoding {
+        // RFC 9112 §6.1: faulty framing
+        return Err(Error::Malformed(
+            "Transfer-Encoding in an HTTP/1.0 response",
+        ));
+    }
+    let no_body =
+        head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+    let (framing, reusable) = body_framing(&meta, &mut headers, http10, no_body)?;
+    if !meta.listed.is_empty() {
+        for name in &meta.listed {
+            headers.remove(name);
+        }
+    }
+    let resp = response(status, http10, headers, reason);
+    Ok(Some(Parsed::Final(resp, framing, reusable)))
+}
+
+/// The head's fields, sharing the bytes of `head`, and what they say; the fields that are
+/// hop-by-hop are left out.
+fn field_map(head: &Bytes, spans: &[(u32, u32, u32, u32)]) -> Result<(HeaderMap, Meta), Error> {
     let mut meta = Meta::default();
-    let mut headers = HeaderMap::with_capacity(count);
-    for &(n, nl, v, vl) in &spans[..count] {
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    for &(n, nl, v, vl) in spans {
         let (n, nl, v, vl) = (n as usize, nl as usize, v as usize, vl as usize);
         let name = HeaderName::from_bytes(&head[n..n + nl])
             .map_err(|_| Error::Malformed("invalid field name"))?;
@@ -85,15 +107,18 @@ pub(super) fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Optio
             headers.append(name, value);
         }
     }
-    if http10 && meta.transfer_encoding {
-        // RFC 9112 §6.1: faulty framing
-        return Err(Error::Malformed(
-            "Transfer-Encoding in an HTTP/1.0 response",
-        ));
-    }
+    Ok((headers, meta))
+}
+
+/// How the body is framed (RFC 9112 §6.3), with the `Content-Length` fields set right in
+/// `headers`, and whether the connection may carry another exchange after it.
+fn body_framing(
+    meta: &Meta,
+    headers: &mut HeaderMap,
+    http10: bool,
+    no_body: bool,
+) -> Result<(Framing, bool), Error> {
     let mut reusable = !meta.close && (!http10 || meta.keep_alive);
-    let no_body =
-        head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
     if let (Some(n), true, false) = (meta.length, meta.length_listed, meta.bad_length) {
         // RFC 9110 §8.6: a list of one length goes on as that length
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
@@ -133,11 +158,17 @@ pub(super) fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Optio
         reusable = false;
         Framing::UntilClose
     };
-    if !meta.listed.is_empty() {
-        for name in &meta.listed {
-            headers.remove(name);
-        }
-    }
+    Ok((framing, reusable))
+}
+
+/// The response without its body, for a head of `status`, HTTP/1.0 or 1.1, with `headers`
+/// and the `reason` phrase when it is not the usual one.
+fn response(
+    status: StatusCode,
+    http10: bool,
+    headers: HeaderMap,
+    reason: Option<hyper::ext::ReasonPhrase>,
+) -> Response<()> {
     let mut resp = Response::new(());
     *resp.status_mut() = status;
     *resp.version_mut() = if http10 {
@@ -149,7 +180,7 @@ pub(super) fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Optio
     if let Some(reason) = reason {
         resp.extensions_mut().insert(reason);
     }
-    Ok(Some(Parsed::Final(resp, framing, reusable)))
+    resp
 }
 
 /// What a response head's fields say about its framing and its connection.

@@ -9,8 +9,8 @@
 //! had just gone back to sleep, could wake it for each; on a virtual machine a wake-up is the
 //! costliest part of a write (BENCHMARKS.md: wake-ups per request). Written at the end of the
 //! pass instead (one pass, not two, and before the responses), the heads kept the upstream and
-//! the client waking more often, and on the proxy's own core: 1-thread throughput 5-8 % lower
-//! (BENCHMARKS.md, "Changes measured"). A task that yielded to let the others write first
+//! the client waking more often, and on the proxy's own core, for less throughput
+//! (BENCHMARKS.md, "Decisions the figures made"). A task that yielded to let the others write first
 //! would be polled again from the top of its connection, which cost more than the wake-ups it
 //! saved; writing from here costs a lock and a push.
 //!

@@ -2,7 +2,7 @@
 //! stream above a GOAWAY's `last_stream_id`, or refused with `REFUSED_STREAM`: RFC 9113
 //! §8.7).
 //!
-//! The head is cloned. The body is handed to hyper inside a [`Kept`] body that copies the
+//! The head is cloned. The body is handed to hyper watched by a [`Keep`] that copies the
 //! frames it passes on, up to [`MAX_KEPT`] bytes, and gives them back with the rest of the
 //! body when hyper drops it. A body of which more than [`MAX_KEPT`] bytes were already sent
 //! cannot go again.
@@ -15,9 +15,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Uri, Version};
 use http_body_util::BodyExt;
-use hyper::body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::{Body as HttpBody, Frame};
 use tokio::sync::Notify;
 
+use crate::body::{Observed, Observer};
 use crate::proxy::{Body, BoxError};
 
 /// The most of a request body kept to send again.
@@ -44,8 +45,6 @@ struct Shared {
 }
 
 enum State {
-    /// not polled yet: the body as it came
-    Untouched(Body),
     /// being sent
     Out,
     /// given back: the frames sent and what was not (`None`: the body had ended)
@@ -58,13 +57,12 @@ impl Again {
     /// Keeps `req`'s head; its body, if any, is swapped for one that can be given back.
     pub(super) fn keep(req: &mut Request<Body>) -> Again {
         let body = (!req.body().is_end_stream()).then(|| {
-            let hint = req.body().size_hint();
             let inner = std::mem::take(req.body_mut());
             let shared = Arc::new(Shared {
-                state: Mutex::new(State::Untouched(inner)),
+                state: Mutex::new(State::Out),
                 back: Notify::new(),
             });
-            *req.body_mut() = Kept::new(&shared, hint).boxed();
+            *req.body_mut() = Observed::new(inner, Keep::new(&shared)).boxed();
             shared
         });
         Again {
@@ -96,7 +94,8 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The body to send again: as it came, or what was sent followed by the rest.
+    /// The body to send again: as it came when none of it was sent, or what was sent followed
+    /// by the rest.
     async fn take(&self) -> Option<Body> {
         let wait = async {
             loop {
@@ -109,7 +108,7 @@ impl Shared {
         };
         let _ = tokio::time::timeout(GIVE_BACK_WAIT, wait).await;
         match std::mem::replace(&mut *self.state(), State::Spent) {
-            State::Untouched(body) => Some(body),
+            State::Back(sent, Some(rest)) if sent.is_empty() => Some(rest),
             State::Back(mut sent, rest) => {
                 // (popped from the end)
                 sent.reverse();
@@ -120,39 +119,25 @@ impl Shared {
     }
 }
 
-/// The body hyper sends: the real one, copied while it is small enough to send again.
-struct Kept {
+/// Copies the body hyper sends while it is small enough to send again, and gives it back when
+/// hyper drops it.
+struct Keep {
     /// (held strongly: the body goes on being sent after the response head came and the
     /// [`Again`] is gone; with that, the copy stops)
     shared: Arc<Shared>,
-    inner: Option<Body>,
     sent: Vec<Frame<Bytes>>,
     kept: usize,
     ended: bool,
-    hint: SizeHint,
 }
 
-impl Kept {
-    fn new(shared: &Arc<Shared>, hint: SizeHint) -> Kept {
-        Kept {
+impl Keep {
+    fn new(shared: &Arc<Shared>) -> Keep {
+        Keep {
             shared: shared.clone(),
-            inner: None,
             sent: Vec::new(),
             kept: 0,
             ended: false,
-            hint,
         }
-    }
-
-    /// The body, from the shared place on the first poll.
-    fn inner(&mut self) -> Option<&mut Body> {
-        if self.inner.is_none() {
-            let mut state = self.shared.state();
-            if let State::Untouched(body) = std::mem::replace(&mut *state, State::Out) {
-                self.inner = Some(body);
-            }
-        }
-        self.inner.as_mut()
     }
 
     /// Whether the [`Again`] still is, to send the request again.
@@ -160,70 +145,54 @@ impl Kept {
         Arc::strong_count(&self.shared) > 1
     }
 
-    /// Copies `frame`, while the request can still go again and the copy is small enough.
-    fn keep(&mut self, frame: &Frame<Bytes>) {
+    /// Whether frames are still copied: the request can still go again and the copy is small
+    /// enough. The copy goes when they no longer are.
+    fn copying(&mut self) -> bool {
         if !self.wanted() || self.kept > MAX_KEPT {
             self.sent = Vec::new();
+            return false;
+        }
+        true
+    }
+}
+
+impl Observer<Body> for Keep {
+    fn data(&mut self, data: &Bytes, _: &Body) {
+        if !self.copying() {
             return;
         }
-        if let Some(data) = frame.data_ref() {
-            self.kept += data.len();
-            if self.kept <= MAX_KEPT {
-                self.sent.push(Frame::data(data.clone()));
-            } else {
-                self.sent = Vec::new();
-            }
-        } else if let Some(trailers) = frame.trailers_ref() {
+        self.kept += data.len();
+        if self.kept <= MAX_KEPT {
+            self.sent.push(Frame::data(data.clone()));
+        } else {
+            self.sent = Vec::new();
+        }
+    }
+
+    fn trailers(&mut self, trailers: &HeaderMap, _: &Body) {
+        if self.copying() {
             self.sent.push(Frame::trailers(trailers.clone()));
         }
     }
-}
 
-impl HttpBody for Kept {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        let Some(inner) = this.inner() else {
-            return Poll::Ready(Some(Err("request body already given back".into())));
-        };
-        let polled = Pin::new(inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => this.keep(frame),
-            Poll::Ready(None) => this.ended = true,
-            // (a failed body is not sent again)
-            Poll::Ready(Some(Err(_))) => this.kept = usize::MAX,
-            Poll::Pending => {}
-        }
-        polled
+    fn error(&mut self, error: BoxError, _: &mut Body, _: &mut Context<'_>) -> Poll<BoxError> {
+        // (a failed body is not sent again)
+        self.kept = usize::MAX;
+        Poll::Ready(error)
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.ended || self.inner.as_ref().is_some_and(|b| b.is_end_stream())
+    fn end(&mut self) {
+        self.ended = true;
     }
 
-    fn size_hint(&self) -> SizeHint {
-        self.hint
-    }
-}
-
-impl Drop for Kept {
-    fn drop(&mut self) {
+    fn dropped(&mut self, body: &mut Body) {
         if !self.wanted() {
             return;
         }
-        let Some(inner) = self.inner.take() else {
-            // never polled: the body is still where it was
-            return;
-        };
         let back = if self.kept > MAX_KEPT {
             State::Spent
         } else {
-            let rest = (!self.ended).then_some(inner);
+            let rest = (!self.ended).then(|| std::mem::take(body));
             State::Back(std::mem::take(&mut self.sent), rest)
         };
         *self.shared.state() = back;
