@@ -17,9 +17,12 @@
 //!   API and its dashboard.
 //! * [`console`]: the operator console's figures: rates over the last minute, top refused
 //!   clients; and the dashboard's page.
+//! * [`refusals`]: the clients each limit refuses most, which the proxy counts and the console
+//!   shows.
 //! * [`logging`]: the text form of log lines, the access log's above all.
 //! * `server`: serving connections: accept, TLS, HTTP/1 and HTTP/2, framing checks, deadlines,
 //!   the worker threads.
+//! * `watch`: noticing a change of the config file, for reload.
 //! * [`app`]: the only wiring module: builds stores, routes and listeners from the config; runs.
 
 pub mod admin;
@@ -33,11 +36,13 @@ pub mod limit;
 pub mod logging;
 pub mod metrics;
 pub mod proxy;
+pub mod refusals;
 pub mod routing;
 mod server;
 pub mod store;
 pub mod tls;
 pub mod turns;
+mod watch;
 
 /// An error and its sources on one line, each once: a source that its error's message already
 /// quotes (thiserror's `{source}`) is not repeated. "upstream api: connect failed: tcp connect

@@ -140,7 +140,7 @@ fn main() -> ExitCode {
 
 /// `tollgate limits show|reset`: asks the admin listener, prints its JSON answer.
 fn limits(action: LimitsAction) -> ExitCode {
-    use tollgate::console::client::{ask, encoded, exit_status, Ask};
+    use tollgate::console::client::{ask, encoded, exit_status, pretty, Ask};
     let (method, args) = match action {
         LimitsAction::Show(args) => (http::Method::GET, args),
         LimitsAction::Reset(args) => (http::Method::DELETE, args),
@@ -164,9 +164,7 @@ fn limits(action: LimitsAction) -> ExitCode {
         .and_then(|runtime| runtime.block_on(ask(asked)));
     match answer {
         Ok((status, body)) => {
-            let pretty = serde_json::from_str::<serde_json::Value>(&body)
-                .and_then(|v| serde_json::to_string_pretty(&v))
-                .unwrap_or(body);
+            let pretty = pretty(body);
             if status.is_success() {
                 println!("{pretty}");
             } else {

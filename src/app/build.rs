@@ -9,7 +9,6 @@ use anyhow::Context as _;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{self, Backend, Config};
-use crate::console::Refusals;
 use crate::metrics::{Metrics, RouteSeries};
 use crate::proxy::inflight::Inflight;
 use crate::proxy::slots::Holders;
@@ -17,6 +16,7 @@ use crate::proxy::{
     access, Charge, Dial, H2Settings, HeaderStyle, Limit, Pacer, Protocol, Proxy, Route, Settings,
     Targets, Upstream, UpstreamClients,
 };
+use crate::refusals::Refusals;
 use crate::routing::{PathMatch, RouteTable};
 use crate::store::{
     Connection, GuardedStore, MemoryStore, RedisStore, RedisTarget, SentinelTarget, Store,
@@ -178,87 +178,12 @@ pub fn build_proxy(
     let prefix = &config.store.key_prefix;
     let mut upstreams = HashMap::new();
     for u in &config.upstreams {
-        let pacer = u.pace.map(|pace| {
-            let key = format!("{prefix}:upstream:{}:pace", u.name);
-            let pacer = Pacer::new(&u.name, pace, key, u.max_waiting.map(|n| n.get()));
-            match u.adaptive {
-                Some(a) => pacer.adaptive(crate::proxy::adapt::Adapter::new(
-                    a.aimd,
-                    a.target_latency,
-                    format!("{prefix}:upstream:{}:rate", u.name),
-                    config.store.instances,
-                )),
-                None => pacer,
-            }
-        });
-        let upstream = Upstream {
-            name: u.name.as_str().into(),
-            targets: Targets::new(&u.targets, dial(u, &clients)?),
-            preserve_host: u.preserve_host,
-            pacer,
-            inflight: u.concurrency.map(|c| {
-                let key = format!("{prefix}:upstream:{}:inflight", u.name);
-                let max_waiting = u.max_waiting.map(|n| n.get());
-                Inflight::new(&u.name, c.slots, key, c.max_delay, max_waiting)
-            }),
-            series: crate::metrics::UpstreamSeries::new(u.name.as_str().into()),
-        };
-        // its error series (and, if requests may wait for it, its delay histogram) exist from
-        // the start, at zero, so `rate(...)` has one to read
-        for kind in crate::proxy::ProxyError::UPSTREAM_KINDS {
-            metrics.upstream_error_known(&upstream.name, kind);
-        }
-        if upstream.paced() {
-            metrics.pacing_known(&upstream.name);
-        }
-        if let Some(pacer) = &upstream.pacer {
-            // (an adaptive rate is set by the adapting task once it has read the fleet's)
-            if pacer.adapt.is_none() {
-                metrics.pace_rate(&upstream.name, pacer.pace.rate.per_sec());
-            }
-        }
+        let upstream = upstream(u, config, &clients, &metrics)?;
         upstreams.insert(u.name.clone(), Arc::new(upstream));
     }
     let mut routes = Vec::with_capacity(config.routes.len());
     for r in &config.routes {
-        let upstream = upstreams
-            .get(&r.upstream)
-            .with_context(|| format!("route {} names a missing upstream {}", r.name, r.upstream))?
-            .clone();
-        let name: Arc<str> = r.name.as_str().into();
-        let limits = r.limits.iter().map(|l| {
-            Limit::new(
-                &name,
-                l.name.as_str().into(),
-                l.algorithm,
-                l.key.clone(),
-                l.mode == config::Mode::Shadow,
-                l.exempt.clone(),
-                l.overrides.iter().cloned().collect(),
-            )
-            .with_charge(l.charge.as_ref().map(|c| Charge {
-                header: c.response_header.clone(),
-                missing: c.missing,
-            }))
-            .with_duplicate_key(l.duplicate_key)
-        });
-        let strip = match (&r.matcher.path, r.strip_prefix) {
-            (m @ PathMatch::Prefix(_), true) => Some(m.clone()),
-            _ => None,
-        };
-        let limits: Vec<Limit> = limits.collect();
-        // (a charged limit's unread counts exist from the start, at zero)
-        for limit in limits.iter().filter(|l| l.charge.is_some()) {
-            metrics.charge_known(&name, &limit.name);
-        }
-        let route = Route {
-            series: RouteSeries::new(name.clone()),
-            name,
-            strip,
-            case_sensitive: r.matcher.case_sensitive,
-            upstream,
-            limits,
-        };
+        let route = route(r, &upstreams, &metrics)?;
         routes.push((r.matcher.clone(), route));
     }
     let headers = match config.rate_limit_headers {
@@ -267,7 +192,12 @@ pub fn build_proxy(
         config::HeaderStyle::Both => HeaderStyle::Both,
         config::HeaderStyle::None => HeaderStyle::None,
     };
-    refusals.keep_only(config);
+    refusals.keep_only(|route, limit| {
+        config
+            .routes
+            .iter()
+            .any(|r| *r.name == *route && r.limits.iter().any(|l| *l.name == *limit))
+    });
     let holders = Holders::new(store.clone(), metrics.clone());
     Ok(Proxy {
         metrics,
@@ -292,4 +222,101 @@ pub fn build_proxy(
             },
         },
     })
+}
+
+/// One upstream of `config`, its metric series known from the start.
+fn upstream(
+    u: &config::UpstreamConfig,
+    config: &Config,
+    clients: &UpstreamClients,
+    metrics: &Metrics,
+) -> anyhow::Result<Upstream> {
+    let prefix = &config.store.key_prefix;
+    let pacer = u.pace.map(|pace| {
+        let key = format!("{prefix}:upstream:{}:pace", u.name);
+        let pacer = Pacer::new(&u.name, pace, key, u.max_waiting.map(|n| n.get()));
+        match u.adaptive {
+            Some(a) => pacer.adaptive(crate::proxy::adapt::Adapter::new(
+                a.aimd,
+                a.target_latency,
+                format!("{prefix}:upstream:{}:rate", u.name),
+                config.store.instances,
+            )),
+            None => pacer,
+        }
+    });
+    let upstream = Upstream {
+        name: u.name.as_str().into(),
+        targets: Targets::new(&u.targets, dial(u, clients)?),
+        preserve_host: u.preserve_host,
+        pacer,
+        inflight: u.concurrency.map(|c| {
+            let key = format!("{prefix}:upstream:{}:inflight", u.name);
+            let max_waiting = u.max_waiting.map(|n| n.get());
+            Inflight::new(&u.name, c.slots, key, c.max_delay, max_waiting)
+        }),
+        series: crate::metrics::UpstreamSeries::new(u.name.as_str().into()),
+    };
+    // its error series (and, if requests may wait for it, its delay histogram) exist from
+    // the start, at zero, so `rate(...)` has one to read
+    for kind in crate::proxy::ProxyError::UPSTREAM_KINDS {
+        metrics.upstream_error_known(&upstream.name, kind);
+    }
+    if upstream.paced() {
+        metrics.pacing_known(&upstream.name);
+    }
+    if let Some(pacer) = &upstream.pacer {
+        // (an adaptive rate is set by the adapting task once it has read the fleet's)
+        if pacer.adapt.is_none() {
+            metrics.pace_rate(&upstream.name, pacer.pace.rate.per_sec());
+        }
+    }
+    Ok(upstream)
+}
+
+/// One route of `config`, over the upstreams built for it.
+fn route(
+    r: &config::RouteConfig,
+    upstreams: &HashMap<String, Arc<Upstream>>,
+    metrics: &Metrics,
+) -> anyhow::Result<Route> {
+    let upstream = upstreams
+        .get(&r.upstream)
+        .with_context(|| format!("route {} names a missing upstream {}", r.name, r.upstream))?
+        .clone();
+    let name: Arc<str> = r.name.as_str().into();
+    let limits = r.limits.iter().map(|l| {
+        Limit::new(
+            &name,
+            l.name.as_str().into(),
+            l.algorithm,
+            l.key.clone(),
+            l.mode == config::Mode::Shadow,
+            l.exempt.clone(),
+            l.overrides.iter().cloned().collect(),
+        )
+        .with_charge(l.charge.as_ref().map(|c| Charge {
+            header: c.response_header.clone(),
+            missing: c.missing,
+        }))
+        .with_duplicate_key(l.duplicate_key)
+    });
+    let strip = match (&r.matcher.path, r.strip_prefix) {
+        (m @ PathMatch::Prefix(_), true) => Some(m.clone()),
+        _ => None,
+    };
+    let limits: Vec<Limit> = limits.collect();
+    // (a charged limit's unread counts exist from the start, at zero)
+    for limit in limits.iter().filter(|l| l.charge.is_some()) {
+        metrics.charge_known(&name, &limit.name);
+    }
+    let route = Route {
+        series: RouteSeries::new(name.clone()),
+        name,
+        strip,
+        case_sensitive: r.matcher.case_sensitive,
+        upstream,
+        limits,
+    };
+    Ok(route)
 }

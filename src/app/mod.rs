@@ -6,7 +6,6 @@
 
 mod adapt;
 mod build;
-mod console;
 mod reload;
 
 use std::future::Future;
@@ -23,9 +22,11 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
-use crate::console::{Console, Refusals, Reloaded};
+use crate::console::api::{self as console, InForce};
+use crate::console::{Console, Reloaded};
 use crate::metrics::Metrics;
-use crate::proxy::{Http1Client, UpstreamClients};
+use crate::proxy::{Http1Client, Proxy, UpstreamClients};
+use crate::refusals::Refusals;
 use crate::server::{accept_loop, http_builder, AcceptCtx, Descriptors, Live, SideBounds, Workers};
 use crate::store::Store;
 use crate::tls;
@@ -174,12 +175,12 @@ impl Server {
         let (stop_tx, stop_rx) = watch::channel(false);
         let graceful = Arc::new(GracefulShutdown::new());
         let config = self.shared.config();
-        let http = Arc::new(http_builder(&config));
+        let http = Arc::new(http_builder());
         // one budget for every listener: the admin's connections never take the proxy's share
         let descriptors = Arc::new(Descriptors::default());
         // where the fleet's resets stand before the first request: one made from now on is
         // one this instance must hear of
-        let counts = console::read_counts(&self.shared).await;
+        let counts = console::read_counts(&*self.shared).await;
         let resets = tokio::spawn(console::watch_resets(self.shared.clone(), counts));
         let adapting = tokio::spawn(adapt::adapt_rates(self.shared.clone()));
         let workers = self.workers;
@@ -336,6 +337,31 @@ fn admin_token(config: &Config) -> anyhow::Result<Option<Arc<str>>> {
         .read()
         .map_err(|why| anyhow::anyhow!("admin token: {why}"))?;
     Ok(Some(token.into()))
+}
+
+impl InForce for Shared {
+    fn in_force(&self) -> (Config, Arc<dyn Store>) {
+        Shared::in_force(self)
+    }
+
+    fn store(&self) -> (StoreConfig, Arc<dyn Store>) {
+        Shared::store(self)
+    }
+
+    fn proxy(&self) -> Arc<Proxy> {
+        self.live.proxy.load_full()
+    }
+
+    fn reloaded(&self) -> Option<Reloaded> {
+        self.reloaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
 }
 
 impl Shared {

@@ -12,8 +12,6 @@ use super::{admin_token, build_proxy, build_store, Shared};
 use crate::config::{self, Config, ConfigError};
 use crate::console::Reloaded;
 
-mod watch;
-
 /// Applies new configurations to a running [`super::Server`]. Cheap to clone.
 #[derive(Clone)]
 pub struct Reloader {
@@ -173,7 +171,7 @@ impl Reloader {
     /// runtime): a change made right after is seen, not lost to a task not yet run.
     pub fn watch(self, path: PathBuf) -> tokio::task::JoinHandle<()> {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
-        let watch = watch::watch_file(&path, tx.clone());
+        let watch = crate::watch::watch_file(&path, tx.clone());
         spawn_sighup(tx);
         tokio::spawn(async move {
             let _watch = watch;

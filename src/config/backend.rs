@@ -1,11 +1,11 @@
 //! `store`: the backend (memory, one Redis server, a Redis Cluster, or the master that Redis
 //! Sentinels name), its URLs, and the failure policy; and the redaction of passwords in Redis
-//! URLs for messages and summaries. `store.tls` is in [`super::client_tls`].
+//! URLs for messages and summaries. `store.tls` is in `client_tls.rs`, which reads the backend
+//! this file finds.
 
 use std::num::{NonZeroU32, NonZeroUsize};
 
 use super::check::Checker;
-use super::client_tls;
 use super::problem::Path;
 use super::raw::{RawBackend, RawOnError, RawSentinel, RawStore, StrList};
 use super::types::{Backend, OnError, SentinelConfig, StoreConfig};
@@ -43,7 +43,8 @@ pub(crate) fn store(chk: &mut Checker<'_>, raw: Option<&RawStore>) -> StoreConfi
         .unwrap_or(default.max_keys);
     let backend = backend(chk, raw, &path);
     StoreConfig {
-        tls: client_tls::store(chk, raw, &backend),
+        // `tls` reads the backend: `store` below fills it in
+        tls: None,
         backend,
         key_prefix,
         timeout,

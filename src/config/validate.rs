@@ -16,12 +16,13 @@ use super::problem::Path;
 use super::raw::{
     Field, RawAccessLog, RawAdmin, RawConfig, RawEscapedSlashes, RawForwardedHeaders,
     RawHeaderStyle, RawHttp2, RawLogClient, RawPace, RawPaths, RawProtocol, RawSegmentParams,
-    RawTimeouts, RawUpstream, StrList,
+    RawStore, RawTimeouts, RawUpstream, StrList,
 };
 use super::routes;
 use super::types::{
     AccessLog, AdminConfig, AdminToken, Config, ForwardedHeaders, HeaderStyle, Http2Config,
-    LogClient, PaceConcurrency, Protocol, RouteConfig, Timeouts, TlsConfig, UpstreamConfig,
+    LogClient, PaceConcurrency, Protocol, RouteConfig, StoreConfig, Timeouts, TlsConfig,
+    UpstreamConfig,
 };
 use super::units;
 use crate::limit::{Pace, Slots};
@@ -60,7 +61,7 @@ pub(crate) fn config(chk: &mut Checker<'_>, raw: &RawConfig) -> Config {
         workers,
         tls,
         admin,
-        store: backend::store(chk, raw.store.get()),
+        store: store(chk, raw.store.get()),
         trusted_proxies,
         rate_limit_headers: match raw.rate_limit_headers.get() {
             Some(RawHeaderStyle::Ietf) | None => HeaderStyle::Ietf,
@@ -300,6 +301,15 @@ fn admin_token(chk: &mut Checker<'_>, raw: &RawAdmin, path: &Path) -> Option<Adm
         }
     }
     Some(token)
+}
+
+/// `store`: the backend's keys, then `store.tls`, which reads what the backend is.
+fn store(chk: &mut Checker<'_>, raw: Option<&RawStore>) -> StoreConfig {
+    let mut store = backend::store(chk, raw);
+    if let Some(raw) = raw {
+        store.tls = client_tls::store(chk, raw, &store.backend);
+    }
+    store
 }
 
 fn timeouts(chk: &mut Checker<'_>, raw: &RawTimeouts) -> Timeouts {

@@ -65,6 +65,13 @@ pub fn encoded(text: &str) -> String {
     out
 }
 
+/// `body` indented for a reader when it is JSON, as it came otherwise.
+pub fn pretty(body: String) -> String {
+    serde_json::from_str::<serde_json::Value>(&body)
+        .and_then(|v| serde_json::to_string_pretty(&v))
+        .unwrap_or(body)
+}
+
 /// The exit status a script reads from an answer: 0 success, 2 a request the API refused as
 /// malformed, 3 no such route, limit or upstream, 4 the token is missing or wrong, 5 the store
 /// did not answer, 1 anything else.

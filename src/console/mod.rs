@@ -1,114 +1,33 @@
-//! The operator console's figures: what `GET /api/stats` on the admin listener answers.
+//! The operator console: its figures, what `GET /api/stats` on the admin listener answers, and
+//! the operator API's calls ([`api`]).
 //!
 //! Rates come from the registry, sampled once a second while someone asks ([`sample`]). The
-//! clients each limit refuses most are counted in fixed memory ([`topk`]), as refusals happen,
-//! over the same minute.
+//! clients each limit refuses most come from [`Refusals`], which the proxy counts into, over
+//! the same minute.
 //! Everything here is this instance's own: every answer says so. [`page`] is the dashboard
 //! that shows these figures in a browser.
 //!
-//! This module reads the config, the proxy and the metrics in force; it decides nothing and
-//! changes no limiter state.
+//! This module reads the config, the proxy and the metrics in force, and decides nothing. Only
+//! an operator's call to [`api`] changes limiter state: a reset, or a lifted hold.
 
+pub mod api;
 pub mod client;
 pub mod page;
 pub mod sample;
-pub mod topk;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::SystemTime;
 
 use serde_json::{json, Value};
 
 use crate::config::Config;
 use crate::proxy::Proxy;
+use crate::refusals::Refusals;
 use sample::{Change, Sampler};
-use topk::Windowed;
-
-/// Clients kept per limit and per slot in its summary of refusals.
-const KEPT_CLIENTS: usize = 64;
 
 /// Clients shown per limit.
 const SHOWN_CLIENTS: usize = 10;
-
-/// The clients each limit refused most on this instance over the last minute, by route and
-/// limit. Kept across reloads; a limit that goes away takes its summary with it at the next
-/// reload.
-pub struct Refusals {
-    /// route, then limit: looked up by the names' text, so a refusal copies no name
-    routes: Mutex<HashMap<Arc<str>, ByLimit>>,
-    /// the summaries' time: since `started`, plus what [`Refusals::skip`] added
-    started: Instant,
-    skipped_ms: AtomicU64,
-}
-
-/// One route's summaries, by limit name.
-type ByLimit = HashMap<Arc<str>, Windowed>;
-
-impl Default for Refusals {
-    fn default() -> Refusals {
-        Refusals {
-            routes: Mutex::default(),
-            started: Instant::now(),
-            skipped_ms: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Refusals {
-    /// Moves the summaries' clock on by `by`, as if that much time had passed: lets a test see
-    /// a refusal leave the last minute without waiting for it.
-    pub fn skip(&self, by: Duration) {
-        self.skipped_ms
-            .fetch_add(by.as_millis() as u64, Ordering::Relaxed);
-    }
-
-    fn now(&self) -> Duration {
-        self.started.elapsed() + Duration::from_millis(self.skipped_ms.load(Ordering::Relaxed))
-    }
-
-    /// Counts one refusal of `client`, in its written form ([`crate::identity::shown_client`]),
-    /// by limit `limit` of route `route`.
-    pub fn add(&self, route: &Arc<str>, limit: &Arc<str>, client: &str) {
-        let now = self.now();
-        let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
-        let limits = match routes.get_mut(&**route) {
-            Some(limits) => limits,
-            None => routes.entry(route.clone()).or_default(),
-        };
-        match limits.get_mut(&**limit) {
-            Some(top) => top.add(now, client),
-            None => limits
-                .entry(limit.clone())
-                .or_insert_with(|| Windowed::new(KEPT_CLIENTS))
-                .add(now, client),
-        }
-    }
-
-    /// The clients limit `limit` of route `route` refused most in the last minute, most first.
-    pub fn top(&self, route: &str, limit: &str, n: usize) -> Vec<topk::Entry> {
-        let now = self.now();
-        let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
-        routes
-            .get(route)
-            .and_then(|limits| limits.get(limit))
-            .map(|top| top.top(now, n))
-            .unwrap_or_default()
-    }
-
-    /// Forgets the limits `config` no longer has.
-    pub fn keep_only(&self, config: &Config) {
-        let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
-        routes.retain(|route, limits| {
-            let Some(kept) = config.routes.iter().find(|r| *r.name == **route) else {
-                return false;
-            };
-            limits.retain(|limit, _| kept.limits.iter().any(|l| *l.name == **limit));
-            !limits.is_empty()
-        });
-    }
-}
 
 /// What the last reload did.
 #[derive(Debug, Clone)]

@@ -140,7 +140,7 @@ pub struct Proxy {
     /// client left, shared across reloads so shutdown waits for them too
     pub tunnels: TaskTracker,
     /// the clients each limit refused most, for the console; shared across reloads
-    pub refusals: Arc<crate::console::Refusals>,
+    pub refusals: Arc<crate::refusals::Refusals>,
     /// the concurrency slots this instance holds, and their renewer
     pub holders: Arc<slots::Holders>,
 }

@@ -42,9 +42,9 @@ use tower_service::Service;
 
 use super::h1;
 use super::{Body, BoxError};
-pub use dial::{Dial, Protocol};
+pub use dial::{Dial, H2Settings, Protocol};
 use dial::{Opened, Stream};
-pub use h2::{Conns as H2Conns, H2Settings, Waits};
+pub use h2::{Conns as H2Conns, Waits};
 pub use pooled::Pooled;
 use pooled::{Back, Home};
 

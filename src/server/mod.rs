@@ -52,7 +52,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use self::idle::{Activity, Deadlines, Expired, Guarded, InFlight, Tracked};
-use crate::config::{Config, Timeouts};
+use crate::config::Timeouts;
 use crate::proxy::{request_id, Conn, Proxy};
 
 /// The largest request head (request line and headers) an HTTP/1 connection buffers; larger
@@ -488,7 +488,7 @@ pub(crate) struct Http {
     auto: auto::Builder<TokioExecutor>,
 }
 
-pub(crate) fn http_builder(_config: &Config) -> Http {
+pub(crate) fn http_builder() -> Http {
     let mut h1 = http1::Builder::new();
     h1.timer(TokioTimer::new())
         .header_read_timeout(None)

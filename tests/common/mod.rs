@@ -505,7 +505,7 @@ pub struct Proxy {
     /// the admin listener, when the config has one
     pub admin: Option<SocketAddr>,
     /// the refused clients `/api/stats` lists: `skip` moves their clock on
-    pub refusals: std::sync::Arc<tollgate::console::Refusals>,
+    pub refusals: std::sync::Arc<tollgate::refusals::Refusals>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     pub done: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }

@@ -5,8 +5,24 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use hyper::body::Frame;
 
-use super::head::ends_section;
 use super::{Error, MAX_CHUNK_LINE, MAX_FIELDS, MAX_HEAD};
+
+/// Whether the bytes of `buf` past `searched` (less the two before, for a line end split
+/// between reads) hold an empty line, the end of a head or trailer section; `searched` moves
+/// to the end.
+pub(super) fn ends_section(buf: &[u8], searched: &mut usize) -> bool {
+    let from = searched.saturating_sub(2);
+    *searched = buf.len();
+    let mut rest = &buf[from.min(buf.len())..];
+    while let Some(lf) = rest.iter().position(|&b| b == b'\n') {
+        match rest.get(lf + 1) {
+            Some(b'\n') => return true,
+            Some(b'\r') if rest.get(lf + 2) == Some(&b'\n') => return true,
+            _ => rest = &rest[lf + 1..],
+        }
+    }
+    false
+}
 
 /// How the response body is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

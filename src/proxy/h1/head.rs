@@ -11,23 +11,6 @@ use super::body::{Chunk, Framing};
 use super::{Error, MAX_FIELDS, MAX_HEAD};
 use crate::proxy::hop::{hop_by_hop_bit, OTHER_CODING};
 
-/// Whether the bytes of `buf` past `searched` (less the two before, for a line end split
-/// between reads) hold an empty line, the end of a head or trailer section; `searched` moves
-/// to the end.
-pub(super) fn ends_section(buf: &[u8], searched: &mut usize) -> bool {
-    let from = searched.saturating_sub(2);
-    *searched = buf.len();
-    let mut rest = &buf[from.min(buf.len())..];
-    while let Some(lf) = rest.iter().position(|&b| b == b'\n') {
-        match rest.get(lf + 1) {
-            Some(b'\n') => return true,
-            Some(b'\r') if rest.get(lf + 2) == Some(&b'\n') => return true,
-            _ => rest = &rest[lf + 1..],
-        }
-    }
-    false
-}
-
 pub(super) enum Parsed {
     /// a 1xx head (not 101), consumed: the final one follows
     Interim,
@@ -284,6 +267,7 @@ fn content_length(value: &[u8]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::body::ends_section;
     use super::*;
 
     fn parsed(text: &str, head_request: bool) -> (Response<()>, Framing, bool, BytesMut) {

@@ -39,8 +39,8 @@ use hyper::body::{Frame, SizeHint};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use body::{decode, Framing};
-use head::{ends_section, parse_head, Parsed};
+use body::{decode, ends_section, Framing};
+use head::{parse_head, Parsed};
 use outbox::Socket;
 
 /// The most bytes a response head may take (nginx's `proxy_buffer_size` is 4 or 8 KiB; hyper's

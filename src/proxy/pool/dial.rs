@@ -6,6 +6,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 use rustls::ClientConfig;
@@ -15,7 +16,6 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use super::h2::H2Settings;
 use crate::tls::{ALPN_H2, ALPN_HTTP1};
 
 /// The HTTP version spoken to an upstream.
@@ -41,6 +41,27 @@ pub struct Dial {
     server_name: Option<ServerName<'static>>,
     /// how HTTP/2 connections are kept
     h2: H2Settings,
+}
+
+/// How one upstream's HTTP/2 connections are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct H2Settings {
+    /// a PING goes out after this long without a frame from the peer
+    pub keepalive_interval: Duration,
+    /// an unanswered PING closes the connection after this long
+    pub keepalive_timeout: Duration,
+    /// connections per target, when the open ones have no stream free
+    pub max_connections: usize,
+}
+
+impl Default for H2Settings {
+    fn default() -> H2Settings {
+        H2Settings {
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(5),
+            max_connections: 4,
+        }
+    }
 }
 
 impl std::fmt::Debug for Dial {

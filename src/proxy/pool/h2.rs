@@ -26,34 +26,13 @@ use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::sync::Notify;
 
-use super::dial::Stream;
+use super::dial::{H2Settings, Stream};
 use super::peer::{Heard, Peer};
 use super::{Key, UpstreamError};
 use crate::proxy::h1::MAX_HEAD;
 use crate::proxy::Body;
 
 type Sender = http2::SendRequest<Body>;
-
-/// How one upstream's HTTP/2 connections are kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct H2Settings {
-    /// a PING goes out after this long without a frame from the peer
-    pub keepalive_interval: Duration,
-    /// an unanswered PING closes the connection after this long
-    pub keepalive_timeout: Duration,
-    /// connections per target, when the open ones have no stream free
-    pub max_connections: usize,
-}
-
-impl Default for H2Settings {
-    fn default() -> H2Settings {
-        H2Settings {
-            keepalive_interval: Duration::from_secs(10),
-            keepalive_timeout: Duration::from_secs(5),
-            max_connections: 4,
-        }
-    }
-}
 
 /// The HTTP/2 connections of every worker, by target.
 pub struct Conns {

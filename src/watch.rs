@@ -9,10 +9,11 @@
 //! On Linux the watch asks inotify only for the events that end a change — a file written and
 //! closed, moved in, created or deleted, or its attributes changed (`chmod`, `touch`) — and not
 //! for every `write(2)` (`IN_MODIFY`) or open (so a writer that keeps the file open is seen
-//! when it closes it):
-//! a log appended next to the config (`tollgate --config proxy.yaml 2>> tollgate.log`, access
-//! log on) would otherwise wake the watcher once per line, a thread wake-up per request, which
-//! cost a fifth of the proxy's throughput (BENCHMARKS.md, "Changes measured").
+//! when it closes it). A log appended next to the config, as with
+//! `tollgate --config proxy.yaml 2>> tollgate.log` and the access log on, would otherwise wake
+//! the watcher once per line: a thread wake-up per request, which costs the proxy throughput.
+//!
+//! The module uses nothing else of the crate: `app::Reloader` hands it a channel to tell.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -21,9 +22,9 @@ use tokio::sync::mpsc::Sender;
 
 /// Keeps the watch alive; dropping it stops the watch.
 #[cfg(target_os = "linux")]
-pub(super) type Guard = tokio_util::task::AbortOnDropHandle<()>;
+pub(crate) type Guard = tokio_util::task::AbortOnDropHandle<()>;
 #[cfg(not(target_os = "linux"))]
-pub(super) type Guard = notify::RecommendedWatcher;
+pub(crate) type Guard = notify::RecommendedWatcher;
 
 /// The name Kubernetes gives the symlink through which a mounted ConfigMap's files point
 /// (`proxy.yaml -> ..data/proxy.yaml`): an update renames a new `..data` over the old one, and
@@ -50,7 +51,7 @@ fn split(path: &Path) -> Option<(PathBuf, OsString)> {
 /// `path` may have changed. `None`, with a warning logged, when the directory cannot be watched
 /// (SIGHUP still reloads).
 #[cfg(target_os = "linux")]
-pub(super) fn watch_file(path: &Path, tx: Sender<()>) -> Option<Guard> {
+pub(crate) fn watch_file(path: &Path, tx: Sender<()>) -> Option<Guard> {
     let mut watch = match Watch::new(path) {
         Ok(w) => w,
         Err(e) => {
@@ -76,7 +77,7 @@ pub(super) fn watch_file(path: &Path, tx: Sender<()>) -> Option<Guard> {
 
 /// An inotify watch of the config file's directory, read on the runtime (no thread of its own).
 #[cfg(target_os = "linux")]
-pub(super) struct Watch {
+pub(crate) struct Watch {
     fd: tokio::io::unix::AsyncFd<inotify::Inotify>,
     /// the config file's path, watched itself too
     path: PathBuf,
@@ -92,7 +93,7 @@ pub(super) struct Watch {
 
 #[cfg(target_os = "linux")]
 impl Watch {
-    pub(super) fn new(path: &Path) -> std::io::Result<Watch> {
+    pub(crate) fn new(path: &Path) -> std::io::Result<Watch> {
         use inotify::WatchMask;
         let (dir, name) = split(path).ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path")
@@ -141,7 +142,7 @@ impl Watch {
     /// Returns once an event names the file (or the Kubernetes `..data` link, or the kernel's
     /// queue overflowed, which may have lost one). An error when the directory itself went
     /// away: no event can come after that.
-    pub(super) async fn changed(&mut self) -> std::io::Result<()> {
+    pub(crate) async fn changed(&mut self) -> std::io::Result<()> {
         use inotify::EventMask;
         // the file told last time may be another now (renamed over, or a symlink re-pointed)
         self.watch_file();
@@ -186,14 +187,14 @@ impl Watch {
     }
 
     #[cfg(test)]
-    pub(super) fn events(&self) -> u64 {
+    pub(crate) fn events(&self) -> u64 {
         self.events
     }
 }
 
 /// Elsewhere, the `notify` crate's watcher of the directory, filtered by name.
 #[cfg(not(target_os = "linux"))]
-pub(super) fn watch_file(path: &Path, tx: Sender<()>) -> Option<Guard> {
+pub(crate) fn watch_file(path: &Path, tx: Sender<()>) -> Option<Guard> {
     use notify::{RecursiveMode, Watcher};
     let (dir, name) = split(path)?;
     let handler = move |event: notify::Result<notify::Event>| {

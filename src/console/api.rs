@@ -1,31 +1,47 @@
 //! The operator API's calls, over the config, the proxy and the store in force, and the watch
-//! that makes a reset made through any instance hold on this one.
+//! that makes a reset made through any instance hold on this one. What is in force comes
+//! through [`InForce`], which `app` implements: the console never names the server.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
 use serde_json::json;
 
-use super::Shared;
+use super::{Console, Reloaded, StoreView, View};
 use crate::admin::{self, ApiAnswer, ApiFuture, LimitCall};
-use crate::config::{Backend, Config};
-use crate::console::{Console, StoreView, View};
+use crate::config::{Backend, Config, StoreConfig};
 use crate::identity;
+use crate::proxy::Proxy;
+use crate::store::Store;
+
+/// What the operator API reads of the server: the config, store and proxy in force.
+pub trait InForce: Send + Sync {
+    /// The config in force and the store built from it, read together.
+    fn in_force(&self) -> (Config, Arc<dyn Store>);
+    /// The store in force, and the `store` section it was built from.
+    fn store(&self) -> (StoreConfig, Arc<dyn Store>);
+    /// The proxy in force.
+    fn proxy(&self) -> Arc<Proxy>;
+    /// What the last reload did, if one was made.
+    fn reloaded(&self) -> Option<Reloaded>;
+    /// Whether the server has begun to drain.
+    fn draining(&self) -> bool;
+}
 
 /// How often an instance reads the fleet's counts of resets and lifted holds.
 const WATCH_EVERY: Duration = Duration::from_millis(500);
 
 /// The `/api/` calls.
-pub(super) struct ConsoleApi {
-    shared: Arc<Shared>,
+pub struct ConsoleApi {
+    shared: Arc<dyn InForce>,
     console: Console,
 }
 
 impl ConsoleApi {
-    pub(super) fn new(shared: Arc<Shared>, console: Console) -> ConsoleApi {
+    /// The API over what `shared` has in force, with `console`'s figures.
+    pub fn new(shared: Arc<dyn InForce>, console: Console) -> ConsoleApi {
         ConsoleApi { shared, console }
     }
 }
@@ -85,19 +101,14 @@ fn store_failed(e: crate::store::StoreError) -> ApiAnswer {
 impl admin::Api for ConsoleApi {
     fn stats(&self) -> serde_json::Value {
         let (config, store) = self.shared.in_force();
-        let proxy = self.shared.live.proxy.load();
+        let proxy = self.shared.proxy();
         let backend = match &config.store.backend {
             Backend::Memory => "memory",
             Backend::Redis { .. } => "redis",
             Backend::Cluster { .. } => "cluster",
             Backend::Sentinel(_) => "sentinel",
         };
-        let reload = self
-            .shared
-            .reloaded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let reload = self.shared.reloaded();
         self.console.stats(&View {
             config: &config,
             proxy: &proxy,
@@ -166,7 +177,7 @@ impl admin::Api for ConsoleApi {
 
     fn lift_hold<'a>(&'a self, upstream: &'a str, peer: SocketAddr) -> ApiFuture<'a> {
         Box::pin(async move {
-            let proxy = self.shared.live.proxy.load();
+            let proxy = self.shared.proxy();
             let store = self.shared.store().1;
             let Some(pacer) = proxy.upstream(upstream).and_then(|u| u.pacer.as_ref()) else {
                 let message = format!("no paced upstream named {upstream:?} is in use");
@@ -189,7 +200,7 @@ impl admin::Api for ConsoleApi {
 }
 
 /// Where the fleet's counts of resets and lifted holds stand, as far as the store answers.
-pub(super) async fn read_counts(shared: &Shared) -> [Option<u64>; 2] {
+pub async fn read_counts(shared: &dyn InForce) -> [Option<u64>; 2] {
     let (store_config, store) = shared.store();
     let mut counts = [None, None];
     for (count, counter) in counts.iter_mut().zip(counters(&store_config.key_prefix)) {
@@ -202,13 +213,13 @@ pub(super) async fn read_counts(shared: &Shared) -> [Option<u64>; 2] {
 /// from `seen`, where they stood when it started serving: when one moves, this instance forgets
 /// the refusals and leases it keeps, or lifts the holds of its upstreams. A count not read yet
 /// (the store was out) is taken as it is when first read.
-pub(super) async fn watch_resets(shared: Arc<Shared>, mut seen: [Option<u64>; 2]) {
+pub async fn watch_resets(shared: Arc<dyn InForce>, mut seen: [Option<u64>; 2]) {
     loop {
         tokio::time::sleep(WATCH_EVERY).await;
-        if shared.draining.load(Ordering::Acquire) {
+        if shared.draining() {
             return;
         }
-        let counts = read_counts(&shared).await;
+        let counts = read_counts(&*shared).await;
         for (i, count) in counts.into_iter().enumerate() {
             let Some(count) = count else {
                 continue;
@@ -222,7 +233,7 @@ pub(super) async fn watch_resets(shared: Arc<Shared>, mut seen: [Option<u64>; 2]
                 shared.store().1.forget_local();
                 tracing::debug!("console: a reset was made; refusals remembered here forgotten");
             } else {
-                let proxy = shared.live.proxy.load();
+                let proxy = shared.proxy();
                 for (_, route) in proxy.routes.routes() {
                     if let Some(pacer) = &route.upstream.pacer {
                         pacer.lift_hold();
