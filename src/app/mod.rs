@@ -204,26 +204,22 @@ impl Server {
         }
         let (admin_stop, admin_stopped) = watch::channel(false);
         let admin = self.admin.map(|listener| {
-            if let Ok(addr) = listener.local_addr() {
-                tracing::info!(addr = %addr, "admin listening");
-            }
-            let mut stop = admin_stopped;
-            let state = admin_state(&self.shared);
-            let live = self.shared.live.clone();
+            let max = config
+                .admin
+                .as_ref()
+                .map_or(crate::config::AdminConfig::DEFAULT_MAX_CONNECTIONS, |a| {
+                    a.max_connections
+                });
             let bounds = SideBounds {
-                timeouts: Arc::new(move || **live.timeouts.load()),
+                timeouts: {
+                    let live = self.shared.live.clone();
+                    Arc::new(move || **live.timeouts.load())
+                },
                 http: http.clone(),
-                max_connections: config
-                    .admin
-                    .as_ref()
-                    .map_or(crate::config::AdminConfig::DEFAULT_MAX_CONNECTIONS, |a| {
-                        a.max_connections
-                    }),
+                max_connections: max,
                 descriptors: descriptors.clone(),
             };
-            tokio::spawn(admin::serve(listener, state, bounds, async move {
-                let _ = stop.changed().await;
-            }))
+            serve_admin(listener, &self.shared, bounds, admin_stopped)
         });
         shutdown.await;
         resets.abort();
@@ -234,21 +230,9 @@ impl Server {
         for task in accepting {
             let _ = task.await;
         }
-        let drain = self.shared.config().timeouts.shutdown;
         let graceful =
             Arc::try_unwrap(graceful).map_err(|_| anyhow::anyhow!("accept loops still running"))?;
-        self.shared.tunnels.close();
-        let tunnels = self.shared.tunnels.clone();
-        let all_done = async move {
-            graceful.shutdown().await;
-            tunnels.wait().await;
-        };
-        tokio::select! {
-            _ = all_done => tracing::info!("drained"),
-            _ = tokio::time::sleep(drain) => {
-                tracing::warn!(after = ?drain, "drain timed out; closing remaining connections");
-            }
-        }
+        drain(&self.shared, graceful).await;
         // what is left on the other workers (after a drain that timed out) ends with them; on
         // worker 0, with the runtime
         workers.stop().await;
@@ -258,6 +242,39 @@ impl Server {
             let _ = admin.await;
         }
         Ok(())
+    }
+}
+
+/// Serves the admin listener in a task of its own until `stop` changes.
+fn serve_admin(
+    listener: TcpListener,
+    shared: &Arc<Shared>,
+    bounds: SideBounds,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(addr = %addr, "admin listening");
+    }
+    let state = admin_state(shared);
+    tokio::spawn(admin::serve(listener, state, bounds, async move {
+        let _ = stop.changed().await;
+    }))
+}
+
+/// Lets in-flight requests and tunnels finish, for `timeouts.shutdown` at most.
+async fn drain(shared: &Shared, graceful: GracefulShutdown) {
+    let limit = shared.config().timeouts.shutdown;
+    shared.tunnels.close();
+    let tunnels = shared.tunnels.clone();
+    let all_done = async move {
+        graceful.shutdown().await;
+        tunnels.wait().await;
+    };
+    tokio::select! {
+        _ = all_done => tracing::info!("drained"),
+        _ = tokio::time::sleep(limit) => {
+            tracing::warn!(after = ?limit, "drain timed out; closing remaining connections");
+        }
     }
 }
 
