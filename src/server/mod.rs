@@ -334,7 +334,7 @@ async fn answer(
     proxy: Arc<Arc<Proxy>>,
     conn: Conn,
     in_flight: InFlight,
-) -> Result<Response<Guarded>, Infallible> {
+) -> Result<Response<Guarded<crate::proxy::Body>>, Infallible> {
     let resp = match framing::check(&req) {
         Ok(()) => {
             let handling = pass::Handling::start();
