@@ -379,7 +379,8 @@ struct Holes {
     /// how many there are: the request path reads this, not the lock
     count: std::sync::atomic::AtomicUsize,
     /// one client's leaving at a time, so that holes given back in any order all reach the
-    /// store (see [`Holes::leave`])
+    /// store (see [`Holes::leave`]); a tokio mutex, held across the give-backs on purpose, in
+    /// a task no request waits for
     leaving: tokio::sync::Mutex<()>,
 }
 
