@@ -603,24 +603,7 @@ fn rewrite(
     if let Some(proto) = upgrade {
         set_upgrade(headers, proto);
     }
-    append_forwarded_for(headers, f.client);
-    if let Some(client) = &f.real_ip {
-        super::forwarded::set_real_ip(headers, client.clone());
-    }
-    if f.forwarded {
-        super::forwarded::append_forwarded(headers, f.client, f.proto, client_host.as_ref());
-    }
-    let keep =
-        |headers: &HeaderMap, name: &HeaderName| f.trusted_peer && headers.contains_key(name);
-    if !keep(headers, &X_FORWARDED_PROTO) {
-        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(f.proto));
-    }
-    if let Some(host) = client_host
-        .as_ref()
-        .filter(|_| !keep(headers, &X_FORWARDED_HOST))
-    {
-        headers.insert(X_FORWARDED_HOST.clone(), host.clone());
-    }
+    add_forwarding(headers, f, client_host.as_ref());
     let (host, host_is_target) = match (&client_host, f.preserve_host) {
         (Some(h), true) => (h.clone(), false),
         _ => (target_host.clone(), true),
@@ -635,6 +618,27 @@ fn rewrite(
         None => body,
     };
     Ok((Request::from_parts(parts, body), host_is_target))
+}
+
+/// Adds what tells the upstream who asked and how: `X-Forwarded-For`, `X-Real-IP`,
+/// `Forwarded`, `X-Forwarded-Proto` and `X-Forwarded-Host`; `client_host` is the host the client
+/// asked for.
+fn add_forwarding(headers: &mut HeaderMap, f: &Forward<'_>, client_host: Option<&HeaderValue>) {
+    append_forwarded_for(headers, f.client);
+    if let Some(client) = &f.real_ip {
+        super::forwarded::set_real_ip(headers, client.clone());
+    }
+    if f.forwarded {
+        super::forwarded::append_forwarded(headers, f.client, f.proto, client_host);
+    }
+    let keep =
+        |headers: &HeaderMap, name: &HeaderName| f.trusted_peer && headers.contains_key(name);
+    if !keep(headers, &X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(f.proto));
+    }
+    if let Some(host) = client_host.filter(|_| !keep(headers, &X_FORWARDED_HOST)) {
+        headers.insert(X_FORWARDED_HOST.clone(), host.clone());
+    }
 }
 
 /// The request's `Content-Length`, when it has one that parses.
