@@ -3,7 +3,7 @@
 //!
 //! Owns the trust decision for `X-Forwarded-For` ([`client_ip`]) and the key layout
 //! ([`client_key`], [`push_key_head`], [`shorten_client`]); it does not add `X-Forwarded-For` to forwarded requests
-//! (the proxy does) and does not know routes. Uses nothing else of the crate.
+//! (the proxy does) and does not know routes. Uses nothing else of the crate but `host`.
 //!
 //! Submodule `key`: key building. Submodule `written`: the written form of a client that the
 //! console shows and the operator API reads back.

@@ -6,6 +6,7 @@
 //!   policy (circuit breaker, deny cache) around it.
 //! * [`config`]: `proxy.yaml`: raw serde mirror, validation into typed config with positions.
 //! * [`routing`]: the route table: normalised path, host, method, headers to a route.
+//! * `host`: the name in a `Host` value, which `routing` and `identity` both read.
 //! * [`identity`]: client identity (peer, trusted proxies, X-Forwarded-For) and limiter keys.
 //! * [`body`]: one adapter that watches a body's frames and its end, for `proxy` and `server`.
 //! * [`proxy`]: the request path as phases: identify, route, limit, pace, forward, respond.
@@ -31,6 +32,7 @@ pub mod body;
 pub mod config;
 pub mod console;
 mod decimal;
+mod host;
 pub mod identity;
 pub mod limit;
 pub mod logging;

@@ -4,8 +4,8 @@
 //! Owns path normalisation ([`normalize_path`], [`PathPolicy`]), the match conditions
 //! ([`RouteMatch`]), the first-match table ([`RouteTable`]) and the analysis that finds
 //! unreachable routes ([`RouteMatch::shadows`]). It does not own what a route *does*: the table
-//! is generic over its limits and upstream. Uses nothing else of the crate, and only `http`
-//! types, not hyper's.
+//! is generic over its limits and upstream. Uses nothing else of the crate but `host`, and only
+//! `http` types, not hyper's.
 //!
 //! Requests are compared in normal form, so the paths of a [`PathMatch`] should be too: build
 //! them through [`normalize_path`] (a prefix such as `/v1/%7euser` would otherwise never match).
@@ -75,9 +75,9 @@ pub struct RequestParts<'a> {
 impl HostPattern {
     /// Whether the request host (any case, with or without port or trailing dot) matches.
     pub fn matches(&self, host: &str) -> bool {
-        let host = host_name(host);
+        let host = crate::host::name(host);
         match self {
-            HostPattern::Exact(name) => host_name(name).eq_ignore_ascii_case(host),
+            HostPattern::Exact(name) => crate::host::name(name).eq_ignore_ascii_case(host),
             HostPattern::Suffix(suffix) => has_label_suffix(host, trim_dot(suffix)),
         }
     }
@@ -116,24 +116,6 @@ pub fn authority_fault(authority: &str) -> Option<AuthorityFault> {
         .map_or(authority, |i| &authority[i + 1..]);
     let port = after_host.rsplit_once(':').map_or("", |(_, port)| port);
     (!port.is_empty() && port.parse::<u16>().is_err()).then_some(AuthorityFault::Port)
-}
-
-/// The host of a `Host` value: without port, IPv6 brackets or the trailing dot of an absolute name.
-fn host_name(host: &str) -> &str {
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        rest.split_once(']').map_or(host, |(inside, _port)| inside)
-    } else {
-        match host.rsplit_once(':') {
-            // More than one `:` without brackets is a bare IPv6 address, not `host:port`.
-            Some((name, port))
-                if !name.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) =>
-            {
-                name
-            }
-            _ => host,
-        }
-    };
-    trim_dot(name)
 }
 
 fn trim_dot(name: &str) -> &str {

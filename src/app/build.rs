@@ -13,8 +13,8 @@ use crate::metrics::{Metrics, RouteSeries};
 use crate::proxy::inflight::Inflight;
 use crate::proxy::slots::Holders;
 use crate::proxy::{
-    access, Charge, Dial, H2Settings, HeaderStyle, Limit, Pacer, Protocol, Proxy, Route, Settings,
-    Targets, Upstream, UpstreamClients,
+    access, Charge, Dial, H2Settings, Limit, Pacer, Proxy, Route, Settings, Targets, Upstream,
+    UpstreamClients,
 };
 use crate::refusals::Refusals;
 use crate::routing::{PathMatch, RouteTable};
@@ -96,11 +96,6 @@ pub async fn build_store(
 /// How the connections to `u`'s targets are made. Its `tls` files are read now, so that a
 /// reload reads them again.
 fn dial(u: &config::UpstreamConfig, clients: &UpstreamClients) -> anyhow::Result<Arc<Dial>> {
-    let protocol = match u.protocol {
-        config::Protocol::Http1 => Protocol::Http1,
-        config::Protocol::Http2 => Protocol::Http2,
-        config::Protocol::Auto => Protocol::Auto,
-    };
     let h2 = H2Settings {
         keepalive_interval: u.http2.keepalive_interval,
         keepalive_timeout: u.http2.keepalive_timeout,
@@ -108,11 +103,11 @@ fn dial(u: &config::UpstreamConfig, clients: &UpstreamClients) -> anyhow::Result
     };
     let Some(tls) = &u.tls else {
         if h2 == H2Settings::default() {
-            return Ok(clients.default_dial(protocol));
+            return Ok(clients.default_dial(u.protocol));
         }
         // (a dial of its own: its connections start again on a reload)
         let tls = (*ClientTls::default().client_config()?).clone();
-        return Ok(Arc::new(Dial::new(protocol, tls, None).with_http2(h2)));
+        return Ok(Arc::new(Dial::new(u.protocol, tls, None).with_http2(h2)));
     };
     let config = client_tls(tls)
         .and_then(|tls| Ok(tls.client_config()?))
@@ -125,7 +120,7 @@ fn dial(u: &config::UpstreamConfig, clients: &UpstreamClients) -> anyhow::Result
         None => None,
     };
     Ok(Arc::new(
-        Dial::new(protocol, (*config).clone(), server_name).with_http2(h2),
+        Dial::new(u.protocol, (*config).clone(), server_name).with_http2(h2),
     ))
 }
 
@@ -186,12 +181,6 @@ pub fn build_proxy(
         let route = route(r, &upstreams, &metrics)?;
         routes.push((r.matcher.clone(), route));
     }
-    let headers = match config.rate_limit_headers {
-        config::HeaderStyle::Ietf => HeaderStyle::Ietf,
-        config::HeaderStyle::Legacy => HeaderStyle::Legacy,
-        config::HeaderStyle::Both => HeaderStyle::Both,
-        config::HeaderStyle::None => HeaderStyle::None,
-    };
     refusals.keep_only(|route, limit| {
         config
             .routes
@@ -209,7 +198,7 @@ pub fn build_proxy(
         clients,
         settings: Settings {
             trusted_proxies: config.trusted_proxies.clone(),
-            headers,
+            headers: config.rate_limit_headers,
             key_prefix: prefix.clone(),
             upstream_response: config.timeouts.upstream_response,
             tunnel_idle: config.timeouts.idle,

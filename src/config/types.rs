@@ -240,19 +240,8 @@ pub struct SentinelConfig {
 /// `store.on_error`: the store's own policy type, so config and store cannot drift apart.
 pub use crate::store::OnError;
 
-/// `rate_limit_headers`
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HeaderStyle {
-    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers)
-    #[default]
-    Ietf,
-    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`
-    Legacy,
-    /// both sets
-    Both,
-    /// none (`Retry-After` is still sent on 429 and 503)
-    None,
-}
+/// `rate_limit_headers`: the proxy's own type, so config and proxy cannot drift apart.
+pub use crate::proxy::HeaderStyle;
 
 /// `access_log`
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -387,28 +376,8 @@ impl Default for Http2Config {
     }
 }
 
-/// `upstreams.NAME.protocol`: the HTTP version spoken to an upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Protocol {
-    /// `http1`: HTTP/1.1 only
-    Http1,
-    /// `http2`: HTTP/2 only; over `http://` with prior knowledge (h2c)
-    Http2,
-    /// `auto`: what TLS negotiates (ALPN, `h2` preferred) on `https://`, HTTP/1.1 on `http://`
-    #[default]
-    Auto,
-}
-
-impl Protocol {
-    /// The name written in the file.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Http1 => "http1",
-            Protocol::Http2 => "http2",
-            Protocol::Auto => "auto",
-        }
-    }
-}
+/// `upstreams.NAME.protocol`: the proxy's own type, so config and proxy cannot drift apart.
+pub use crate::proxy::Protocol;
 
 /// `routes[N]`
 #[derive(Debug, Clone, PartialEq)]

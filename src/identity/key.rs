@@ -113,7 +113,7 @@ pub fn client_key(parts: &[KeyPart], pick: DuplicateKey, ctx: &KeyContext<'_>, o
                 _ => push_fallback(out, ctx.ip),
             },
             KeyPart::Host => {
-                let host = host_name(ctx.host.unwrap_or(""));
+                let host = crate::host::name(ctx.host.unwrap_or(""));
                 push_escaped(out, host.bytes().map(|b| b.to_ascii_lowercase()));
             }
             KeyPart::Path => escape_key_value(ctx.path.as_bytes(), out),
@@ -153,7 +153,7 @@ pub fn override_key(parts: &[KeyPart], written: &str) -> Result<String, String> 
                 return Err("an empty value: a request without one counts as its address".into())
             }
             KeyPart::Host => {
-                let host = host_name(value);
+                let host = crate::host::name(value);
                 push_escaped(&mut out, host.bytes().map(|b| b.to_ascii_lowercase()));
             }
             _ => escape_key_value(value.as_bytes(), &mut out),
@@ -289,24 +289,6 @@ pub(super) fn hex_value(digit: u8) -> Option<u8> {
     char::from(digit)
         .to_digit(16)
         .and_then(|d| u8::try_from(d).ok())
-}
-
-/// A `Host` value without port, IPv6 brackets or the trailing dot of an absolute name.
-fn host_name(host: &str) -> &str {
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        rest.split_once(']').map_or(host, |(inside, _port)| inside)
-    } else {
-        match host.rsplit_once(':') {
-            // More than one `:` without brackets is a bare IPv6 address, not `host:port`.
-            Some((name, port))
-                if !name.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) =>
-            {
-                name
-            }
-            _ => host,
-        }
-    };
-    name.strip_suffix('.').unwrap_or(name)
 }
 
 #[cfg(test)]

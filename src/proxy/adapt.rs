@@ -156,7 +156,7 @@ impl Adapter {
     }
 
     /// What the forward phase's `result` says of the upstream, `waited` after sending.
-    pub fn met(&self, result: &Result<http::Response<Body>, ProxyError>, waited: Duration) -> Met {
+    pub fn met(&self, result: Result<&http::Response<Body>, &ProxyError>, waited: Duration) -> Met {
         match result {
             Ok(resp) if trouble_status(resp.status()) => Met::Trouble,
             Ok(_) if self.target_latency.is_some_and(|t| waited > t) => Met::Trouble,

@@ -11,19 +11,18 @@
 
 mod drain;
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Response};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Body as _;
 use tokio_util::task::TaskTracker;
 
-use super::limits::{cost, limit_key};
+use super::limits::{cost, limit_key, Limiter};
 use super::respond::Showing;
-use super::{Body, BoxError, Proxy, Route};
+use super::{Body, BoxError, Route};
 use crate::body::{Observed, Observer};
 use crate::identity::{self, KeyContext};
 use crate::limit::Algorithm;
@@ -80,35 +79,28 @@ impl Unread {
 
 impl Charges {
     /// What the request owes to the charged limits of `route`, keyed as its checks were;
-    /// `None` when the route has none that apply (the usual case: no work at all).
-    pub(super) fn of<B>(
-        proxy: &Proxy,
+    /// `None` when the route has none that apply (the usual case: no work at all). Charges
+    /// and drains run on `tasks`; a drain reads for `drain_for` at most.
+    pub(super) fn of(
+        lim: &Limiter<'_>,
         route: &Route,
-        req: &Request<B>,
-        ip: IpAddr,
-        path: &str,
+        ctx: &KeyContext<'_>,
+        tasks: &TaskTracker,
+        drain_for: Duration,
     ) -> Option<Charges> {
         if route.limits.iter().all(|l| l.charge.is_none()) {
             return None;
         }
-        let ctx = KeyContext {
-            ip,
-            headers: req.headers(),
-            query: req.uri().query(),
-            host: super::request_host(req),
-            path,
-            route: &route.name,
-        };
         let mut owed = Vec::new();
         let mut key = String::new();
         for limit in &route.limits {
             let Some(charge) = &limit.charge else {
                 continue;
             };
-            if identity::is_trusted(ip, &limit.exempt) {
+            if identity::is_trusted(ctx.ip, &limit.exempt) {
                 continue;
             }
-            let alg = *limit_key(proxy, route, limit, &ctx, &mut key);
+            let alg = *limit_key(lim.key_prefix, route, limit, ctx, &mut key);
             let cost = cost(&alg);
             owed.push(Owed {
                 limit: limit.name.clone(),
@@ -120,12 +112,12 @@ impl Charges {
             });
         }
         (!owed.is_empty()).then(|| Charges {
-            store: proxy.store.clone(),
-            metrics: proxy.metrics.clone(),
+            store: lim.store.clone(),
+            metrics: lim.metrics.clone(),
             route: route.name.clone(),
             owed,
-            tasks: proxy.tunnels.clone(),
-            drain_for: proxy.settings.upstream_response,
+            tasks: tasks.clone(),
+            drain_for,
         })
     }
 

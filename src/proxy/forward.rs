@@ -1,8 +1,8 @@
 //! Forwarding to the upstream: the worker's connection pool (`pool`), the request rewritten for the
 //! upstream (target, path, hop-by-hop headers removed, `X-Forwarded-*` added), the response
-//! streamed back. Bodies stream both ways and are never buffered whole. `Upgrade` requests
-//! (WebSocket) that the upstream accepts with 101 become a byte tunnel between the two
-//! connections.
+//! streamed back. Bodies stream both ways and are never buffered whole. For an `Upgrade`
+//! request (WebSocket) that the upstream accepts with 101, it hands back both connections'
+//! sides, which become a byte tunnel ([`super::tunnel`]).
 //!
 //! Does not own routing, limits or the error responses: it reports a [`ProxyError`] and
 //! `respond` turns it into a status.
@@ -19,14 +19,13 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
-use hyper_util::rt::TokioIo;
-use tokio_util::task::TaskTracker;
 
 use super::access::Report;
 pub use super::hop::{strip_hop_by_hop, Message};
 use super::pool::{
     Dial, H2Conns, Http1Client, Key, Pool, Pooled, Protocol, Resend, UpstreamError, Waits,
 };
+use super::tunnel::Tunnel;
 use super::upload::{head_in_time, Upload};
 use super::{Body, BoxError, ProxyError};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -237,33 +236,27 @@ pub struct Forward<'a> {
     pub trusted_peer: bool,
     /// past this without a response head: 504
     pub response_timeout: Duration,
-    /// an upgraded tunnel with no bytes either way for this long is closed
-    pub tunnel_idle: Duration,
     /// larger request bodies get 413
     pub max_body_size: Option<u64>,
-    /// upgraded (WebSocket) tunnels run here, so that shutdown can wait for them
-    pub tunnels: &'a TaskTracker,
     /// with the access log on: told the target that answered, and counts the request body
     pub report: Option<&'a Report>,
-    /// the request's concurrency slots: an upgrade's tunnel takes them, and holds them until
-    /// it closes
-    pub held: &'a std::sync::Mutex<super::slots::Held>,
 }
 
 pub(super) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// Sends `req` to a target of the upstream and returns its response, body streaming.
+/// Sends `req` to a target of the upstream and returns its response, body streaming, and the
+/// tunnel to open when the upstream switched protocols.
 ///
 /// The request is taken apart and rewritten when this is called; the future returned holds the
 /// exchange under way and not the request a second time (an `async fn` would keep its
 /// arguments, and the rewritten request, in every state of its future: ~800 bytes per request).
-pub fn forward<'a>(
+pub(super) fn forward<'a>(
     client: &'a Pool,
     mut req: Request<Incoming>,
     f: &'a Forward<'a>,
-) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + 'a {
+) -> impl Future<Output = Result<(Response<Body>, Option<Tunnel>), ProxyError>> + Send + 'a {
     // Taken before the request is rewritten: the client side of a possible tunnel.
     let upgrade = upgrade_protocol(&req);
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
@@ -318,14 +311,15 @@ pub fn forward<'a>(
 }
 
 /// What the client is sent for the upstream's answer to its request (`None`: no response
-/// head in time): the response, its headers made the client's, or the error.
+/// head in time): the response, its headers made the client's, or the error; and the tunnel
+/// when the upstream switched protocols.
 fn answered(
     f: &Forward<'_>,
     used: usize,
     answer: Option<Result<Response<Pooled>, UpstreamError>>,
     client_upgrade: Option<OnUpgrade>,
     upload: Option<Arc<Upload>>,
-) -> Result<Response<Body>, ProxyError> {
+) -> Result<(Response<Body>, Option<Tunnel>), ProxyError> {
     let mut resp = match answer {
         None => {
             // a body that stalled waiting for the client is the client's doing
@@ -352,19 +346,11 @@ fn answered(
             resp
         }
     };
-    let switched = match client_upgrade {
-        Some(client_side) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
-            let upstream_side = hyper::upgrade::on(&mut resp);
-            let mut held = f.held.lock().unwrap_or_else(|e| e.into_inner());
-            let held = std::mem::take(&mut *held);
-            f.tunnels.spawn(tunnel(
-                client_side,
-                upstream_side,
-                f.upstream.to_string(),
-                f.tunnel_idle,
-                held,
-            ));
-            resp.headers().get(header::UPGRADE).cloned()
+    let tunnel = match client_upgrade {
+        Some(client) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            let upstream = hyper::upgrade::on(&mut resp);
+            let proto = resp.headers().get(header::UPGRADE).cloned();
+            Some((Tunnel { client, upstream }, proto))
         }
         _ => None,
     };
@@ -378,11 +364,14 @@ fn answered(
     if parts.status == StatusCode::NO_CONTENT {
         parts.headers.remove(header::CONTENT_LENGTH);
     }
-    if let Some(proto) = switched {
-        set_upgrade(&mut parts.headers, proto);
-    }
+    let tunnel = tunnel.map(|(tunnel, proto)| {
+        if let Some(proto) = proto {
+            set_upgrade(&mut parts.headers, proto);
+        }
+        tunnel
+    });
     let body = body.stalls_after(f.response_timeout);
-    Ok(Response::from_parts(parts, body.boxed()))
+    Ok((Response::from_parts(parts, body.boxed()), tunnel))
 }
 
 /// Sends `req` to `target`; when no connection could be made and the request can be sent
@@ -512,103 +501,6 @@ fn set_upgrade(headers: &mut HeaderMap, proto: HeaderValue) {
     headers.insert(header::UPGRADE, proto);
 }
 
-/// Copies an upgraded connection's bytes both ways until either side closes, or until no byte
-/// has passed either way for `idle` (as nginx closes a WebSocket tunnel after
-/// `proxy_read_timeout`: a silent tunnel, which no limit counts after its handshake, must not
-/// be held for ever). Runs as its own task: the request handler has already returned the 101.
-/// The request's concurrency slots, `_held`, are released when it ends.
-async fn tunnel(
-    client: OnUpgrade,
-    upstream: OnUpgrade,
-    name: String,
-    idle: Duration,
-    _held: super::slots::Held,
-) {
-    let (client, upstream) = match tokio::try_join!(client, upstream) {
-        Ok(both) => both,
-        Err(e) => {
-            tracing::debug!(upstream = %name, error = %e, "upgrade failed");
-            return;
-        }
-    };
-    // (both sides and the watch run in this one task: the counter is borrowed, not shared)
-    let moved = std::sync::atomic::AtomicU64::new(0);
-    let mut client = Moving {
-        io: TokioIo::new(client),
-        moved: &moved,
-    };
-    let mut upstream = Moving {
-        io: TokioIo::new(upstream),
-        moved: &moved,
-    };
-    let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
-    let watch = async {
-        // wakes once per `idle`: closes when no byte moved since the wake before
-        let mut seen = moved.load(Ordering::Relaxed);
-        loop {
-            tokio::time::sleep(idle).await;
-            let now = moved.load(Ordering::Relaxed);
-            if now == seen {
-                return;
-            }
-            seen = now;
-        }
-    };
-    tokio::select! {
-        copied = copy => if let Err(e) = copied {
-            tracing::debug!(upstream = %name, error = %e, "upgraded connection ended with an error");
-        },
-        () = watch => tracing::debug!(upstream = %name, ?idle, "upgraded connection idle: closed"),
-    }
-}
-
-/// An upgraded connection's side, counting the bytes read from it into a counter the two
-/// sides share (every byte copied is read once).
-struct Moving<'a, T> {
-    io: T,
-    moved: &'a std::sync::atomic::AtomicU64,
-}
-
-impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Moving<'_, T> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
-        let read = buf.filled().len() - before;
-        if read > 0 {
-            self.moved.fetch_add(read as u64, Ordering::Relaxed);
-        }
-        polled
-    }
-}
-
-impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Moving<'_, T> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
 fn upstream_error(upstream: &str, e: UpstreamError) -> ProxyError {
     let upstream = upstream.to_string();
     // a request body over max_body_size, or one the client sent malformed or cut short,
@@ -711,24 +603,7 @@ fn rewrite(
     if let Some(proto) = upgrade {
         set_upgrade(headers, proto);
     }
-    append_forwarded_for(headers, f.client);
-    if let Some(client) = &f.real_ip {
-        super::forwarded::set_real_ip(headers, client.clone());
-    }
-    if f.forwarded {
-        super::forwarded::append_forwarded(headers, f.client, f.proto, client_host.as_ref());
-    }
-    let keep =
-        |headers: &HeaderMap, name: &HeaderName| f.trusted_peer && headers.contains_key(name);
-    if !keep(headers, &X_FORWARDED_PROTO) {
-        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(f.proto));
-    }
-    if let Some(host) = client_host
-        .as_ref()
-        .filter(|_| !keep(headers, &X_FORWARDED_HOST))
-    {
-        headers.insert(X_FORWARDED_HOST.clone(), host.clone());
-    }
+    add_forwarding(headers, f, client_host.as_ref());
     let (host, host_is_target) = match (&client_host, f.preserve_host) {
         (Some(h), true) => (h.clone(), false),
         _ => (target_host.clone(), true),
@@ -743,6 +618,27 @@ fn rewrite(
         None => body,
     };
     Ok((Request::from_parts(parts, body), host_is_target))
+}
+
+/// Adds what tells the upstream who asked and how: `X-Forwarded-For`, `X-Real-IP`,
+/// `Forwarded`, `X-Forwarded-Proto` and `X-Forwarded-Host`; `client_host` is the host the client
+/// asked for.
+fn add_forwarding(headers: &mut HeaderMap, f: &Forward<'_>, client_host: Option<&HeaderValue>) {
+    append_forwarded_for(headers, f.client);
+    if let Some(client) = &f.real_ip {
+        super::forwarded::set_real_ip(headers, client.clone());
+    }
+    if f.forwarded {
+        super::forwarded::append_forwarded(headers, f.client, f.proto, client_host);
+    }
+    let keep =
+        |headers: &HeaderMap, name: &HeaderName| f.trusted_peer && headers.contains_key(name);
+    if !keep(headers, &X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(f.proto));
+    }
+    if let Some(host) = client_host.filter(|_| !keep(headers, &X_FORWARDED_HOST)) {
+        headers.insert(X_FORWARDED_HOST.clone(), host.clone());
+    }
 }
 
 /// The request's `Content-Length`, when it has one that parses.

@@ -4,20 +4,20 @@
 //! the legacy headers state the most restrictive one.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{HeaderValue, Request, Response};
+use http::{HeaderValue, Response};
 use ipnet::IpNet;
 
 use super::owed::{Owed, Taken};
 use super::respond::{self, Showing, Shown};
-use super::slots::Held;
-use super::{Body, Outcome, Proxy, ProxyError, Route};
+use super::slots::{Held, Holders};
+use super::{Body, HeaderStyle, ProxyError, Route};
 use crate::identity::{self, DuplicateKey, KeyContext, KeyPart};
 use crate::limit::{Algorithm, Decision};
-use crate::metrics::{Decision as Counted, DecisionSeries};
+use crate::metrics::{Decision as Counted, DecisionSeries, Metrics};
+use crate::store::Store;
 
 /// One limit of a route, ready to check.
 pub struct Limit {
@@ -136,6 +136,44 @@ pub(super) fn cost(alg: &Algorithm) -> u64 {
     }
 }
 
+/// What the limit phase uses of the proxy, borrowed for one request.
+pub(super) struct Limiter<'a> {
+    pub(super) store: &'a Arc<dyn Store>,
+    pub(super) metrics: &'a Metrics,
+    /// the concurrency slots the instance holds
+    pub(super) holders: &'a Arc<Holders>,
+    /// the first part of every store key
+    pub(super) key_prefix: &'a str,
+    /// which rate-limit headers a 429 carries
+    pub(super) headers: HeaderStyle,
+    /// the clients each limit refused most, for the console
+    pub(super) refusals: &'a crate::refusals::Refusals,
+}
+
+/// What the limit phase found, for the metrics and the access log. It lives in the request's
+/// record, so that a request dropped while a limit holds it back is logged with it too.
+#[derive(Default)]
+pub(super) struct Verdict<'r> {
+    /// the strongest decision: allowed, delayed, denied or shadow_denied; none when no limit
+    /// ran
+    pub(super) decision: Option<Counted>,
+    /// the limit that refused the request, would have (shadow), or made it wait
+    pub(super) limit: Option<&'r Arc<str>>,
+    /// when a `leaky_bucket` limit began to hold the request back, while it does
+    pub(super) held_since: Option<Instant>,
+    /// how long the limits held it back
+    pub(super) held: Duration,
+}
+
+impl Verdict<'_> {
+    /// Ends a hold still under way: the client left during it, so it counts up to now.
+    pub(super) fn left(&mut self) {
+        if let Some(since) = self.held_since.take() {
+            self.held += since.elapsed();
+        }
+    }
+}
+
 /// The limit phase's outcome.
 pub(super) enum Checked<'r> {
     /// a limit denied: send this 429
@@ -150,14 +188,14 @@ pub(super) enum Checked<'r> {
 /// Writes the store key of `limit` for the request into `key`; the algorithm that applies to
 /// it (the limit's own, or an override's for the client key).
 pub(super) fn limit_key<'r>(
-    proxy: &Proxy,
+    key_prefix: &str,
     route: &Route,
     limit: &'r Limit,
     ctx: &KeyContext<'_>,
     key: &mut String,
 ) -> &'r Algorithm {
     key.clear();
-    identity::push_key_head(key, &proxy.settings.key_prefix, &route.name, &limit.name);
+    identity::push_key_head(key, key_prefix, &route.name, &limit.name);
     let start = key.len();
     identity::client_key(&limit.key, limit.duplicate_key, ctx, key);
     let alg = limit.overrides.get(&key[start..]).unwrap_or(&limit.alg);
@@ -174,47 +212,35 @@ pub(super) fn limit_key<'r>(
 /// first looks for refusals the instance remembers, the deny cache: such a request is refused
 /// without asking any store. Leaky-bucket delays are slept together, the longest, once all
 /// limits have admitted ([`wait`]); a shadow limit's delay is not slept.
-pub(super) async fn check<'r, B>(
-    proxy: &Proxy,
+pub(super) async fn check<'r>(
+    lim: &Limiter<'_>,
     route: &'r Route,
-    req: &Request<B>,
-    ip: IpAddr,
-    path: &str,
-    outcome: &mut Outcome<'r>,
+    ctx: &KeyContext<'_>,
+    verdict: &mut Verdict<'r>,
 ) -> Result<Checked<'r>, ProxyError> {
-    let ctx = KeyContext {
-        ip,
-        headers: req.headers(),
-        query: req.uri().query(),
-        host: super::request_host(req),
-        path,
-        route: &route.name,
-    };
-    refuse_repeated_key(route, &ctx, outcome)?;
+    refuse_repeated_key(route, ctx, verdict)?;
     // the store key, its client part written in place (one buffer for all the limits)
     let mut key = String::with_capacity(96);
     let several = route.limits.len() > 1;
     let paced = route.upstream.paced();
     if several {
-        if let Some((limit, denied)) = remembered_denial(proxy, route, &ctx, &mut key) {
-            outcome.decision = Some(Counted::Denied);
-            outcome.limit = Some(&limit.name);
+        if let Some((limit, denied)) = remembered_denial(lim, route, ctx, &mut key) {
+            verdict.decision = Some(Counted::Denied);
+            verdict.limit = Some(&limit.name);
             return Ok(Checked::Denied(denied));
         }
     }
     let mut admitted = Admitted::default();
     for (ix, limit) in route.limits.iter().enumerate() {
-        if identity::is_trusted(ip, &limit.exempt) {
+        if identity::is_trusted(ctx.ip, &limit.exempt) {
             continue;
         }
-        let alg = limit_key(proxy, route, limit, &ctx, &mut key);
+        let alg = limit_key(lim.key_prefix, route, limit, ctx, &mut key);
         let decided = match alg {
             Algorithm::Concurrency(slots) => {
-                (proxy.holders)
-                    .acquire(&key, slots, &mut admitted.held)
-                    .await
+                lim.holders.acquire(&key, slots, &mut admitted.held).await
             }
-            _ => proxy.store.check(&key, alg, None).await,
+            _ => lim.store.check(&key, alg, None).await,
         };
         let decision = match decided {
             Ok(decision) => decision,
@@ -225,26 +251,16 @@ pub(super) async fn check<'r, B>(
             }
             Err(e) => {
                 admitted.held.release().await;
-                give_back(proxy, route, &ctx, &admitted.taken).await;
+                give_back(lim, route, ctx, &admitted.taken).await;
                 return Err(ProxyError::StoreUnavailable(e));
             }
         };
-        count(proxy, limit, &decision, outcome);
+        count(lim, limit, &decision, verdict);
         match (decision.allowed, limit.shadow) {
             (false, false) => {
-                noted_refusal(proxy, route, limit, &ctx, &key);
-                // the limits before it, then its refusal, which the legacy headers state
+                noted_refusal(lim, route, limit, ctx, &key);
                 let first = limit.shown(alg, decision);
-                let shown = match admitted.shown {
-                    Some(mut shown) => {
-                        let at = shown.push(first);
-                        shown.state_in_legacy(at);
-                        shown
-                    }
-                    None => Showing::one(first),
-                };
-                admitted.held.release().await;
-                let denied = refuse(proxy, route, &ctx, ix, shown, &mut key, admitted.taken);
+                let denied = refuse(lim, route, ctx, ix, first, &mut key, admitted);
                 return Ok(Checked::Denied(denied.await));
             }
             // a shadow denial admits the request, and its figures are shown like any other
@@ -267,7 +283,7 @@ pub(super) async fn check<'r, B>(
         }
         admitted.show(limit.shadow, limit.shown(alg, decision));
     }
-    let owed = wait(proxy, route, &ctx, &admitted, outcome).await;
+    let owed = wait(lim, route, ctx, &admitted, verdict).await;
     let shown = admitted.shown.or(admitted.shadow);
     Ok(Checked::Admitted(shown, owed, admitted.held))
 }
@@ -279,7 +295,7 @@ pub(super) async fn check<'r, B>(
 fn refuse_repeated_key<'r>(
     route: &'r Route,
     ctx: &KeyContext<'_>,
-    outcome: &mut Outcome<'r>,
+    verdict: &mut Verdict<'r>,
 ) -> Result<(), ProxyError> {
     let rejecting = route
         .limits
@@ -296,7 +312,7 @@ fn refuse_repeated_key<'r>(
             tracing::info!(route = %route.name, limit = %limit.name, key = %part, "shadow limit would refuse: key sent more than once");
             continue;
         }
-        outcome.limit = Some(&limit.name);
+        verdict.limit = Some(&limit.name);
         return Err(ProxyError::DuplicateKey {
             limit: limit.name.to_string(),
             part: part.to_string(),
@@ -359,10 +375,10 @@ fn tighter(a: &Shown<'_>, b: &Shown<'_>) -> bool {
     (a.remaining, std::cmp::Reverse(a.reset_ms)) < (b.remaining, std::cmp::Reverse(b.reset_ms))
 }
 
-/// Counts a limit's decision in the metrics and in the request's outcome. The outcome keeps the
-/// strongest verdict, an enforced denial over a shadow one over a wait over an admission, and
+/// Counts a limit's decision in the metrics and in the request's verdict, which keeps the
+/// strongest, an enforced denial over a shadow one over a wait over an admission, and
 /// the limit that gave it.
-fn count<'r>(proxy: &Proxy, limit: &'r Limit, decision: &Decision, outcome: &mut Outcome<'r>) {
+fn count<'r>(lim: &Limiter<'_>, limit: &'r Limit, decision: &Decision, verdict: &mut Verdict<'r>) {
     let counted = match (decision.allowed, limit.shadow) {
         // (a shadow limit's wait is not slept)
         (true, false) if decision.delay_us > 0 => Counted::Delayed,
@@ -370,26 +386,26 @@ fn count<'r>(proxy: &Proxy, limit: &'r Limit, decision: &Decision, outcome: &mut
         (false, true) => Counted::ShadowDenied,
         (false, false) => Counted::Denied,
     };
-    proxy.metrics.limit_decided(&limit.series, counted);
+    lim.metrics.limit_decided(&limit.series, counted);
     let strength = |d: Counted| match d {
         Counted::Allowed => 0,
         Counted::Delayed => 1,
         Counted::ShadowDenied => 2,
         Counted::Denied => 3,
     };
-    if outcome
+    if verdict
         .decision
         .is_none_or(|was| strength(counted) > strength(was))
     {
-        outcome.decision = Some(counted);
+        verdict.decision = Some(counted);
         if counted != Counted::Allowed {
-            outcome.limit = Some(&limit.name);
+            verdict.limit = Some(&limit.name);
         }
     }
 }
 
-/// The 429 of a request that the enforced limit at `ix` refused: `shown` holds the figures of
-/// the enforced limits up to it, its refusal last.
+/// The 429 of a request that the enforced limit at `ix` refused, its figures `first`, after
+/// the limits before it `admitted` the request.
 ///
 /// The enforced limits after it are asked too, and what they take is given back at once, with
 /// what the limits before it took (`taken`). The request's true wait is the longest of the
@@ -397,21 +413,32 @@ fn count<'r>(proxy: &Proxy, limit: &'r Limit, decision: &Decision, outcome: &mut
 /// one. So `Retry-After` and the legacy headers state the refusal that waits longest; the IETF
 /// headers list every enforced limit, in order.
 async fn refuse<'r>(
-    proxy: &Proxy,
+    lim: &Limiter<'_>,
     route: &'r Route,
     ctx: &KeyContext<'_>,
     ix: usize,
-    mut shown: Showing<'r>,
+    first: Shown<'r>,
     key: &mut String,
-    mut taken: Vec<(usize, Instant, Decision)>,
+    admitted: Admitted<'r>,
 ) -> Response<Body> {
+    // the limits before it, then its refusal, which the legacy headers state
+    let mut shown = match admitted.shown {
+        Some(mut shown) => {
+            let at = shown.push(first);
+            shown.state_in_legacy(at);
+            shown
+        }
+        None => Showing::one(first),
+    };
+    admitted.held.release().await;
+    let mut taken = admitted.taken;
     for (later_ix, later) in route.limits.iter().enumerate().skip(ix + 1) {
         if later.shadow || identity::is_trusted(ctx.ip, &later.exempt) {
             continue;
         }
-        let later_alg = limit_key(proxy, route, later, ctx, key);
+        let later_alg = limit_key(lim.key_prefix, route, later, ctx, key);
         // (a concurrency limit's check only looks: it takes no slot)
-        match proxy.store.check(key, later_alg, None).await {
+        match lim.store.check(key, later_alg, None).await {
             Ok(d) if d.allowed => {
                 if !matches!(later_alg, Algorithm::Concurrency(_)) {
                     taken.push((later_ix, Instant::now(), d));
@@ -429,36 +456,36 @@ async fn refuse<'r>(
             Err(_) => {}
         }
     }
-    give_back(proxy, route, ctx, &taken).await;
+    give_back(lim, route, ctx, &taken).await;
     let name = &route.limits[ix].name;
-    respond::rate_limited(proxy.settings.headers, name, &shown)
+    respond::rate_limited(lim.headers, name, &shown)
 }
 
 /// Sleeps the longest delay of the enforced leaky-bucket limits. Returns what the limits took
 /// when the request has its upstream's pacing still to wait for: given back if it is dropped
 /// or refused there (see [`Owed`]).
 async fn wait<'r>(
-    proxy: &Proxy,
+    lim: &Limiter<'_>,
     route: &Route,
     ctx: &KeyContext<'_>,
     admitted: &Admitted<'r>,
-    outcome: &mut Outcome<'r>,
+    verdict: &mut Verdict<'r>,
 ) -> Option<Owed> {
     let paced = route.upstream.paced();
     let (delay_us, taken) = (admitted.delay_us, &admitted.taken);
     // what the limits took is given back if the client goes away before the waits are over
     let owed = (delay_us > 0 || (paced && !taken.is_empty()))
-        .then(|| Owed::new(proxy.store.clone(), owed(proxy, route, ctx, taken)));
+        .then(|| Owed::new(lim.store.clone(), owed(lim, route, ctx, taken)));
     if delay_us > 0 {
         let delay = Duration::from_micros(delay_us);
         // logged with the upstream's pacing: the time the request was held back, and by
         // which limit unless a shadow one would have refused it; a client that leaves during
         // the sleep is logged with the time it waited (see `Record::done`)
-        outcome.limit = outcome.limit.or(admitted.delaying);
-        outcome.held_since = Some(Instant::now());
+        verdict.limit = verdict.limit.or(admitted.delaying);
+        verdict.held_since = Some(Instant::now());
         tokio::time::sleep(delay).await;
-        outcome.held_since = None;
-        outcome.pacing_delay += delay;
+        verdict.held_since = None;
+        verdict.held += delay;
     }
     match owed {
         Some(owed) if !paced => {
@@ -473,7 +500,7 @@ async fn wait<'r>(
 /// request, if there is one (no store is asked): the first such limit answers, with the
 /// longest of the remembered waits. The headers list the remembered refusals.
 fn remembered_denial<'r>(
-    proxy: &Proxy,
+    lim: &Limiter<'_>,
     route: &'r Route,
     ctx: &KeyContext<'_>,
     key: &mut String,
@@ -483,11 +510,11 @@ fn remembered_denial<'r>(
         if limit.shadow || identity::is_trusted(ctx.ip, &limit.exempt) {
             continue;
         }
-        let alg = limit_key(proxy, route, limit, ctx, key);
-        if let Some(d) = proxy.store.cached_denial(key, alg) {
+        let alg = limit_key(lim.key_prefix, route, limit, ctx, key);
+        if let Some(d) = lim.store.cached_denial(key, alg) {
             match &mut found {
                 None => {
-                    noted_refusal(proxy, route, limit, ctx, key);
+                    noted_refusal(lim, route, limit, ctx, key);
                     found = Some((limit, Showing::one(limit.shown(alg, d))));
                 }
                 Some((_, shown)) => {
@@ -501,15 +528,15 @@ fn remembered_denial<'r>(
         }
     }
     let (first, shown) = found?;
-    proxy.metrics.limit_decided(&first.series, Counted::Denied);
-    let denied = respond::rate_limited(proxy.settings.headers, &first.name, &shown);
+    lim.metrics.limit_decided(&first.series, Counted::Denied);
+    let denied = respond::rate_limited(lim.headers, &first.name, &shown);
     Some((first, denied))
 }
 
 /// Counts a refusal by `limit` of the client whose store key is `key`, for the console's
 /// clients refused most, in the written form its reset takes.
-fn noted_refusal(proxy: &Proxy, route: &Route, limit: &Limit, ctx: &KeyContext<'_>, key: &str) {
-    let head = identity::key_head_len(&proxy.settings.key_prefix, &route.name, &limit.name);
+fn noted_refusal(lim: &Limiter<'_>, route: &Route, limit: &Limit, ctx: &KeyContext<'_>, key: &str) {
+    let head = identity::key_head_len(lim.key_prefix, &route.name, &limit.name);
     let client = key.get(head..).unwrap_or_default();
     // 40 hex digits are a digest or a client's own value: the whole key tells (rarely built)
     let hashed = identity::may_be_digest(client) && {
@@ -518,13 +545,13 @@ fn noted_refusal(proxy: &Proxy, route: &Route, limit: &Limit, ctx: &KeyContext<'
         whole.len() > identity::MAX_CLIENT_KEY_LEN
     };
     let shown = identity::shown_client(client, hashed);
-    proxy.refusals.add(&route.name, &limit.name, &shown);
+    lim.refusals.add(&route.name, &limit.name, &shown);
 }
 
 /// What the limits in `taken` (index, when they admitted, what they answered) took, with their
 /// keys.
 fn owed(
-    proxy: &Proxy,
+    lim: &Limiter<'_>,
     route: &Route,
     ctx: &KeyContext<'_>,
     taken: &[(usize, Instant, Decision)],
@@ -533,7 +560,7 @@ fn owed(
     taken
         .iter()
         .map(|(ix, at, decision)| {
-            let alg = *limit_key(proxy, route, &route.limits[*ix], ctx, &mut key);
+            let alg = *limit_key(lim.key_prefix, route, &route.limits[*ix], ctx, &mut key);
             Taken::new(key.clone(), alg, *at, decision)
         })
         .collect()
@@ -543,12 +570,12 @@ fn owed(
 /// it is answered (a client retrying at once finds it back). A store that cannot take it back
 /// keeps it: the limit then counts one request too many, which errs on the safe side.
 async fn give_back(
-    proxy: &Proxy,
+    lim: &Limiter<'_>,
     route: &Route,
     ctx: &KeyContext<'_>,
     taken: &[(usize, Instant, Decision)],
 ) {
-    Owed::new(proxy.store.clone(), owed(proxy, route, ctx, taken))
+    Owed::new(lim.store.clone(), owed(lim, route, ctx, taken))
         .give_back()
         .await;
 }

@@ -6,16 +6,18 @@
 //!    none);
 //! 3. **limit**: each limit in order; the first denial answers 429 (leaky-bucket limits sleep);
 //! 4. **pace**: the upstream's shared leaky bucket, sleeping the delay (503 past `max_delay`);
-//! 5. **forward**: to a target, streaming both ways;
+//! 5. **forward**: to a target, streaming both ways. Then what the pace phase left applies to
+//!    the upstream's answer: back-pressure, and the adaptive pace's count;
 //! 6. **respond**: the rate-limit headers of the route's limits on whatever came back.
 //!
-//! Before the phases a request gets its id ([`request_id`]), which goes upstream and back to the
-//! client. Errors map to status codes in one place ([`ProxyError::status`]). This module knows
-//! the store only through the [`Store`] trait.
+//! A request comes with its id ([`request_id`]), which goes upstream and back to the client.
+//! Errors map to status codes in one place ([`ProxyError::status`]). This module knows the
+//! store only through the [`Store`] trait.
 
 pub mod access;
 pub mod adapt;
 mod charge;
+mod error;
 pub mod forward;
 mod forwarded;
 pub mod h1;
@@ -28,6 +30,7 @@ pub mod pool;
 pub mod request_id;
 pub mod respond;
 pub mod slots;
+mod tunnel;
 mod upload;
 
 use std::borrow::Cow;
@@ -43,14 +46,15 @@ use hyper::body::Incoming;
 use ipnet::IpNet;
 use tokio_util::task::TaskTracker;
 
-use crate::identity;
+use crate::identity::{self, KeyContext};
 use crate::metrics::{Metrics, RouteSeries};
 use crate::routing::{
-    self, AuthorityFault, PathError, PathMatch, PathPolicy, RequestParts, RequestPath, RouteTable,
+    self, AuthorityFault, PathMatch, PathPolicy, RequestParts, RequestPath, RouteTable,
 };
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 use respond::Showing;
 
+pub use error::ProxyError;
 pub use forward::{Targets, UpstreamClients};
 pub use forwarded::IdentityHeaders;
 pub use limits::{Charge, Limit};
@@ -156,194 +160,6 @@ impl Proxy {
     }
 }
 
-/// Why tollgate answered instead of the upstream (rate limiting is not an error: see
-/// [`limits`]).
-#[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
-    /// the path could not be read: bad percent-encoding, not origin-form, or an encoded
-    /// slash that `paths.escaped_slashes` refuses
-    #[error("{0}")]
-    BadPath(#[source] PathError),
-    /// a request line or target tollgate does not serve: a method not in upper case, a target
-    /// with user information, another scheme or a port out of range, a CONNECT tunnel
-    #[error("{0}")]
-    BadRequest(&'static str),
-    /// no route matches
-    #[error("no route matches this request")]
-    NoRoute,
-    /// the header or query parameter of a limit's key came more than once, and the limit's
-    /// `duplicate_key` is `reject`
-    #[error("{part} sent more than once: limit {limit} counts one value per request")]
-    DuplicateKey {
-        /// the limit
-        limit: String,
-        /// its key part, as the config writes it (`header:x-api-key`)
-        part: String,
-    },
-    /// the request body is larger than `max_body_size`
-    #[error("request body larger than max_body_size")]
-    BodyTooLarge,
-    /// the client's request body could not be read (malformed chunked coding, cut short):
-    /// the client's fault, not the upstream's
-    #[error("malformed or truncated request body")]
-    BadBody,
-    /// the store failed and `on_error` is `deny`
-    #[error("rate limiter unavailable: {0}")]
-    StoreUnavailable(#[source] StoreError),
-    /// the upstream's schedule is full past `max_delay`
-    #[error("upstream {upstream} is paced: no slot within max_delay")]
-    PacingRefused {
-        /// upstream name
-        upstream: String,
-        /// when a slot would be within max_delay
-        retry_after_ms: u64,
-    },
-    /// `max_waiting` requests are already sleeping for this upstream
-    #[error("upstream {upstream}: too many requests waiting for a slot")]
-    TooManyWaiting {
-        /// upstream name
-        upstream: String,
-        /// when a sleeper will have left
-        retry_after_ms: u64,
-    },
-    /// the upstream has no usable target
-    #[error("upstream {0} has no target")]
-    NoTarget(String),
-    /// connecting to the upstream failed
-    #[error("upstream {upstream}: connect failed: {source}")]
-    UpstreamConnect {
-        /// upstream name
-        upstream: String,
-        /// the client's error
-        source: pool::UpstreamError,
-    },
-    /// the upstream connection failed after connecting
-    #[error("upstream {upstream}: {source}")]
-    Upstream {
-        /// upstream name
-        upstream: String,
-        /// the client's error
-        source: pool::UpstreamError,
-    },
-    /// the request body stalled waiting for the client for `timeouts.upstream_response`
-    #[error("the request body stalled: nothing from the client for {after:?}")]
-    ClientBodyTimeout {
-        /// the timeout
-        after: Duration,
-    },
-    /// no response head within `timeouts.upstream_response`
-    #[error("upstream {upstream}: no response within {after:?}")]
-    UpstreamTimeout {
-        /// upstream name
-        upstream: String,
-        /// the timeout
-        after: Duration,
-    },
-}
-
-impl ProxyError {
-    /// The status code for this error: the one place errors become statuses.
-    pub fn status(&self) -> StatusCode {
-        match self {
-            ProxyError::BadPath(_) | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ProxyError::DuplicateKey { .. } => StatusCode::BAD_REQUEST,
-            ProxyError::NoRoute => StatusCode::NOT_FOUND,
-            ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::BadBody => StatusCode::BAD_REQUEST,
-            ProxyError::ClientBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::PacingRefused { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::TooManyWaiting { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::NoTarget(_) => StatusCode::BAD_GATEWAY,
-            ProxyError::UpstreamConnect { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-        }
-    }
-
-    /// The `message` field of the JSON body: what a client may be told. The store's and the
-    /// upstream connection's own errors (addresses, Redis replies) stay in the log.
-    pub fn public_message(&self) -> std::borrow::Cow<'static, str> {
-        match self {
-            ProxyError::StoreUnavailable(_) => "rate limiter unavailable".into(),
-            ProxyError::UpstreamConnect { upstream, .. } => {
-                format!("upstream {upstream}: connect failed").into()
-            }
-            ProxyError::Upstream { upstream, .. } => {
-                format!("upstream {upstream}: the connection failed").into()
-            }
-            ProxyError::BadPath(_)
-            | ProxyError::BadRequest(_)
-            | ProxyError::NoRoute
-            | ProxyError::DuplicateKey { .. }
-            | ProxyError::BodyTooLarge
-            | ProxyError::BadBody
-            | ProxyError::ClientBodyTimeout { .. }
-            | ProxyError::PacingRefused { .. }
-            | ProxyError::TooManyWaiting { .. }
-            | ProxyError::NoTarget(_)
-            | ProxyError::UpstreamTimeout { .. } => self.to_string().into(),
-        }
-    }
-
-    /// The `error` field of the JSON body.
-    pub fn code(&self) -> &'static str {
-        match self {
-            ProxyError::BadPath(_) | ProxyError::BadRequest(_) => "bad_request",
-            ProxyError::NoRoute => "no_route",
-            ProxyError::DuplicateKey { .. } => "duplicate_key",
-            ProxyError::BodyTooLarge => "payload_too_large",
-            ProxyError::BadBody => "bad_request",
-            ProxyError::ClientBodyTimeout { .. } => "request_timeout",
-            ProxyError::StoreUnavailable(_) => "limiter_unavailable",
-            ProxyError::PacingRefused { .. } => "upstream_paced",
-            ProxyError::TooManyWaiting { .. } => "upstream_queue_full",
-            ProxyError::NoTarget(_) => "no_target",
-            ProxyError::UpstreamConnect { .. } => "upstream_unreachable",
-            ProxyError::Upstream { .. } => "upstream_error",
-            ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
-        }
-    }
-
-    /// The gRPC status a gRPC client is given for this error. Pacing and the store refuse
-    /// with UNAVAILABLE (14): the call may be tried again later. The rest follow the status
-    /// each maps to, as Envoy maps HTTP statuses: 400 INTERNAL (13), 404 UNIMPLEMENTED (12),
-    /// 502, 503 and 504 UNAVAILABLE (14), any other UNKNOWN (2).
-    pub fn grpc_status(&self) -> u8 {
-        match self.status() {
-            StatusCode::BAD_REQUEST => 13,
-            StatusCode::NOT_FOUND => 12,
-            StatusCode::BAD_GATEWAY
-            | StatusCode::SERVICE_UNAVAILABLE
-            | StatusCode::GATEWAY_TIMEOUT => 14,
-            _ => 2,
-        }
-    }
-
-    /// Every `kind` that [`ProxyError::upstream_kind`] reports.
-    pub const UPSTREAM_KINDS: [&'static str; 3] = ["connect", "timeout", "protocol"];
-
-    /// The `kind` label of `tollgate_upstream_errors_total`, for errors the upstream caused.
-    pub fn upstream_kind(&self) -> Option<&'static str> {
-        match self {
-            ProxyError::UpstreamConnect { .. } | ProxyError::NoTarget(_) => Some("connect"),
-            ProxyError::UpstreamTimeout { .. } => Some("timeout"),
-            ProxyError::Upstream { .. } => Some("protocol"),
-            _ => None,
-        }
-    }
-
-    /// `Retry-After` for the 503s that a limit, the pacing or the store caused.
-    pub fn retry_after_ms(&self) -> Option<u64> {
-        match self {
-            ProxyError::PacingRefused { retry_after_ms, .. }
-            | ProxyError::TooManyWaiting { retry_after_ms, .. } => Some(*retry_after_ms),
-            ProxyError::StoreUnavailable(_) => Some(1000),
-            _ => None,
-        }
-    }
-}
-
 /// How the connection reached tollgate.
 #[derive(Debug, Clone)]
 pub struct Conn {
@@ -376,28 +192,26 @@ impl Conn {
     }
 }
 
-/// What one request did, filled in by the phases: the metrics and the access log line.
+/// What one request did, filled in by the phases: what the metrics and the access log read.
+///
+/// The names are borrowed from the proxy in force, not cloned. A clone of a name that every
+/// worker shares would write its reference count, and the cores would pass that cache line
+/// back and forth on every request.
 #[derive(Default)]
 struct Outcome<'a> {
-    /// (borrowed from the proxy in force, as the other fields: a clone of a name shared by
-    /// every worker would write its reference count, a cache line the cores then pass back
-    /// and forth on every request)
+    /// the matched route's name
     route: Option<&'a Arc<str>>,
     /// the matched route's request metrics
     series: Option<&'a RouteSeries>,
+    /// the route's upstream
     upstream: Option<&'a Arc<str>>,
     client: Option<std::net::IpAddr>,
-    /// the limit phase's verdict: allowed, delayed, denied, shadow_denied, or none (no limits
-    /// ran)
-    decision: Option<crate::metrics::Decision>,
-    /// the limit that refused the request, would have (shadow), or made it wait
-    limit: Option<&'a Arc<str>>,
+    /// what the limits decided, and how long they held the request back
+    verdict: limits::Verdict<'a>,
+    /// how long the upstream's pacing and slots held the request back
     pacing_delay: Duration,
     /// the rate the upstream's pacing gave the request's slot at, per second
     pace_rate: Option<f64>,
-    /// the admitting limits' figures: the rate-limit headers of the response, whoever makes it
-    /// (the upstream, or the proxy when pacing, forwarding or the body fails)
-    shown: Option<Showing<'a>>,
     /// the request's `X-Request-Id`, kept or made: forwarded, returned, logged
     request_id: Option<HeaderValue>,
     /// the access line, while the access log is on
@@ -406,8 +220,6 @@ struct Outcome<'a> {
     error: Option<&'static str>,
     /// when the request began to wait for the upstream's pacing and slots, while it waits
     waiting_since: Option<Instant>,
-    /// when a `leaky_bucket` limit began to hold the request back, while it does
-    held_since: Option<Instant>,
 }
 
 impl Outcome<'_> {
@@ -424,19 +236,27 @@ impl Outcome<'_> {
 
     /// Ends every wait still under way: the client left during it, so it counts up to now.
     fn left_waiting(&mut self, metrics: &Metrics) {
-        if let Some(since) = self.held_since.take() {
-            self.pacing_delay += since.elapsed();
-        }
+        self.verdict.left();
         self.waited(metrics);
+    }
+
+    /// How long the limits and the upstream's pacing held the request back, for the log.
+    fn delayed(&self) -> Duration {
+        self.verdict.held + self.pacing_delay
     }
 }
 
 impl Proxy {
     /// Serves one request through the phases, then records its metrics and access log line.
-    pub async fn handle(&self, mut req: Request<Incoming>, conn: Conn) -> Response<Body> {
+    /// Every answer, the proxy's own too, carries `request_id`, which the request carries
+    /// already ([`request_id::keep_or_make`]).
+    pub async fn handle(
+        &self,
+        req: Request<Incoming>,
+        conn: Conn,
+        request_id: HeaderValue,
+    ) -> Response<Body> {
         let ending = Ending::of(&req);
-        // before any phase, so that every answer, the proxy's own too, carries it
-        let request_id = request_id::keep_or_make(req.headers_mut());
         let started = Instant::now();
         let line = access::enabled()
             .then(|| access::Line::of(&req, started, self.settings.access_log, ending.grpc));
@@ -450,9 +270,14 @@ impl Proxy {
             },
             answered: false,
         };
-        let result = self.phases(req, conn, &mut record.outcome).await;
+        // the limits' figures: the rate-limit headers of the response, whoever makes it (the
+        // upstream, or the proxy when pacing, forwarding or the body fails)
+        let mut shown = None;
+        let result = self
+            .phases(req, conn, &mut record.outcome, &mut shown)
+            .await;
         record.outcome.error = result.as_ref().err().map(ProxyError::code);
-        let (resp, counted) = self.respond(result, &record.outcome, ending);
+        let (resp, counted) = self.respond(result, &record.outcome, shown.as_ref(), ending);
         match record.done(counted.as_u16(), resp.status().as_u16()) {
             Some(line) => line.follow(resp),
             None => resp,
@@ -460,7 +285,8 @@ impl Proxy {
     }
 
     /// The phases in the order they run. Each takes what the ones before it found, and notes
-    /// in `outcome` what the metrics and the access log need.
+    /// in `outcome` what the metrics and the access log need; the limits' figures go in
+    /// `shown`.
     ///
     /// (An `async` block rather than an `async fn`, which would hold the request and the
     /// connection twice in its future: as arguments and as the body's bindings.)
@@ -470,6 +296,7 @@ impl Proxy {
         req: Request<Incoming>,
         conn: Conn,
         outcome: &'o mut Outcome<'s>,
+        shown: &'o mut Option<Showing<'s>>,
     ) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + use<'s, 'o> {
         async move {
             let client = self.identify(&req, &conn);
@@ -478,36 +305,52 @@ impl Proxy {
             // borrowed from it while the request itself moves on to the forward phase.
             let uri = req.uri().clone();
             let (route, path) = self.route(&req, &uri, outcome)?;
-            // the path the limits and the charges key on
+            // what the limits and the charges key on
             let key_path = key_path(route, &path);
-            let (owed, mut held) =
-                match self.limit(route, &req, &client, &key_path, outcome).await? {
-                    limits::Checked::Denied(resp) => return Ok(resp),
-                    limits::Checked::Admitted(shown, owed, held) => {
-                        outcome.shown = shown;
-                        (owed, held)
-                    }
-                };
+            let ctx = KeyContext {
+                ip: client.ip,
+                headers: req.headers(),
+                query: uri.query(),
+                host: request_host(&req),
+                path: &key_path,
+                route: &route.name,
+            };
+            let (owed, held) = match self.limit(route, &req, &ctx, outcome).await? {
+                limits::Checked::Denied(resp) => return Ok(resp),
+                limits::Checked::Admitted(admitted, owed, held) => {
+                    *shown = admitted;
+                    (owed, held)
+                }
+            };
             // A request refused here, or whose client goes away while it waits, has what its
             // limits took given back as `owed` is dropped, and its slots released as `held` is.
-            self.pace(route, outcome, &mut held).await?;
+            let (paced, held) = self.pace(route, outcome, held).await?;
             if let Some(owed) = owed {
                 owed.paid();
             }
             // what the charged limits are owed once the response says what was used
-            let charges = charge::Charges::of(self, route, &req, client.ip, &key_path);
-            // the slots are held until the response is finished, or an upgrade's tunnel
-            // closes (it takes them from here)
-            let held = std::sync::Mutex::new(held);
-            let resp = self
-                .forward(route, req, &path, &conn, &client, outcome, &held)
+            let (tasks, drain_for) = (&self.tunnels, self.settings.upstream_response);
+            let charges = charge::Charges::of(&self.limiter(), route, &ctx, tasks, drain_for);
+            let timed = outcome.line.is_some() || paced.is_some_and(|p| p.timed());
+            let sent = timed.then(Instant::now);
+            let line = outcome.line.as_deref_mut();
+            let forwarded = self.forward(route, req, &path, &conn, &client, line).await;
+            let (resp, tunnel) = self
+                .upstream_answered(route, paced, sent, forwarded, outcome)
                 .await?;
             let resp = match charges {
-                Some(charges) => charges.read(resp, outcome.shown.as_mut()),
+                Some(charges) => charges.read(resp, shown.as_mut()),
                 None => resp,
             };
-            let held = held.into_inner().unwrap_or_else(|e| e.into_inner());
-            Ok(resp.map(|body| held.around(body)))
+            // the slots are held until the response is finished, or an upgrade's tunnel closes
+            Ok(match tunnel {
+                Some(tunnel) => {
+                    let (upstream, idle) = (&route.upstream.name, self.settings.tunnel_idle);
+                    tunnel.open(&self.tunnels, upstream, idle, held);
+                    resp
+                }
+                None => resp.map(|body| held.around(body)),
+            })
         }
     }
 
@@ -562,8 +405,7 @@ impl Proxy {
         &'s self,
         route: &'s Route,
         req: &Request<B>,
-        client: &Client,
-        key_path: &str,
+        ctx: &KeyContext<'_>,
         outcome: &mut Outcome<'s>,
     ) -> Result<limits::Checked<'s>, ProxyError> {
         if let (Some(max), Some(len)) = (
@@ -574,43 +416,59 @@ impl Proxy {
                 return Err(ProxyError::BodyTooLarge);
             }
         }
-        limits::check(self, route, req, client.ip, key_path, outcome).await
+        limits::check(&self.limiter(), route, ctx, &mut outcome.verdict).await
+    }
+
+    /// What the limit phase, and the charges after it, use of the proxy.
+    fn limiter(&self) -> limits::Limiter<'_> {
+        limits::Limiter {
+            store: &self.store,
+            metrics: &self.metrics,
+            holders: &self.holders,
+            key_prefix: &self.settings.key_prefix,
+            headers: self.settings.headers,
+            refusals: &self.refusals,
+        }
     }
 
     /// Pace: waits for the upstream's slot, if it is paced ([`Pacer::wait`]), then for a slot
-    /// in flight to it, if they are bounded ([`inflight::Inflight::wait`]), held in `held`.
+    /// in flight to it, if they are bounded ([`inflight::Inflight::wait`]), added to `held`.
+    /// Returns what the upstream's answer is read for ([`Proxy::upstream_answered`]), and the
+    /// slots.
     ///
     /// The wait is measured however it ends: with the slots, refused, or with the client
     /// gone (then [`Record`] measures it, as the request is dropped).
-    async fn pace(
+    async fn pace<'s>(
         &self,
-        route: &Route,
+        route: &'s Route,
         outcome: &mut Outcome<'_>,
-        held: &mut slots::Held,
-    ) -> Result<(), ProxyError> {
+        mut held: slots::Held,
+    ) -> Result<(Option<pacing::Answer<'s>>, slots::Held), ProxyError> {
         let upstream = &*route.upstream;
         if !upstream.paced() {
-            return Ok(());
+            return Ok((None, held));
         }
         outcome.waiting_since = Some(Instant::now());
         let waited = async {
+            let mut answer = None;
             if let Some(pacer) = &upstream.pacer {
-                outcome.pace_rate = Some(pacer.wait(&self.store).await?.rate);
+                let paced = pacer.answer(pacer.wait(&self.store).await?);
+                // (logged also when the slot in flight is refused, or the client leaves)
+                outcome.pace_rate = Some(paced.rate());
+                answer = Some(paced);
             }
             if let Some(inflight) = &upstream.inflight {
-                inflight.wait(&self.holders, held).await?;
+                inflight.wait(&self.holders, &mut held).await?;
             }
-            Ok(())
+            Ok(answer)
         }
         .await;
         outcome.waited(&self.metrics);
-        waited
+        Ok((waited?, held))
     }
 
     /// Forward: sends the request to one of the upstream's targets and streams the response
-    /// back ([`forward::forward`]). A paced upstream's 429 or 503 with `Retry-After` holds its
-    /// schedule ([`Pacer::back_pressure`]). An upgrade's tunnel takes the slots in `held`.
-    #[allow(clippy::too_many_arguments)] // the phases' findings, each its own
+    /// back ([`forward::forward`]). The access line, when the log is on, learns the target.
     async fn forward(
         &self,
         route: &Route,
@@ -618,17 +476,17 @@ impl Proxy {
         path: &RequestPath<'_>,
         conn: &Conn,
         client: &Client,
-        outcome: &mut Outcome<'_>,
-        held: &std::sync::Mutex<slots::Held>,
-    ) -> Result<Response<Body>, ProxyError> {
+        line: Option<&mut access::Line>,
+    ) -> Result<(Response<Body>, Option<tunnel::Tunnel>), ProxyError> {
         let forward_path = match &route.strip {
             Some(m) => path.strip(m),
             None => Cow::Borrowed(path.forwarded()),
         };
         // (the target asked is named from it, even if the client leaves before the answer)
-        if let Some(line) = outcome.line.as_deref_mut() {
+        let report = line.map(|line| {
             line.forwarded_to = Some(route.upstream.clone());
-        }
+            &line.report
+        });
         let f = forward::Forward {
             upstream: &route.upstream.name,
             targets: &route.upstream.targets,
@@ -644,29 +502,36 @@ impl Proxy {
             forwarded: self.settings.identity_headers.forwarded,
             trusted_peer: client.peer_trusted,
             response_timeout: self.settings.upstream_response,
-            tunnel_idle: self.settings.tunnel_idle,
             max_body_size: self.settings.max_body_size,
-            tunnels: &self.tunnels,
-            report: outcome.line.as_deref().map(|line| &line.report),
-            held,
+            report,
         };
-        let adapter = route.upstream.pacer.as_ref().and_then(|p| p.adapt.as_ref());
-        let sent = (f.report.is_some() || adapter.is_some()).then(Instant::now);
-        let result = forward::forward(self.clients.of(conn.worker), req, &f).await;
-        if let (Some(adapter), Some(sent), Some(rate)) = (adapter, sent, outcome.pace_rate) {
-            adapter.observe(rate, sent, adapter.met(&result, sent.elapsed()));
+        forward::forward(self.clients.of(conn.worker), req, &f).await
+    }
+
+    /// Upstream answered: what the pace phase left applies to the upstream's answer, as
+    /// pingora's `upstream_response_filter` does. An adaptive pace counts it; a paced
+    /// upstream's 429 or 503 with `Retry-After` holds its schedule
+    /// ([`Pacer::back_pressure`]). The access line notes the time to the response head.
+    async fn upstream_answered<T>(
+        &self,
+        route: &Route,
+        paced: Option<pacing::Answer<'_>>,
+        sent: Option<Instant>,
+        forwarded: Result<(Response<Body>, T), ProxyError>,
+        outcome: &mut Outcome<'_>,
+    ) -> Result<(Response<Body>, T), ProxyError> {
+        if let (Some(paced), Some(sent)) = (paced, sent) {
+            paced.observe(forwarded.as_ref().map(|(resp, _)| resp), sent);
         }
         if let Some(line) = outcome.line.as_deref_mut() {
-            line.upstream_ttfb = sent.filter(|_| result.is_ok()).map(|s| s.elapsed());
+            line.upstream_ttfb = sent.filter(|_| forwarded.is_ok()).map(|s| s.elapsed());
         }
-        let resp = result?;
+        let answered = forwarded?;
         self.metrics.upstream_responded(&route.upstream.series);
-        if let Some(pacer) = &route.upstream.pacer {
-            pacer
-                .back_pressure(&*self.store, resp.status(), resp.headers())
-                .await;
+        if let Some(paced) = paced {
+            paced.back_pressure(&*self.store, &answered.0).await;
         }
-        Ok(resp)
+        Ok(answered)
     }
 
     /// Respond: the upstream's response, or the proxy's answer to a phase's error, with the
@@ -681,13 +546,15 @@ impl Proxy {
         &self,
         result: Result<Response<Body>, ProxyError>,
         outcome: &Outcome<'_>,
+        shown: Option<&Showing<'_>>,
         mut ending: Ending,
     ) -> (Response<Body>, StatusCode) {
         let (mut resp, grpc) = match result {
             Ok(resp) => {
-                let denied = outcome.decision == Some(crate::metrics::Decision::Denied);
+                let verdict = &outcome.verdict;
+                let denied = verdict.decision == Some(crate::metrics::Decision::Denied);
                 let grpc = (ending.grpc && denied).then(|| {
-                    let limit = outcome.limit.map_or("-", |l| &**l);
+                    let limit = verdict.limit.map_or("-", |l| &**l);
                     let message = format!("rate limited by {limit}");
                     (GRPC_RESOURCE_EXHAUSTED, Cow::Owned(message))
                 });
@@ -714,7 +581,7 @@ impl Proxy {
         if let Some((code, message)) = grpc {
             resp = respond::grpc(resp, code, &message);
         }
-        if let Some(shown) = &outcome.shown {
+        if let Some(shown) = shown {
             respond::add_rate_headers(resp.headers_mut(), self.settings.headers, shown);
         }
         if let Some(id) = &outcome.request_id {

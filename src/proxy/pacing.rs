@@ -64,6 +64,51 @@ pub struct Paced {
     pub rate: f64,
 }
 
+/// What the pace phase leaves for the upstream's answer, as pingora's
+/// `upstream_response_filter` reads it: an adaptive pace counts the answer at the rate the
+/// request's slot was given, and a 429 or 503 with `Retry-After` holds the schedule.
+#[derive(Clone, Copy)]
+pub(super) struct Answer<'a> {
+    pacer: &'a Pacer,
+    /// the rate the request's slot was given at, per second
+    rate: f64,
+}
+
+impl Answer<'_> {
+    /// The rate the request's slot was given at, per second.
+    pub(super) fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// Whether the answer needs the time the request was sent: an adaptive pace measures it.
+    pub(super) fn timed(&self) -> bool {
+        self.pacer.adapt.is_some()
+    }
+
+    /// Counts the answer to the request sent at `sent`, for an adaptive pace.
+    pub(super) fn observe(
+        &self,
+        result: Result<&http::Response<super::Body>, &ProxyError>,
+        sent: Instant,
+    ) {
+        if let Some(adapter) = &self.pacer.adapt {
+            adapter.observe(self.rate, sent, adapter.met(result, sent.elapsed()));
+        }
+    }
+
+    /// Holds the schedule when the upstream's response asks to back off
+    /// ([`Pacer::back_pressure`]).
+    pub(super) async fn back_pressure(
+        &self,
+        store: &dyn Store,
+        resp: &http::Response<super::Body>,
+    ) {
+        (self.pacer)
+            .back_pressure(store, resp.status(), resp.headers())
+            .await;
+    }
+}
+
 /// How many times a request asks for a slot again when back-off holds it (each answer is a
 /// slot after the hold, unless the hold grew meanwhile): then it goes at its slot.
 const MAX_ASKS: u32 = 3;
@@ -89,6 +134,14 @@ impl Pacer {
             holes: Arc::new(Holes::default()),
             fallback: std::sync::atomic::AtomicBool::new(false),
             adapt: None,
+        }
+    }
+
+    /// What the upstream's answer to a request that `paced` let go is read for.
+    pub(super) fn answer(&self, paced: Paced) -> Answer<'_> {
+        Answer {
+            pacer: self,
+            rate: paced.rate,
         }
     }
 
@@ -326,7 +379,8 @@ struct Holes {
     /// how many there are: the request path reads this, not the lock
     count: std::sync::atomic::AtomicUsize,
     /// one client's leaving at a time, so that holes given back in any order all reach the
-    /// store (see [`Holes::leave`])
+    /// store (see [`Holes::leave`]); a tokio mutex, held across the give-backs on purpose, in
+    /// a task no request waits for
     leaving: tokio::sync::Mutex<()>,
 }
 

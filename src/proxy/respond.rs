@@ -25,7 +25,7 @@ pub enum HeaderStyle {
     Legacy,
     /// both sets
     Both,
-    /// none
+    /// none (`Retry-After` is still sent on 429 and 503)
     None,
 }
 

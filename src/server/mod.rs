@@ -335,17 +335,17 @@ async fn answer(
     conn: Conn,
     in_flight: InFlight,
 ) -> Result<Response<Guarded<crate::proxy::Body>>, Infallible> {
+    // before anything answers, so that every answer carries it, a refusal here too
+    let id = request_id::keep_or_make(req.headers_mut());
     let resp = match framing::check(&req) {
         Ok(()) => {
             let handling = pass::Handling::start();
-            let resp = proxy.handle(req, conn).await;
+            let resp = proxy.handle(req, conn, id).await;
             pass::end_of_pass(handling).await;
             resp
         }
         Err(e) => {
             tracing::debug!(peer = %conn.peer, error = %e, "request refused");
-            // refused before the proxy sees it, yet answered with an id as its answers are
-            let id = request_id::keep_or_make(req.headers_mut());
             let mut resp = framing::refusal(&e);
             resp.headers_mut()
                 .insert(request_id::X_REQUEST_ID.clone(), id);

@@ -34,25 +34,33 @@ fn what_counts_as_trouble() {
     let a = adapter(Some(Duration::from_millis(300)));
     let fast = Duration::from_millis(10);
     for status in [429, 503, 504] {
-        assert_eq!(a.met(&answer(status), fast), Met::Trouble, "{status}");
+        assert_eq!(
+            a.met(answer(status).as_ref(), fast),
+            Met::Trouble,
+            "{status}"
+        );
     }
     for status in [200, 404, 500, 502] {
-        assert_eq!(a.met(&answer(status), fast), Met::Healthy, "{status}");
+        assert_eq!(
+            a.met(answer(status).as_ref(), fast),
+            Met::Healthy,
+            "{status}"
+        );
     }
     assert_eq!(
-        a.met(&answer(200), Duration::from_millis(301)),
+        a.met(answer(200).as_ref(), Duration::from_millis(301)),
         Met::Trouble
     );
     assert_eq!(
-        adapter(None).met(&answer(200), Duration::from_secs(9)),
+        adapter(None).met(answer(200).as_ref(), Duration::from_secs(9)),
         Met::Healthy
     );
     let timeout = Err(ProxyError::UpstreamTimeout {
         upstream: "api".into(),
         after: fast,
     });
-    assert_eq!(a.met(&timeout, fast), Met::Trouble);
-    assert_eq!(a.met(&Err(ProxyError::BadBody), fast), Met::Nothing);
+    assert_eq!(a.met(timeout.as_ref(), fast), Met::Trouble);
+    assert_eq!(a.met(Err(&ProxyError::BadBody), fast), Met::Nothing);
 }
 
 /// The memory store on a clock the test moves, recording each report it answers; it fails

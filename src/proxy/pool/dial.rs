@@ -18,16 +18,27 @@ use tokio_rustls::TlsConnector;
 
 use crate::tls::{ALPN_H2, ALPN_HTTP1};
 
-/// The HTTP version spoken to an upstream.
+/// The HTTP version spoken to an upstream (`upstreams.NAME.protocol`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Protocol {
-    /// HTTP/1.1 only
+    /// `http1`: HTTP/1.1 only
     Http1,
-    /// HTTP/2 only; over `http://` with prior knowledge (h2c)
+    /// `http2`: HTTP/2 only; over `http://` with prior knowledge (h2c)
     Http2,
-    /// `https://`: what TLS negotiates, HTTP/2 preferred; `http://`: HTTP/1.1
+    /// `auto`: what TLS negotiates (ALPN, `h2` preferred) on `https://`, HTTP/1.1 on `http://`
     #[default]
     Auto,
+}
+
+impl Protocol {
+    /// The name written in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "http1",
+            Protocol::Http2 => "http2",
+            Protocol::Auto => "auto",
+        }
+    }
 }
 
 /// How the connections to one upstream's targets are made.
