@@ -9,8 +9,9 @@
 //! * path normalisation: idempotent, no empty or dot segments, `%2F` never decoded;
 //! * route choice: a path takes the route of its lenient reading (every escape decoded,
 //!   `;parameters` dropped), or is refused;
-//! * Redis reply decoding: no panic on any `redis::Value`, the documented shapes decode exactly;
-//!   the store's own RESP parser reads every RESP2 reply back whole and agrees with redis-rs's.
+//! * Redis reply decoding: no panic on any reply, redis-rs's made the store's own at the
+//!   boundary, the documented shapes decode exactly; the store's own RESP parser reads every
+//!   RESP2 reply back whole and agrees with redis-rs's.
 //!
 //! The last section holds one regression test per crash or wrong answer the fuzzers found.
 
@@ -32,6 +33,7 @@ use tollgate::routing::{
     normalize_path, EscapedSlashes, PathError, PathMatch, PathPolicy, RequestParts, RouteMatch,
     RouteTable, SegmentParams,
 };
+use tollgate::store::resp::Value as Own;
 use tollgate::store::{decode, parse_counts, parse_reply};
 
 mod common;
@@ -1039,7 +1041,7 @@ proptest! {
         let len = wire.len();
         resp2(&next, &mut wire);
         let parsed = parse_reply(&wire).expect("valid RESP2");
-        prop_assert_eq!(parsed, Some((value, len)));
+        prop_assert_eq!(parsed, Some((Own::from(value), len)));
         for cut in 0..len {
             prop_assert_eq!(parse_reply(&wire[..cut]).expect("a valid prefix"), None);
         }
@@ -1058,11 +1060,11 @@ proptest! {
         if let Ok(Some((value, used))) = parse_reply(&bytes) {
             prop_assert!(used <= bytes.len());
             let theirs = redis::parse_redis_value(&bytes[..used]).expect("redis-rs agrees");
-            prop_assert_eq!(value, theirs);
+            prop_assert_eq!(value, Own::from(theirs));
         }
         // the counting scripts' fast path reads nothing the full parser would not
         if let Some((four, used)) = parse_counts(&bytes) {
-            prop_assert_eq!(parse_reply(&bytes).ok(), Some(Some((ints(four), used))));
+            prop_assert_eq!(parse_reply(&bytes).ok(), Some(Some((Own::from(ints(four)), used))));
         }
     }
 
@@ -1093,9 +1095,9 @@ proptest! {
     #[test]
     fn reply_any_value_never_panics(value in any_value()) {
         for alg in algorithms() {
-            let _ = decode(&alg, &value);
-            let _ = decode(&alg, &Value::Array(vec![value.clone(), delay_text(1)]));
-            let _ = decode(&alg, &Value::Array(vec![Value::Int(1), value.clone()]));
+            let _ = decode(&alg, &Own::from(value.clone()));
+            let _ = decode(&alg, &Own::from(Value::Array(vec![value.clone(), delay_text(1)])));
+            let _ = decode(&alg, &Own::from(Value::Array(vec![Value::Int(1), value.clone()])));
         }
     }
 
@@ -1114,7 +1116,7 @@ proptest! {
         let expected =
             Decision::counted(allowed == 1, as_u64(remaining), as_u64(retry), as_u64(reset));
         for alg in algorithms() {
-            let decoded = decode(&alg, &value);
+            let decoded = decode(&alg, &Own::from(value.clone()));
             match alg {
                 Algorithm::LeakyBucket(_) => prop_assert!(decoded.is_err()),
                 // `{admitted, free, wait_ms, held}`: the wait, at most a second, is the reset
@@ -1126,7 +1128,7 @@ proptest! {
             }
         }
         let negative = Value::Array(vec![Value::Int(allowed), Value::Int(-1), Value::Int(0), Value::Int(0)]);
-        prop_assert!(decode(&algorithms()[0], &negative).is_err());
+        prop_assert!(decode(&algorithms()[0], &Own::from(negative)).is_err());
     }
 
     /// The leaky bucket's `{admitted, "delay_ms"}` decodes to exactly `Decision::paced`.
@@ -1134,7 +1136,7 @@ proptest! {
     fn reply_paced_shape_decodes(admitted in 0i64..=1, delay_us in 0u64..=u64::MAX / 1000) {
         let value = Value::Array(vec![Value::Int(admitted), delay_text(delay_us)]);
         for alg in algorithms() {
-            let decoded = decode(&alg, &value);
+            let decoded = decode(&alg, &Own::from(value.clone()));
             match alg {
                 Algorithm::LeakyBucket(p) => {
                     let expected = Decision::paced(
@@ -1152,7 +1154,7 @@ proptest! {
     fn reply_any_resp_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
         if let Ok(value) = redis::parse_redis_value(&bytes) {
             for alg in algorithms() {
-                let _ = decode(&alg, &value);
+                let _ = decode(&alg, &Own::from(value.clone()));
             }
         }
     }

@@ -21,6 +21,7 @@ use tollgate::limit::{Algorithm, Bucket, Decision, Pace, Rate, Window};
 use tollgate::routing::{
     normalize_path, EscapedSlashes, PathError, PathPolicy, SegmentParams,
 };
+use tollgate::store::resp::Value as Own;
 use tollgate::store::{decode, parse_reply};
 
 // ---------------------------------------------------------------------------------------------
@@ -575,19 +576,22 @@ pub fn check_reply(data: &[u8]) {
     let algs = algorithms(&mut u, !resp);
     match mode % 3 {
         0 => {
+            // redis-rs's reply, made the store's own as at the redis-rs boundary
             if let Ok(v) = redis::parse_redis_value(rest) {
+                let v = Own::from(v);
                 algs.iter().for_each(|a| drop(decode(a, &v)));
             }
             // the store's own parser: a reply it reads is what redis-rs reads from those bytes
             if let Ok(Some((v, used))) = parse_reply(rest) {
                 assert!(used <= rest.len());
-                let theirs = redis::parse_redis_value(&rest[..used]);
+                let theirs = redis::parse_redis_value(&rest[..used]).map(Own::from);
                 assert_eq!(Ok(&v), theirs.as_ref().map_err(|_| ()), "{rest:?}");
                 algs.iter().for_each(|a| drop(decode(a, &v)));
             }
         }
         1 => {
             if let Ok(v) = value(&mut u, 4) {
+                let v = Own::from(v);
                 algs.iter().for_each(|a| drop(decode(a, &v)));
             }
         }
@@ -601,17 +605,17 @@ fn check_reply_shapes(algs: &[Algorithm], u: &mut Unstructured<'_>) {
     };
     let [remaining, retry, reset] = figures.map(|n| n >> 1); // non-negative as an i64
     let int = |n: u64| Value::Int(i64::try_from(n).expect("shifted into range"));
-    let counted = Value::Array(vec![
+    let counted = Own::from(Value::Array(vec![
         int(allowed.into()),
         int(remaining),
         int(retry),
         int(reset),
-    ]);
+    ]));
     let delay_us = delay_us / 1000; // whole milliseconds fit in u64 microseconds
-    let paced = Value::Array(vec![
+    let paced = Own::from(Value::Array(vec![
         int(allowed.into()),
         Value::BulkString(format!("{}.{:03}", delay_us / 1000, delay_us % 1000).into_bytes()),
-    ]);
+    ]));
     for alg in algs {
         match alg {
             Algorithm::LeakyBucket(p) => {

@@ -30,10 +30,8 @@
 //! Only checks on the server's clock are joined (`now` absent): a check with its own `now` is a
 //! replay that must be run as given. The window scripts take no cost and are not joined.
 
-use ::redis::Value;
-
 use super::reply::Reply;
-use super::resp::bulk;
+use super::resp::{bulk, Value};
 
 /// How a call may be joined with others of the same bucket: given by the call's encoding.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -156,7 +154,7 @@ fn slots(reply: &Value, joins: &[Join], max_delay_ms: Option<f64>) -> Option<Vec
                     let later = (k as f64 * join.interval_ms * 1000.0).round() as u64;
                     let us = delay_us + later;
                     let text = format!("{}.{:03}", us / 1000, us % 1000);
-                    Value::Array(vec![Value::Int(1), Value::BulkString(text.into_bytes())])
+                    Value::Array(vec![Value::Int(1), Value::Bulk(text.into_bytes())])
                 })
                 .collect(),
         ),
@@ -383,7 +381,7 @@ mod tests {
         let reply = |admitted: i64, delay: &str| {
             Reply::Value(Value::Array(vec![
                 Value::Int(admitted),
-                Value::BulkString(delay.as_bytes().to_vec()),
+                Value::Bulk(delay.as_bytes().to_vec()),
             ]))
         };
         assert_eq!(

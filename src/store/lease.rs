@@ -1,47 +1,37 @@
-//! Leases: a few tokens of a busy, far-from-empty token bucket taken ahead by a joined call, and
-//! handed to the next checks of that bucket on the same connection without a script run.
+//! Leases: tokens of a busy token bucket taken ahead by a joined call, and handed to the next
+//! checks of that bucket without a script run.
 //!
-//! Joining ([`super::coalesce`]) makes the checks of one bucket that wait together one script
-//! run; under a steady load that is still a run per round trip to Redis, and Redis's CPU and
-//! wake-ups for those runs were what kept the Redis bucket under the unlimited proxy's
-//! throughput (BENCHMARKS.md). A joined call of a bucket that is far from empty therefore takes
-//! tokens more than its checks' (as many again at first, up to [`AHEAD`] times as many while
-//! the bucket's checks keep coming back for more: [`Leases::ahead`]), and the checks of that bucket that reach the lane
-//! during the lease's [`LIFE`] are answered from those tokens, in order, as if each had run the
-//! script in its turn: check k gets the remaining tokens and the reset the script would have
-//! answered had the lease's tokens been taken after it ([`super::coalesce::share`]).
+//! Joining ([`super::coalesce`]) turns the checks of one bucket that wait together into one
+//! script run. Under steady load that is still one run per round trip to Redis, and those runs
+//! cost Redis CPU and wake-ups. So when a bucket is far from empty, its joined call takes more
+//! tokens than its checks need ([`Leases::ahead`] says how many). The checks of that bucket
+//! that reach the lane during the lease's [`LIFE`] are answered from those tokens, in order.
+//! Each gets the remaining count and the reset that the script would have answered had the
+//! lease's tokens been taken after it ([`super::coalesce::share`]).
 //!
-//! What that changes, and why it is bounded:
+//! Why this stays within the limit:
 //!
-//! * Nothing is admitted that Redis did not count: a leased token was taken from the bucket in
-//!   Redis before any check is answered with it. It was taken when the lease began, though, not
-//!   when it is handed out: if the bucket in Redis fills up meanwhile (its refill capped at the
-//!   burst, where the lease's tokens kept in it would have been), a span of time that starts
-//!   while the lease is held may admit the lease's tokens more than `burst + rate·T`: at most a
-//!   thousandth of the burst per lane, and once (a bucket under half its burst gets no lease).
-//! * A lease is taken only when the bucket, as the last joined reply of that bucket (at most
-//!   [`LIFE`] old) showed it, keeps at least half its burst after the lease; and a lease is at
-//!   most a thousandth of the burst ([`SHARE`]). So a bucket under 1 000 tokens never leases
-//!   (every check is the script's, exactly as before), and a check refused elsewhere while a
-//!   lease is held finds a bucket that another instance emptied of more than half its burst
-//!   within [`LIFE`].
-//! * Tokens of a lease not handed out by the end of its [`LIFE`] are given back
-//!   (`lua/give_back.lua`, which moves the bucket's TAT back by their time), so the fleet
-//!   admits no fewer than the limit for longer than that (only a give-back written when its
-//!   connection breaks is lost: at most a thousandth of the burst).
-//! * A reply from a lease counts from the lease's reply: the bucket's refill since is not in it,
-//!   nor what other workers or instances took since (as any count is out of date once others
-//!   take tokens); its reset counts down with the time since the reply. Tokens given back raise
-//!   the bucket's count as a refill does, so a later check may be told a count that one
-//!   answered before was told too (an outside audit saw up to a fifth of 200 requests sent at
-//!   once share a count with another); among one lease's checks, and on one connection's
-//!   requests in turn, counts still go down one by one.
+//! * Redis counted every token a lease hands out: it was taken from the bucket before any
+//!   check is answered with it.
+//! * It was taken early, though. If the bucket in Redis fills up to its burst meanwhile, a span
+//!   of time may admit the lease's tokens on top of the burst. A lease is a small share of the
+//!   burst ([`SHARE`]), and a bucket under half its burst gets none, so this happens at most
+//!   once per lane and by little.
+//! * A lease is taken only when the bucket, as its last joined reply showed it, keeps at least
+//!   half its burst afterwards. A small bucket never leases: each of its checks is the
+//!   script's, as before.
+//! * Tokens a lease has not handed out by the end of its [`LIFE`] are given back
+//!   (`lua/give_back.lua` moves the bucket's TAT back by their time). Only a give-back written
+//!   as its connection breaks is lost.
+//! * A reply from a lease counts from the lease's reply. It does not see the refill since, nor
+//!   what others took since, as any count is out of date once others take tokens. Tokens given
+//!   back raise the count as a refill does, so two checks may be told the same count. Within
+//!   one lease, and on one connection's requests in turn, counts still go down one by one.
 //!
-//! Leases are per lane (one Redis connection of one worker): the lane's driver takes and ends
-//! them, and a caller is answered from them before its call is sent ([`Lane::hand_out`]), so a
-//! check served from a lease costs neither the channel to the driver nor a wake-up. The lock is
-//! the worker's own (each worker calls on its own lane), and not taken at all while the lane
-//! holds no lease.
+//! Leases belong to a lane: one Redis connection of one worker. The lane's driver takes and
+//! ends them. A caller is answered from them before its call is sent ([`Lane::hand_out`]), so
+//! such a check costs neither the channel to the driver nor a wake-up. The lock is the
+//! worker's own, and is not taken while the lane holds no lease.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};

@@ -15,7 +15,7 @@ mod pipe;
 pub mod policy;
 pub mod redis;
 mod reply;
-mod resp;
+pub mod resp;
 mod scripts;
 
 use std::future::Future;
@@ -219,7 +219,7 @@ pub enum StoreError {
     Timeout(Duration),
     /// Redis answered with an error or the connection failed.
     #[error("redis: {0}")]
-    Redis(#[from] ::redis::RedisError),
+    Redis(RedisError),
     /// The circuit breaker is open: the store was not asked.
     #[error("store unavailable: circuit breaker open after repeated failures")]
     CircuitOpen,
@@ -256,11 +256,72 @@ impl StoreError {
             StoreError::Timeout(_) => "timeout",
             // (a Cluster's connection times a call out itself)
             StoreError::Redis(e) if e.is_timeout() => "timeout",
-            StoreError::Redis(e) if e.is_io_error() || e.is_connection_dropped() => "connection",
+            StoreError::Redis(e) if e.is_connection() => "connection",
             StoreError::Redis(_) => "redis",
             StoreError::CircuitOpen => "circuit_open",
             StoreError::Reply { .. } => "reply",
         }
+    }
+}
+
+/// A failure talking to Redis, from whichever connection made the call.
+#[derive(thiserror::Error)]
+pub enum RedisError {
+    /// from the store's own connection
+    #[error(transparent)]
+    Own(#[from] resp::Error),
+    /// from redis-rs (Cluster, and `connection: library`)
+    #[error(transparent)]
+    Library(#[from] ::redis::RedisError),
+}
+
+impl RedisError {
+    /// The code of an error reply (`WRONGTYPE`, `NOSCRIPT`…).
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            RedisError::Own(e) => e.code(),
+            RedisError::Library(e) => e.code(),
+        }
+    }
+
+    /// Whether the call timed out at the socket (a Cluster's connection times calls out).
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            RedisError::Own(e) => e.as_io().is_some_and(|e| {
+                matches!(
+                    e.kind(),
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                )
+            }),
+            RedisError::Library(e) => e.is_timeout(),
+        }
+    }
+
+    /// Whether the connection failed, rather than Redis answering with an error.
+    pub fn is_connection(&self) -> bool {
+        match self {
+            RedisError::Own(e) => e.as_io().is_some(),
+            RedisError::Library(e) => e.is_io_error() || e.is_connection_dropped(),
+        }
+    }
+}
+
+/// As the error's text, as redis-rs's errors were.
+impl std::fmt::Debug for RedisError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+impl From<::redis::RedisError> for StoreError {
+    fn from(e: ::redis::RedisError) -> StoreError {
+        StoreError::Redis(e.into())
+    }
+}
+
+impl From<resp::Error> for StoreError {
+    fn from(e: resp::Error) -> StoreError {
+        StoreError::Redis(e.into())
     }
 }
 
@@ -274,12 +335,18 @@ mod tests {
     /// like the store's own; other I/O failures as `connection`.
     #[test]
     fn error_kinds() {
-        let io = |kind| StoreError::Redis(io::Error::new(kind, "x").into());
+        let io =
+            |kind| StoreError::from(crate::store::resp::Error::from(io::Error::new(kind, "x")));
+        let library = StoreError::from(::redis::RedisError::from(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "x",
+        )));
         let errors = [
             (io(io::ErrorKind::TimedOut), "timeout"),
             (io(io::ErrorKind::ConnectionRefused), "connection"),
             (StoreError::Timeout(std::time::Duration::ZERO), "timeout"),
             (StoreError::CircuitOpen, "circuit_open"),
+            (library, "timeout"),
         ];
         for (error, kind) in errors {
             assert_eq!(error.kind(), kind, "{error}");

@@ -18,14 +18,13 @@ use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::io::tcp::TcpSettings;
-use ::redis::{
-    ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, TlsCertificates, TlsMode, Value,
-};
+use ::redis::{ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, TlsCertificates, TlsMode};
 
 mod slots;
 
 use super::pipe::{self, Addr, Endpoint, Failure, Pipe, Sentinel, Sentinels};
 use super::reply::{self, Reply};
+use super::resp::{ServerError, Value};
 use super::scripts::{ScriptCall, Scripts, SlotsOp};
 use super::{
     ChargeFuture, GiveBackFuture, HoldFuture, RateFuture, ReadyFuture, Store, StoreError,
@@ -81,7 +80,7 @@ impl SentinelTarget {
                     (host, port)
                 }
                 _ => {
-                    return Err(StoreError::Redis(::redis::RedisError::from((
+                    return Err(StoreError::from(::redis::RedisError::from((
                         ::redis::ErrorKind::InvalidClientConfig,
                         "a Sentinel is reached over TCP: redis:// or rediss://",
                     ))))
@@ -96,7 +95,7 @@ impl SentinelTarget {
             });
         }
         if nodes.is_empty() {
-            return Err(StoreError::Redis(::redis::RedisError::from((
+            return Err(StoreError::from(::redis::RedisError::from((
                 ::redis::ErrorKind::InvalidClientConfig,
                 "no Sentinel given",
             ))));
@@ -282,7 +281,7 @@ impl RedisStore {
                     return Ok(());
                 }
                 // (an outage, as the CLUSTERDOWN its keys' calls then get)
-                Err(StoreError::Redis(::redis::RedisError::from((
+                Err(StoreError::from(::redis::RedisError::from((
                     ::redis::ErrorKind::Server(::redis::ServerErrorKind::ClusterDown),
                     "the cluster's state is not ok (a slot is not covered)",
                 ))))
@@ -311,14 +310,14 @@ impl RedisStore {
             Conn::Client(client) => self
                 .bounded(invoke(client.clone(), call.invocation()))
                 .await
-                .map(Reply::Value),
+                .map(|value| Reply::Value(value.into())),
         }
     }
 
     /// The store's own connection's answer as the store's.
     fn answered(&self, answer: pipe::Answer) -> Result<Reply, StoreError> {
         answer.map_err(|failure| match failure {
-            Failure::Redis(e) => StoreError::Redis(e),
+            Failure::Redis(e) => StoreError::from(e),
             Failure::Late => StoreError::Timeout(self.timeout),
         })
     }
@@ -354,7 +353,7 @@ fn own_tls(tls: &ClientTls, insecure: bool) -> Result<pipe::Tls, StoreError> {
 }
 
 fn tls_error(e: crate::tls::TlsError) -> StoreError {
-    StoreError::Redis(::redis::RedisError::from((
+    StoreError::from(::redis::RedisError::from((
         ::redis::ErrorKind::InvalidClientConfig,
         "store.tls",
         e.to_string(),
@@ -397,7 +396,7 @@ fn cluster(
     connect_timeout: Duration,
 ) -> Result<ClusterConnection, StoreError> {
     if tls.server_name.is_some() {
-        return Err(StoreError::Redis(::redis::RedisError::from((
+        return Err(StoreError::from(::redis::RedisError::from((
             ::redis::ErrorKind::InvalidClientConfig,
             "a Redis Cluster's client verifies each node by its own host: it takes no server_name",
         ))));
@@ -464,9 +463,9 @@ fn managed(
 async fn invoke(
     mut conn: Client,
     invocation: ::redis::ScriptInvocation<'_>,
-) -> Result<Value, ::redis::RedisError> {
+) -> Result<::redis::Value, ::redis::RedisError> {
     let started = Instant::now();
-    match invocation.invoke_async::<Value>(&mut conn).await {
+    match invocation.invoke_async::<::redis::Value>(&mut conn).await {
         // After an outage the connection manager answers the next call at once with its last,
         // failed connection attempt, and only then starts a new one: without a second try, the
         // breaker's first probe after Redis is back would fail for nothing and recovery would
@@ -478,6 +477,37 @@ async fn invoke(
             invocation.invoke_async(&mut conn).await
         }
         result => result,
+    }
+}
+
+/// redis-rs's reply as the store's own type, at the one place redis-rs's replies enter the
+/// store: the types RESP3 adds never come on our RESP2 connections, and become the RESP2 reply
+/// a server sends for them.
+impl From<::redis::Value> for Value {
+    fn from(value: ::redis::Value) -> Value {
+        use ::redis::Value as V;
+        let all = |items: Vec<V>| Value::Array(items.into_iter().map(Value::from).collect());
+        match value {
+            V::Nil => Value::Nil,
+            V::Int(n) => Value::Int(n),
+            V::BulkString(bytes) => Value::Bulk(bytes),
+            V::Okay => Value::Status("OK".to_owned()),
+            V::SimpleString(text) => Value::Status(text),
+            V::Array(items) | V::Set(items) => all(items),
+            V::Push { data, .. } => all(data),
+            V::Map(pairs) => all(pairs.into_iter().flat_map(|(k, v)| [k, v]).collect()),
+            V::Attribute { data, .. } => Value::from(*data),
+            V::Double(x) => Value::Bulk(x.to_string().into_bytes()),
+            V::Boolean(b) => Value::Int(b.into()),
+            V::VerbatimString { text, .. } => Value::Bulk(text.into_bytes()),
+            V::BigNumber(digits) => Value::Bulk(digits),
+            V::ServerError(e) => Value::Error(ServerError::new(&match e.details() {
+                Some(detail) => format!("{} {detail}", e.code()),
+                None => e.code().to_owned(),
+            })),
+            // (the enum is non-exhaustive: a type of a later RESP)
+            other => Value::Bulk(format!("{other:?}").into_bytes()),
+        }
     }
 }
 
@@ -653,7 +683,7 @@ impl ConnectionLike for Client {
     fn req_packed_command<'a>(
         &'a mut self,
         cmd: &'a ::redis::Cmd,
-    ) -> ::redis::RedisFuture<'a, Value> {
+    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
         match self {
             Client::Single(c) => c.req_packed_command(cmd),
             Client::Cluster(c) => c.req_packed_command(cmd),
@@ -665,7 +695,7 @@ impl ConnectionLike for Client {
         cmd: &'a ::redis::Pipeline,
         offset: usize,
         count: usize,
-    ) -> ::redis::RedisFuture<'a, Vec<Value>> {
+    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
         match self {
             Client::Single(c) => c.req_packed_commands(cmd, offset, count),
             Client::Cluster(c) => c.req_packed_commands(cmd, offset, count),

@@ -1,13 +1,13 @@
 //! Decoding the scripts' replies into [`Decision`]s. Kept apart and pure so it can be fuzzed.
 
-use ::redis::Value;
-
+use super::resp::Value;
 use super::StoreError;
 use crate::limit::{Algorithm, Balance, Decision, Millis, State};
 
 /// A script's reply as the store's own connection reads it: the counting scripts' four integers
 /// kept inline (no allocation on the way from the socket to the decision, nor when a joined
-/// call's reply is shared out), anything else as redis-rs's [`Value`].
+/// call's reply is shared out), anything else as a [`Value`]. redis-rs's replies are made one
+/// at its boundary (`store/redis.rs`), so both connections' replies are decoded here alike.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Reply {
     /// `{allowed, remaining, retry_after_ms, reset_ms}` as read (not checked yet)
@@ -53,8 +53,7 @@ pub(crate) fn decode_balance(reply: &Reply) -> Result<Balance, StoreError> {
 /// The rate `lua/adapt.lua` returns: a positive decimal string.
 pub(crate) fn rate(reply: &Reply) -> Option<f64> {
     let text = match reply {
-        Reply::Value(Value::BulkString(bytes)) => std::str::from_utf8(bytes).ok()?,
-        Reply::Value(Value::SimpleString(text)) => text,
+        Reply::Value(value) => value.text()?,
         _ => return None,
     };
     text.parse::<f64>()
@@ -125,7 +124,7 @@ fn int(v: &Value) -> Option<u64> {
 
 /// A decimal string of milliseconds with at most 3 decimals ("12.500") as whole microseconds.
 pub(super) fn micros(v: &Value) -> Option<u64> {
-    let Value::BulkString(bytes) = v else {
+    let Value::Bulk(bytes) = v else {
         return None;
     };
     let text = std::str::from_utf8(bytes).ok()?;
@@ -155,11 +154,7 @@ pub(crate) fn decode_peek(
     let Value::Array(items) = value else {
         return Err(bad(format!("expected an array, got {value:?}")));
     };
-    let text = |v: &Value| match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_owned),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    };
+    let text = |v: &Value| v.text().map(str::to_owned);
     let number = |v: &Value| -> Result<Option<f64>, StoreError> {
         match text(v) {
             Some(t) if t.is_empty() => Ok(None),
@@ -270,7 +265,7 @@ mod tests {
     /// Delay strings become exact microseconds; malformed ones are refused.
     #[test]
     fn delay_strings_decode_to_microseconds() {
-        let s = |t: &str| Value::BulkString(t.as_bytes().to_vec());
+        let s = |t: &str| Value::Bulk(t.as_bytes().to_vec());
         assert_eq!(micros(&s("12.500")), Some(12_500));
         assert_eq!(micros(&s("0.000")), Some(0));
         assert_eq!(micros(&s("7")), Some(7_000));

@@ -137,7 +137,7 @@ impl Scripts {
         };
         call.same_each_time = now.is_none();
         match (now, alg) {
-            (Some(now), _) => call = call.arg(Arg::Num(now)),
+            (Some(_), _) => call = call.now(now),
             // (a charged bucket is not joined, so it takes no lease either: a lease handed
             // out after a charge would not know of the debt)
             (None, Algorithm::TokenBucket(b)) if !b.debt => {
@@ -165,13 +165,10 @@ impl Scripts {
         hold_ms: u64,
         now: Option<Millis>,
     ) -> Call<'a> {
-        let mut call = Call::new(&self.pace_defer, key)
+        Call::new(&self.pace_defer, key)
             .arg(Arg::Num(pace.rate.per_sec()))
-            .arg(Arg::Int(hold_ms));
-        if let Some(now) = now {
-            call = call.arg(Arg::Num(now));
-        }
-        call
+            .arg(Arg::Int(hold_ms))
+            .now(now)
     }
 }
 
@@ -193,14 +190,11 @@ impl Scripts {
             // (never asked: a slot is released, not given back)
             Algorithm::Concurrency(_) => 0.0,
         };
-        let mut call = Call::new(&self.give_back, key)
+        Call::new(&self.give_back, key)
             .arg(Arg::Word(alg.name()))
             .arg(Arg::Num(taken))
-            .arg(Arg::Num(age_ms));
-        if let Some(now) = now {
-            call = call.arg(Arg::Num(now));
-        }
-        call
+            .arg(Arg::Num(age_ms))
+            .now(now)
     }
 }
 
@@ -223,14 +217,12 @@ impl Scripts {
                 return None
             }
         };
-        let mut call = Call::new(&self.charge, key)
+        let call = Call::new(&self.charge, key)
             .arg(Arg::Word(alg.name()))
             .arg(a)
             .arg(Arg::Int(b))
-            .arg(Arg::Num(amount as f64));
-        if let Some(now) = now {
-            call = call.arg(Arg::Num(now));
-        }
+            .arg(Arg::Num(amount as f64))
+            .now(now);
         Some(call)
     }
 
@@ -355,18 +347,15 @@ impl Scripts {
         report: Report,
         now: Option<Millis>,
     ) -> Call<'a> {
-        let mut call = Call::new(&self.adapt, key)
+        Call::new(&self.adapt, key)
             .arg(Arg::Num(aimd.start().per_sec()))
             .arg(Arg::Num(aimd.min().per_sec()))
             .arg(Arg::Num(aimd.max().per_sec()))
             .arg(Arg::Num(aimd.increase()))
             .arg(Arg::Num(aimd.decrease()))
             .arg(Arg::Word(report.as_str()))
-            .arg(Arg::Num(aimd.period_ms()));
-        if let Some(now) = now {
-            call = call.arg(Arg::Num(now));
-        }
-        call
+            .arg(Arg::Num(aimd.period_ms()))
+            .now(now)
     }
 }
 
@@ -392,6 +381,14 @@ impl<'a> Call<'a> {
         self.args[self.len] = arg;
         self.len += 1;
         self
+    }
+
+    /// `now` last, when given: a call on the caller's clock, not the server's.
+    fn now(self, now: Option<Millis>) -> Call<'a> {
+        match now {
+            Some(now) => self.arg(Arg::Num(now)),
+            None => self,
+        }
     }
 
     fn args(&self) -> &[Arg] {

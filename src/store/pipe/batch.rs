@@ -49,8 +49,20 @@ pub(super) fn queue(
             None => entries.push((hash, Entry::Alone(call))),
         }
     }
-    // token-bucket checks of different keys with the same script and arguments: one call (a
-    // batch of one call has nothing to put with it, and goes as it is)
+    write(entries, alone, joins, leases, out, waiting);
+}
+
+/// Writes the entries of a batch: the checks of one bucket joined; token-bucket checks of
+/// different keys with the same script and arguments as one call (a batch of one call has
+/// nothing to put with it, and goes as it is); every other call as it came.
+fn write(
+    entries: &mut Vec<(u64, Entry)>,
+    alone: bool,
+    joins: &mut Vec<Join>,
+    leases: &mut Leases,
+    out: &mut Vec<u8>,
+    waiting: &mut VecDeque<Waiting>,
+) {
     let mut keyed: Vec<Vec<Call>> = Vec::new();
     for (hash, entry) in entries.drain(..) {
         match entry {
@@ -200,7 +212,7 @@ pub(super) fn answer_joined(
         }
         Err(e) => {
             for mut call in calls {
-                call.slot.reply(Err(copy(&e)));
+                call.slot.reply(Err(e.clone()));
             }
             None
         }

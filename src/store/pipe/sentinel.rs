@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ::redis::{RedisError, Value};
+use crate::store::resp::{Error, Value};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -84,11 +84,7 @@ impl Sentinels {
 
     /// The master the Sentinels name now: every Sentinel is asked at once, each for up to
     /// `within`; the highest `config-epoch` among those that answered wins.
-    pub(crate) async fn master(
-        &self,
-        tls: Option<&Tls>,
-        within: Duration,
-    ) -> Result<Named, RedisError> {
+    pub(crate) async fn master(&self, tls: Option<&Tls>, within: Duration) -> Result<Named, Error> {
         let mut asking = JoinSet::new();
         for node in &self.nodes {
             let (node, name, tls) = (node.clone(), self.master_name.clone(), tls.cloned());
@@ -259,7 +255,7 @@ impl Follow {
 }
 
 /// `SENTINEL get-master-addr-by-name` and the master's `config-epoch`, on one Sentinel.
-async fn ask(node: &Sentinel, name: &str, tls: Option<&Tls>) -> Result<Named, RedisError> {
+async fn ask(node: &Sentinel, name: &str, tls: Option<&Tls>) -> Result<Named, Error> {
     let mut stream = tcp(&node.host, node.port, tls).await?;
     let mut commands = auth(node.username.as_deref(), node.password.as_deref());
     commands.push(words(&[
@@ -306,7 +302,7 @@ fn agreed(answers: &[Named]) -> Result<Named, String> {
 }
 
 /// An error unless `reply` (to `ROLE`) says the node is a master.
-pub(crate) fn check_role(reply: Option<&Value>, host: &str, port: u16) -> Result<(), RedisError> {
+pub(crate) fn check_role(reply: Option<&Value>, host: &str, port: u16) -> Result<(), Error> {
     let role = match reply {
         Some(Value::Array(parts)) => parts.first().and_then(text),
         _ => None,
@@ -336,14 +332,14 @@ fn field(reply: &Value, name: &str) -> Option<String> {
 
 fn text(value: &Value) -> Option<String> {
     match value {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
+        Value::Bulk(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::Status(s) => Some(s.clone()),
         _ => None,
     }
 }
 
-fn unexpected(reply: Option<&Value>) -> RedisError {
-    RedisError::from(io::Error::other(format!(
+fn unexpected(reply: Option<&Value>) -> Error {
+    Error::from(io::Error::other(format!(
         "an answer that is no address: {reply:?}"
     )))
 }
@@ -351,12 +347,12 @@ fn unexpected(reply: Option<&Value>) -> RedisError {
 /// A Sentinel problem as an I/O error of kind `ConnectionRefused`: the store is out, for the
 /// breaker and the error metrics, as when Redis refuses a connection.
 trait IntoError {
-    fn into_error(self) -> RedisError;
+    fn into_error(self) -> Error;
 }
 
 impl IntoError for String {
-    fn into_error(self) -> RedisError {
-        RedisError::from(io::Error::new(io::ErrorKind::ConnectionRefused, self))
+    fn into_error(self) -> Error {
+        Error::io(io::ErrorKind::ConnectionRefused, self)
     }
 }
 
@@ -375,7 +371,7 @@ mod tests {
     /// Only `ROLE`'s `master` passes; a replica's answer names its role.
     #[test]
     fn only_a_master_passes() {
-        let role = |r: &str| Value::Array(vec![Value::BulkString(r.into()), Value::Int(0)]);
+        let role = |r: &str| Value::Array(vec![Value::Bulk(r.into()), Value::Int(0)]);
         assert!(check_role(Some(&role("master")), "h", 1).is_ok());
         let e = check_role(Some(&role("slave")), "10.0.0.2", 6379).unwrap_err();
         assert!(
@@ -419,7 +415,7 @@ mod tests {
     /// `config-epoch` is read from the flat reply of `SENTINEL master`.
     #[test]
     fn reads_a_field_of_a_flat_reply() {
-        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let bulk = |s: &str| Value::Bulk(s.as_bytes().to_vec());
         let reply = Value::Array(vec![
             bulk("name"),
             bulk("m"),

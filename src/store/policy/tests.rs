@@ -34,7 +34,7 @@ fn wrongtype() -> StoreError {
     let (value, _) = crate::store::parse_reply(reply)
         .expect("a whole reply")
         .expect("parsed");
-    StoreError::Redis(value.extract_error().expect_err("a server error"))
+    StoreError::from(value.checked().expect_err("a server error"))
 }
 
 /// Errors of one key or call come from a Redis that answers: however many in a row, they do
@@ -46,7 +46,7 @@ fn errors_of_one_key_are_not_outages() {
         script: "token_bucket",
         detail: "not four integers".into(),
     };
-    let dropped = StoreError::Redis(::redis::RedisError::from(std::io::Error::from(
+    let dropped = StoreError::from(crate::store::resp::Error::from(std::io::Error::from(
         std::io::ErrorKind::ConnectionReset,
     )));
     assert!(!wrongtype().is_outage());

@@ -1,11 +1,10 @@
 //! Concurrency slots on Redis: the calls of `lua/concurrency.lua` that name holders. Kept
 //! apart from the checks: their arguments are text of any length, and they are never joined.
 
-use ::redis::Value;
-
 use super::RedisStore;
 use crate::limit::{Algorithm, Decision, Millis, Slots};
 use crate::store::reply::{self, Reply};
+use crate::store::resp::Value;
 use crate::store::scripts::SlotsOp;
 use crate::store::StoreError;
 

@@ -11,7 +11,7 @@
 use std::sync::Weak;
 use std::time::Duration;
 
-use ::redis::{RedisError, Value};
+use crate::store::resp::{Error, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::super::{auth, exchange, tcp, words, Stream, Tls};
@@ -41,7 +41,7 @@ pub(super) async fn listen(
             let mut commands = auth(node.username.as_deref(), node.password.as_deref());
             commands.push(words(&[b"SUBSCRIBE", b"+switch-master"]));
             exchange(&mut stream, &commands).await?;
-            Ok::<_, RedisError>(stream)
+            Ok::<_, Error>(stream)
         };
         let ended = match tokio::time::timeout(within, subscribed).await {
             Ok(Ok(stream)) => match stream {
@@ -67,7 +67,7 @@ async fn heard<S: AsyncRead + AsyncWrite + Unpin>(
     sentinels: &Weak<Sentinels>,
     tls: Option<&Tls>,
     within: Duration,
-) -> Result<(), RedisError> {
+) -> Result<(), Error> {
     refresh(sentinels, tls, within).await;
     let mut ping = Vec::new();
     encode_command(&mut ping, &[b"PING"]);
