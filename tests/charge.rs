@@ -86,9 +86,22 @@ fn retry_after_ms(body: &str) -> u64 {
     v["retry_after_ms"].as_u64().unwrap()
 }
 
-/// Time for a spawned charge to reach the store: it never delays the response, so the next
-/// request may overtake it by a round trip.
-const SETTLE: Duration = Duration::from_millis(200);
+/// Waits up to `within` for the admin listener to read this client's `allowed_now` as
+/// `allowed`: a spawned charge never delays the response, so the next request may overtake it
+/// by a round trip. The reading takes nothing from the limit.
+async fn settled(proxy: &Proxy, allowed: bool, within: Duration) {
+    let url = format!(
+        "http://{}/api/limits/api/tokens?key=127.0.0.1",
+        proxy.admin.unwrap()
+    );
+    eventually(within, || async {
+        let state = get(&url, &[]).await;
+        assert_eq!(state.status, 200, "{}", state.body);
+        let state: serde_json::Value = serde_json::from_str(&state.body).unwrap();
+        state["allowed_now"] == allowed
+    })
+    .await;
+}
 
 /// 250 tokens used against 100 at 100/s: 150 of debt, so the next request waits for 151
 /// tokens (1.51 s, less the time since); it is admitted once that has passed.
@@ -99,7 +112,7 @@ async fn debt_refuses_until_repaid(first: &Proxy, second: &Proxy) {
     // the answer that reported the debt shows it: none left, whole again in 2.5 s
     let rl = answered.header("ratelimit").unwrap();
     assert_eq!(rl, "\"tokens\";r=0;t=3");
-    tokio::time::sleep(SETTLE).await;
+    settled(second, false, Duration::from_secs(5)).await;
     let refused = get(&second.url("/used/1"), &[]).await;
     assert_eq!(refused.status, 429, "{refused:?}");
     let retry = retry_after_ms(&refused.body);
@@ -181,7 +194,7 @@ async fn trailer_charges(proxy: &Proxy) {
         Some(&http::HeaderValue::from_static("250"))
     );
     assert_eq!(body.to_bytes(), "streamed answer");
-    tokio::time::sleep(SETTLE).await;
+    settled(proxy, false, Duration::from_secs(5)).await;
     let refused = get(&proxy.url("/used/1"), &[]).await;
     assert_eq!(refused.status, 429, "{refused:?}");
     assert!(retry_after_ms(&refused.body) > 1000, "{}", refused.body);
@@ -238,12 +251,13 @@ async fn a_smaller_report_gives_back() {
     let alg = "algorithm: token_bucket\n    rate: 1/s\n    burst: 5\n    cost: 5";
     let proxy = Proxy::start(&charged(Yaml::to(&[upstream]).redis(&redis, ""), alg)).await;
     assert_eq!(get(&proxy.url("/used/5"), &[]).await.status, 200);
-    tokio::time::sleep(SETTLE).await;
+    settled(&proxy, false, Duration::from_secs(5)).await;
     assert_eq!(get(&proxy.url("/used/0"), &[]).await.status, 429);
     // (the refusal above took nothing) wait out one request's worth, then one that used none
     tokio::time::sleep(Duration::from_millis(5100)).await;
     assert_eq!(get(&proxy.url("/used/0"), &[]).await.status, 200);
-    tokio::time::sleep(SETTLE).await;
+    // (well before the bucket could refill the 5 by itself)
+    settled(&proxy, true, Duration::from_secs(2)).await;
     assert_eq!(get(&proxy.url("/used/5"), &[]).await.status, 200);
 }
 
@@ -263,7 +277,7 @@ async fn windows_are_charged() {
         let proxy = Proxy::start(&yaml).await;
         clear_of_window_end().await;
         assert_eq!(get(&proxy.url("/used/30"), &[]).await.status, 200, "{alg}");
-        tokio::time::sleep(SETTLE).await;
+        settled(&proxy, false, Duration::from_secs(5)).await;
         let refused = get(&proxy.url("/used/1"), &[]).await;
         assert_eq!(refused.status, 429, "{alg}: {refused:?}");
         let retry = retry_after_ms(&refused.body);
