@@ -201,11 +201,21 @@ async fn grpc_outcomes_are_in_every_figure() {
         assert!(metrics.contains(expected), "no `{expected}` in\n{metrics}");
     }
 
-    // a second sample, a second after the first
-    tokio::time::sleep(Duration::from_millis(2100)).await;
-    let (status, body) = admin_get(admin, "/api/stats");
-    assert_eq!(status, 200, "{body}");
-    let stats: Value = serde_json::from_str(&body).unwrap();
+    // the rates need a second sample, a second after the first; the window keeps them
+    let stats = || {
+        let (status, body) = admin_get(admin, "/api/stats");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+    common::eventually(Duration::from_secs(10), || async {
+        stats()["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == "api" && r["share_429"].as_f64() > Some(0.0))
+    })
+    .await;
+    let stats = stats();
     let route = |name: &str| {
         stats["routes"]
             .as_array()
