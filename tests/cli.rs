@@ -715,7 +715,9 @@ fn access_lines_of_a_body_cut_short_and_a_client_gone() {
     let mut gone = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     gone.write_all(b"GET /v1/slow/3000 HTTP/1.1\r\nHost: t\r\nX-Request-Id: gone\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for("the request at the upstream", || {
+        upstream.seen().iter().any(|s| s.uri == "/slow/3000")
+    });
     drop(gone);
     let lines = access_fields(&lines, 2);
     let cut = &lines["cut"];
