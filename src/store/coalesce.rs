@@ -46,6 +46,8 @@ pub(crate) struct Join {
     /// different keys with the same script and arguments may go as one call with several keys
     /// (`pipe::queue`)
     pub(crate) key: (usize, usize),
+    /// how many words the command has (`EVALSHA sha 1 key args…`), as its `*` line says
+    pub(crate) words: u64,
     /// milliseconds per token or slot (`1000 / rate`)
     pub(crate) interval_ms: f64,
     pub(crate) kind: Kind,
@@ -266,6 +268,7 @@ mod tests {
                     head: 0,
                     same: 0,
                     key: (0, 0),
+                    words: 0,
                     kind: Kind::Tokens { cost, burst: 10 },
                     interval_ms: interval,
                 };
@@ -288,6 +291,7 @@ mod tests {
             head: 0,
             same: 0,
             key: (0, 0),
+            words: 0,
             kind: Kind::Tokens { cost: 1, burst: 10 },
             interval_ms: 1.0,
         };
@@ -312,6 +316,7 @@ mod tests {
             head: 0,
             same: 0,
             key: (0, 0),
+            words: 0,
             kind: Kind::Tokens { cost: 1, burst: 10 },
             interval_ms: interval,
         };
@@ -362,6 +367,7 @@ mod tests {
             head: 4,
             same: first.len(),
             key: (0, 0),
+            words: 0,
             interval_ms: 100.0,
             kind: Kind::Slots {
                 rate: 10.0,

@@ -311,6 +311,7 @@ mod tests {
             head: 7,
             same: 7,
             key: (0, 7),
+            words: 0,
             interval_ms: 10.0,
             kind: Kind::Tokens { cost, burst },
         }

@@ -414,8 +414,9 @@ impl<'a> Call<'a> {
     /// Returns how the `EVALSHA` may be joined with other checks of its bucket, if it may.
     pub(crate) fn encode(&self, out: &mut Vec<u8>, body: bool) -> Option<Join> {
         let start = out.len();
+        let words = 4 + self.len as u64; // EVALSHA sha 1 key args…
         out.push(b'*');
-        push_count(out, 4 + self.len as u64); // EVALSHA sha 1 key args…
+        push_count(out, words);
         if body {
             bulk(out, b"EVAL");
             bulk(out, self.lua.body.as_bytes());
@@ -443,6 +444,7 @@ impl<'a> Call<'a> {
             head,
             same,
             key: (key_at, args_at),
+            words,
             interval_ms,
             kind,
         })

@@ -133,17 +133,11 @@ fn encode_keys(calls: &[Call], out: &mut Vec<u8>) {
         unreachable!("keyable calls are joinable")
     };
     let command = &first.command;
-    // `*words\r\n`: the words of one call, one key more for each other call
-    let line = command
-        .iter()
-        .position(|&b| b == b'\n')
-        .map_or(0, |i| i + 1);
-    let words: u64 = std::str::from_utf8(&command[1..line.saturating_sub(2)])
-        .ok()
-        .and_then(|w| w.parse().ok())
-        .unwrap_or(0);
+    // the words of one call, one key more for each other call; the first call's `*words` line
+    // is skipped by its length, known from the count it says
+    let line = 3 + crate::decimal::digits(join.words, &mut [0; 20]).len();
     out.push(b'*');
-    push_count(out, words + calls.len() as u64 - 1);
+    push_count(out, join.words + calls.len() as u64 - 1);
     out.extend_from_slice(&command[line..join.key.0 - ONE_KEY.len()]);
     bulk(
         out,
