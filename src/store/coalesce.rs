@@ -31,21 +31,11 @@
 //! replay that must be run as given. The window scripts take no cost and are not joined.
 
 use super::reply::Reply;
-use super::resp::{bulk, Value};
+use super::resp::Value;
 
-/// How a call may be joined with others of the same bucket: given by the call's encoding.
+/// How a check may be joined with others of the same bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Join {
-    /// length of the command before the arguments a joined call changes (the cost of a token
-    /// bucket; rate and `max_delay` of a leaky bucket)
-    pub(crate) head: usize,
-    /// length of the command that must be the same for calls to be joined: the same script on
-    /// the same key with the same parameters
-    pub(crate) same: usize,
-    /// where the key's bulk string starts and ends in the command: token-bucket checks of
-    /// different keys with the same script and arguments may go as one call with several keys
-    /// (`pipe::queue`)
-    pub(crate) key: (usize, usize),
     /// milliseconds per token or slot (`1000 / rate`)
     pub(crate) interval_ms: f64,
     pub(crate) kind: Kind,
@@ -65,6 +55,10 @@ pub(crate) enum Kind {
 }
 
 impl Join {
+    pub(crate) fn new(kind: Kind, interval_ms: f64) -> Join {
+        Join { interval_ms, kind }
+    }
+
     pub(crate) fn cost(&self) -> u64 {
         match self.kind {
             Kind::Tokens { cost, .. } => cost,
@@ -73,38 +67,36 @@ impl Join {
     }
 }
 
-/// Writes the one command of the calls `joins` (in order; `first` is the first call's command)
-/// into `out`, taking `ahead` tokens more than the checks' for a lease (token buckets only);
-/// false, writing nothing, when they cannot be joined (more slots than `max_delay` holds even
-/// from an idle schedule).
-pub(crate) fn encode(first: &[u8], joins: &[Join], ahead: u64, out: &mut Vec<u8>) -> bool {
-    let Some(join) = joins.first() else {
-        return false;
-    };
+/// What the one call of joined checks asks, in place of the first check's own arguments.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Joined {
+    /// a token bucket's cost
+    Cost(u64),
+    /// a leaky bucket's rate and `max_delay`
+    Slots {
+        rate: f64,
+        max_delay_ms: Option<f64>,
+    },
+}
+
+/// What the one call of the checks `joins` (in order) asks, taking `ahead` tokens more than the
+/// checks' for a lease (token buckets only); `None` when they cannot be joined (more slots than
+/// `max_delay` holds even from an idle schedule).
+pub(crate) fn joined(joins: &[Join], ahead: u64) -> Option<Joined> {
+    let join = joins.first()?;
     let total: u64 = joins.iter().map(Join::cost).sum();
     match join.kind {
-        Kind::Tokens { .. } => {
-            out.extend_from_slice(&first[..join.head]);
-            bulk(out, crate::decimal::digits(total + ahead, &mut [0; 20]));
-        }
+        Kind::Tokens { .. } => Some(Joined::Cost(total + ahead)),
         Kind::Slots { rate, max_delay_ms } => {
             let later = (total - 1) as f64 * join.interval_ms;
-            let max_delay = max_delay_ms.map(|max| max - later);
-            if max_delay.is_some_and(|max| max < 0.0) {
-                return false;
+            let max_delay_ms = max_delay_ms.map(|max| max - later);
+            if max_delay_ms.is_some_and(|max| max < 0.0) {
+                return None;
             }
-            out.extend_from_slice(&first[..join.head]);
-            bulk(out, (rate / total as f64).to_string().as_bytes());
-            bulk(
-                out,
-                max_delay
-                    .map(|m| m.to_string())
-                    .unwrap_or_default()
-                    .as_bytes(),
-            );
+            let rate = rate / total as f64;
+            Some(Joined::Slots { rate, max_delay_ms })
         }
     }
-    true
 }
 
 /// The reply of each joined call in `joins` (in order), from the joined call's `reply` (which
@@ -167,12 +159,12 @@ fn slots(reply: &Value, joins: &[Join], max_delay_ms: Option<f64>) -> Option<Vec
     }
 }
 
-/// A cheap hash of a command's head, to find the calls with equal heads among a batch without
-/// comparing every pair byte by byte (heads are compared whole when the hashes match).
-pub(crate) fn hash(head: &[u8]) -> u64 {
+/// A cheap hash of a check's key, to find the checks of one bucket among a batch without
+/// comparing every pair's keys (they are compared whole when the hashes match).
+pub(crate) fn hash(key: &[u8]) -> u64 {
     const K: u64 = 0x9e37_79b9_7f4a_7c15; // 2^64 / golden ratio: spreads the bits of each word
-    let mut h = head.len() as u64;
-    let mut words = head.chunks_exact(8);
+    let mut h = key.len() as u64;
+    let mut words = key.chunks_exact(8);
     for word in &mut words {
         let word = u64::from_le_bytes(word.try_into().expect("chunks of 8 bytes"));
         h = (h ^ word).wrapping_mul(K).rotate_left(29);
@@ -263,9 +255,6 @@ mod tests {
             for &cost in &costs {
                 taken += cost;
                 let join = Join {
-                    head: 0,
-                    same: 0,
-                    key: (0, 0),
                     kind: Kind::Tokens { cost, burst: 10 },
                     interval_ms: interval,
                 };
@@ -285,9 +274,6 @@ mod tests {
         // a reply not of the script's shape is not shared out: each check goes alone, and its
         // own reply tells the decoder what is wrong
         let join = Join {
-            head: 0,
-            same: 0,
-            key: (0, 0),
             kind: Kind::Tokens { cost: 1, burst: 10 },
             interval_ms: 1.0,
         };
@@ -309,9 +295,6 @@ mod tests {
         let tolerance = 10.0 * interval;
         let eps = 0.001;
         let join = Join {
-            head: 0,
-            same: 0,
-            key: (0, 0),
             kind: Kind::Tokens { cost: 1, burst: 10 },
             interval_ms: interval,
         };
@@ -357,26 +340,28 @@ mod tests {
     /// last slot; when not even an idle schedule holds them all, they are not joined.
     #[test]
     fn slots_join_as_one_call_at_a_fraction_of_the_rate() {
-        let first = b"HEAD$2\r\n10\r\n$3\r\n550\r\n";
-        let join = |max| Join {
-            head: 4,
-            same: first.len(),
-            key: (0, 0),
+        let join = |max: Option<f64>| Join {
             interval_ms: 100.0,
             kind: Kind::Slots {
                 rate: 10.0,
                 max_delay_ms: max,
             },
         };
-        let mut out = Vec::new();
-        assert!(encode(first, &[join(Some(550.0)); 4], 0, &mut out));
-        assert_eq!(out, b"HEAD$3\r\n2.5\r\n$3\r\n250\r\n");
-        let mut out = Vec::new();
-        assert!(encode(first, &[join(None); 3], 0, &mut out));
-        assert_eq!(out, b"HEAD$18\r\n3.3333333333333335\r\n$0\r\n\r\n");
-        let mut out = Vec::new();
-        assert!(!encode(first, &[join(Some(550.0)); 7], 0, &mut out));
-        assert!(out.is_empty());
+        assert_eq!(
+            joined(&[join(Some(550.0)); 4], 0),
+            Some(Joined::Slots {
+                rate: 2.5,
+                max_delay_ms: Some(250.0)
+            })
+        );
+        assert_eq!(
+            joined(&[join(None); 3], 0),
+            Some(Joined::Slots {
+                rate: 10.0 / 3.0,
+                max_delay_ms: None
+            })
+        );
+        assert_eq!(joined(&[join(Some(550.0)); 7], 0), None);
         // admitted: each its own slot; refused past max_delay itself: each refused
         let reply = |admitted: i64, delay: &str| {
             Reply::Value(Value::Array(vec![
@@ -403,11 +388,10 @@ mod tests {
         );
     }
 
-    /// Equal heads hash equal; a change anywhere in a head (the key's last byte, a rate digit)
-    /// changes the hash.
+    /// Equal keys hash equal; a change anywhere in a key changes the hash.
     #[test]
-    fn heads_hash_by_every_byte() {
-        let a = b"*7\r\n$7\r\nEVALSHA\r\n$5\r\nabcde\r\n$1\r\n1\r\n$9\r\nkey:alice\r\n$2\r\n10";
+    fn keys_hash_by_every_byte() {
+        let a = b"tenant:acme:client:key:alice:route:/api/v1/orders";
         for i in 0..a.len() {
             let mut b = a.to_vec();
             b[i] ^= 1;

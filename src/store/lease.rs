@@ -41,6 +41,7 @@ use tokio::time::Instant;
 
 use super::coalesce::{self, Join, Kind};
 use super::resp::{bulk, push_count};
+use super::scripts::Check;
 
 /// How long a lease's tokens are handed out; what is left then is given back.
 pub(crate) const LIFE: Duration = Duration::from_millis(20);
@@ -71,15 +72,12 @@ impl Lane {
         }
     }
 
-    /// The reply of the check `command` (joinable as `join`) from its bucket's lease, if the
-    /// lane holds one with its tokens.
-    pub(crate) fn hand_out(&self, command: &[u8], join: Join) -> Option<[i64; 4]> {
+    /// The reply of `check` from its bucket's lease, if the lane holds one with its tokens.
+    pub(crate) fn hand_out(&self, check: &Check) -> Option<[i64; 4]> {
         if !self.holding.load(Ordering::Relaxed) {
             return None;
         }
-        let head = &command[..join.same];
-        let hash = coalesce::hash(head);
-        self.with(|leases| leases.hand_out(hash, head, join, Instant::now()))
+        self.with(|leases| leases.hand_out(check, Instant::now()))
     }
 
     /// Runs `f` on the leases (for the driver), keeping the callers' shortcut true.
@@ -105,10 +103,8 @@ pub(crate) struct Leases {
 
 /// One bucket's lease.
 struct Held {
-    hash: u64,
-    /// the check's command up to its cost (script, key, rate, burst: [`Join::same`])
-    head: Box<[u8]>,
-    join: Join,
+    /// the first check of the joined call that took it: its bucket ([`Check::same_bucket`])
+    check: Check,
     /// tokens taken and not yet handed out
     tokens: u64,
     /// the size of the last lease taken (0: none yet)
@@ -140,24 +136,16 @@ impl Leases {
         self.held.iter().any(|h| h.tokens > 0)
     }
 
-    /// Where the lease of the bucket whose checks' commands start with `head` is kept.
-    fn position(&self, hash: u64, head: &[u8]) -> Option<usize> {
-        self.held
-            .iter()
-            .position(|h| h.hash == hash && *h.head == *head)
+    /// Where the lease of `check`'s bucket is kept.
+    fn position(&self, check: &Check) -> Option<usize> {
+        self.held.iter().position(|h| h.check.same_bucket(check))
     }
 
-    /// The reply of a check of cost `join.cost()` whose command starts with `head` (hashed
-    /// `hash`), from its bucket's lease, if it holds the tokens.
-    pub(crate) fn hand_out(
-        &mut self,
-        hash: u64,
-        head: &[u8],
-        join: Join,
-        now: Instant,
-    ) -> Option<[i64; 4]> {
+    /// The reply of `check` from its bucket's lease, if it holds the tokens.
+    pub(crate) fn hand_out(&mut self, check: &Check, now: Instant) -> Option<[i64; 4]> {
+        let join = check.join;
         let cost = join.cost();
-        let at = self.position(hash, head)?;
+        let at = self.position(check)?;
         let held = &mut self.held[at];
         if held.tokens < cost || now >= held.at + LIFE {
             return None;
@@ -169,17 +157,16 @@ impl Leases {
         Some([allowed, remaining, retry, (reset - since).max(1)])
     }
 
-    /// How many tokens a joined call of `joins` (whose command starts with `head`, hashed
-    /// `hash`) takes ahead for a lease: none unless its bucket's last reply shows it keeps half
+    /// How many tokens a joined call of `joins` (the first `check`) takes ahead for a lease: none unless its bucket's last reply shows it keeps half
     /// its burst after them. The first lease of a bucket is as many tokens as the checks take;
     /// each one after (its checks came back for more within a lease's life: the last one was
     /// handed out) twice the last, up to [`AHEAD`] times the checks' tokens. A burst of
     /// requests that ends leaves little to give back; a steady flow gets the large leases.
-    pub(crate) fn ahead(&self, hash: u64, head: &[u8], joins: &[Join]) -> u64 {
+    pub(crate) fn ahead(&self, check: &Check, joins: &[Join]) -> u64 {
         let Some(Kind::Tokens { burst, .. }) = joins.first().map(|j| j.kind) else {
             return 0;
         };
-        let Some(at) = self.position(hash, head) else {
+        let Some(at) = self.position(check) else {
             return 0;
         };
         let held = &self.held[at];
@@ -197,14 +184,12 @@ impl Leases {
         lease
     }
 
-    /// Keeps what a joined call of `join`'s bucket answered (`reply`, admitted, with `ahead`
+    /// Keeps what a joined call of `check`'s bucket answered (`reply`, admitted, with `ahead`
     /// tokens taken for the lease) at `now`: the lease, and the bucket's tokens for the next
     /// [`Leases::ahead`]. Returns when the lease ends, for the lane's alarm.
     pub(crate) fn taken(
         &mut self,
-        hash: u64,
-        head: &[u8],
-        join: Join,
+        check: &Check,
         reply: &[i64; 4],
         ahead: u64,
         now: Instant,
@@ -212,13 +197,11 @@ impl Leases {
         if !self.enabled {
             return None;
         }
-        let at = match self.position(hash, head) {
+        let at = match self.position(check) {
             Some(at) => at,
             None if self.held.len() < MAX => {
                 self.held.push(Held {
-                    hash,
-                    head: head.into(),
-                    join,
+                    check: check.clone(),
                     tokens: 0,
                     grant: 0,
                     reply: *reply,
@@ -229,7 +212,7 @@ impl Leases {
             None => {
                 if ahead > 0 {
                     // (no room: nothing may be held that is not kept; `ahead` took room for it)
-                    give_back(&mut self.returns, head, &join, ahead);
+                    give_back(&mut self.returns, check, ahead);
                     self.count += 1;
                 }
                 return None;
@@ -248,8 +231,8 @@ impl Leases {
 
     /// A joined call of the bucket was refused: no lease until a reply shows it far from empty
     /// again (tokens still held stay so).
-    pub(crate) fn refused(&mut self, hash: u64, head: &[u8]) {
-        if let Some(at) = self.position(hash, head) {
+    pub(crate) fn refused(&mut self, check: &Check) {
+        if let Some(at) = self.position(check) {
             self.held[at].reply[1] = 0;
         }
     }
@@ -266,7 +249,7 @@ impl Leases {
                 return true;
             }
             if held.tokens > 0 {
-                give_back(returns, &held.head, &held.join, held.tokens);
+                give_back(returns, &held.check, held.tokens);
                 *count += 1;
             }
             false
@@ -288,17 +271,16 @@ impl Leases {
     }
 }
 
-/// `EVAL give_back.lua 1 key token_bucket taken_ms`: `tokens` of `join`'s bucket (whose check's
-/// command starts with `head`) back.
-fn give_back(out: &mut Vec<u8>, head: &[u8], join: &Join, tokens: u64) {
+/// `EVAL give_back.lua 1 key token_bucket taken_ms`: `tokens` of `check`'s bucket back.
+fn give_back(out: &mut Vec<u8>, check: &Check, tokens: u64) {
     out.push(b'*');
     push_count(out, 6);
     bulk(out, b"EVAL");
     bulk(out, GIVE_BACK.as_bytes());
     bulk(out, b"1");
-    out.extend_from_slice(&head[join.key.0..join.key.1]);
+    bulk(out, check.key().as_bytes());
     bulk(out, b"token_bucket");
-    let taken = tokens as f64 * join.interval_ms;
+    let taken = tokens as f64 * check.join.interval_ms;
     bulk(out, taken.to_string().as_bytes());
 }
 
@@ -308,12 +290,23 @@ mod tests {
 
     fn join(cost: u64, burst: u64) -> Join {
         Join {
-            head: 7,
-            same: 7,
-            key: (0, 7),
             interval_ms: 10.0,
             kind: Kind::Tokens { cost, burst },
         }
+    }
+
+    /// A check of `key` at 100 tokens a second (10 ms each).
+    fn check(key: &str, cost: u32, burst: u32) -> Check {
+        let bucket = crate::limit::Bucket::new(
+            crate::limit::Rate::per_second(100.0).unwrap(),
+            std::num::NonZeroU32::new(burst).unwrap(),
+            std::num::NonZeroU32::new(cost).unwrap(),
+        );
+        let alg = crate::limit::Algorithm::TokenBucket(bucket.unwrap());
+        let scripts = super::super::scripts::Scripts::new();
+        let check = scripts.check(key, &alg, None).check().unwrap();
+        assert_eq!(check.join, join(cost.into(), burst.into()));
+        check
     }
 
     /// A bucket under 1 000 tokens never leases; a larger one leases only while its last reply
@@ -322,34 +315,37 @@ mod tests {
     #[test]
     fn leases_only_from_buckets_far_from_empty() {
         let now = Instant::now();
-        let head = b"$1\r\nk\r\n";
-        let hash = coalesce::hash(head);
         let mut leases = Leases::new();
         // no reply seen yet: no lease
-        assert_eq!(leases.ahead(hash, head, &[join(1, 100_000); 3]), 0);
-        leases.taken(hash, head, join(1, 100_000), &[1, 90_000, 0, 5], 0, now);
+        assert_eq!(
+            leases.ahead(&check("k", 1, 100_000), &[join(1, 100_000); 3]),
+            0
+        );
+        leases.taken(&check("k", 1, 100_000), &[1, 90_000, 0, 5], 0, now);
         // the first lease as many tokens as the checks', then twice the last, up to 8 times
         let mut grants = Vec::new();
         for _ in 0..5 {
-            let ahead = leases.ahead(hash, head, &[join(1, 100_000); 3]);
-            leases.taken(hash, head, join(1, 100_000), &[1, 90_000, 0, 5], ahead, now);
+            let ahead = leases.ahead(&check("k", 1, 100_000), &[join(1, 100_000); 3]);
+            leases.taken(&check("k", 1, 100_000), &[1, 90_000, 0, 5], ahead, now);
             grants.push(ahead);
         }
         assert_eq!(grants, [3, 6, 12, 24, 24]);
         // and never over a thousandth of the burst
         for want in [48, 96, 100, 100] {
-            let ahead = leases.ahead(hash, head, &[join(1, 100_000); 80]);
+            let ahead = leases.ahead(&check("k", 1, 100_000), &[join(1, 100_000); 80]);
             assert_eq!(ahead, want);
-            leases.taken(hash, head, join(1, 100_000), &[1, 90_000, 0, 5], ahead, now);
+            leases.taken(&check("k", 1, 100_000), &[1, 90_000, 0, 5], ahead, now);
         }
         // under half the burst kept after it: none
-        leases.taken(hash, head, join(1, 100_000), &[1, 50_005, 0, 5], 0, now);
-        assert_eq!(leases.ahead(hash, head, &[join(1, 100_000); 3]), 0);
+        leases.taken(&check("k", 1, 100_000), &[1, 50_005, 0, 5], 0, now);
+        assert_eq!(
+            leases.ahead(&check("k", 1, 100_000), &[join(1, 100_000); 3]),
+            0
+        );
         // a small bucket, full: none
-        let small = b"$1\r\ns\r\n";
-        let hash = coalesce::hash(small);
-        leases.taken(hash, small, join(1, 999), &[1, 990, 0, 5], 0, now);
-        assert_eq!(leases.ahead(hash, small, &[join(1, 999); 3]), 0);
+        let small = check("s", 1, 999);
+        leases.taken(&small, &[1, 990, 0, 5], 0, now);
+        assert_eq!(leases.ahead(&small, &[join(1, 999); 3]), 0);
     }
 
     /// With leases off (`store.leases: false`) no bucket's reply is kept: none leases, and no
@@ -357,14 +353,15 @@ mod tests {
     #[test]
     fn leases_off_keep_nothing() {
         let now = Instant::now();
-        let head = b"$1\r\nk\r\n";
-        let hash = coalesce::hash(head);
         let mut leases = Leases::new();
         leases.enabled = false;
         for _ in 0..3 {
-            let end = leases.taken(hash, head, join(1, 100_000), &[1, 90_000, 0, 5], 0, now);
+            let end = leases.taken(&check("k", 1, 100_000), &[1, 90_000, 0, 5], 0, now);
             assert_eq!(end, None);
-            assert_eq!(leases.ahead(hash, head, &[join(1, 100_000); 3]), 0);
+            assert_eq!(
+                leases.ahead(&check("k", 1, 100_000), &[join(1, 100_000); 3]),
+                0
+            );
         }
         assert_eq!(leases.expire(now + LIFE), None);
     }
@@ -375,14 +372,12 @@ mod tests {
     #[test]
     fn a_lease_answers_in_order_then_gives_back_what_is_left() {
         let now = Instant::now();
-        let head = b"$1\r\nk\r\n";
-        let hash = coalesce::hash(head);
         let mut leases = Leases::new();
         // a joined call took 3 checks' tokens and 4 ahead: 1000 left after all of it
-        let end = leases.taken(hash, head, join(1, 100_000), &[1, 1000, 0, 990_000], 4, now);
+        let end = leases.taken(&check("k", 1, 100_000), &[1, 1000, 0, 990_000], 4, now);
         assert_eq!(end, Some(now + LIFE));
         let got: Vec<_> = (0..3)
-            .map(|_| leases.hand_out(hash, head, join(1, 100_000), now))
+            .map(|_| leases.hand_out(&check("k", 1, 100_000), now))
             .collect();
         assert_eq!(
             got,
@@ -393,18 +388,18 @@ mod tests {
             ]
         );
         // a check of cost 2 does not fit the one token left; one of cost 1 does, 5 ms later
-        assert_eq!(leases.hand_out(hash, head, join(2, 100_000), now), None);
+        assert_eq!(leases.hand_out(&check("k", 2, 100_000), now), None);
         let later = now + Duration::from_millis(5);
         assert_eq!(
-            leases.hand_out(hash, head, join(1, 100_000), later),
+            leases.hand_out(&check("k", 1, 100_000), later),
             Some([1, 1000, 0, 989_995])
         );
-        assert_eq!(leases.hand_out(hash, head, join(1, 100_000), later), None);
+        assert_eq!(leases.hand_out(&check("k", 1, 100_000), later), None);
         assert!(!leases.returning());
         assert_eq!(leases.expire(later), Some(now + LIFE));
 
         // another lease, not used: given back at its end
-        leases.taken(hash, head, join(1, 100_000), &[1, 990, 0, 5], 7, now);
+        leases.taken(&check("k", 1, 100_000), &[1, 990, 0, 5], 7, now);
         assert_eq!(leases.expire(now + LIFE), None);
         assert!(leases.returning());
         let mut out = Vec::new();
@@ -414,9 +409,6 @@ mod tests {
         assert!(text.ends_with("\r\n$1\r\n1\r\n$1\r\nk\r\n$12\r\ntoken_bucket\r\n$2\r\n70\r\n"));
         assert!(!leases.returning());
         // and past its life, a lease answers nothing
-        assert_eq!(
-            leases.hand_out(hash, head, join(1, 100_000), now + LIFE),
-            None
-        );
+        assert_eq!(leases.hand_out(&check("k", 1, 100_000), now + LIFE), None);
     }
 }

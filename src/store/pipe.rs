@@ -1,9 +1,10 @@
 //! The store's own connection to one Redis (TCP, TLS or a unix socket), built for the hot path.
 //!
-//! Every check is one `EVALSHA`; thousands run at once from the proxy's tasks. A caller writes
-//! its command (already encoded, see [`super::scripts::Call::encode`]) into a channel and waits
-//! on a oneshot; one driver task owns the socket, writes every command waiting in the channel
-//! with one `write` once the batch before is answered (one batch in flight: under load the
+//! Every check is one `EVALSHA`; thousands run at once from the proxy's tasks. A caller puts
+//! its command into a channel, encoded already ([`super::scripts::Call::encode`]) or, for a
+//! check that may be joined, as a typed [`Check`], and waits on a oneshot; one driver task
+//! owns the socket, writes every command waiting in the channel with one `write` once the
+//! batch before is answered (one batch in flight: under load the
 //! next gathers while Redis works; see [`drive`] for when that rule is set aside), reads the
 //! replies as they come and hands each, in order, to its caller (Redis answers the commands of
 //! one connection in order). The replies are parsed as they come, with no intermediate frames,
@@ -64,6 +65,7 @@ use super::coalesce::{self, Join};
 use super::lease::{self, Leases};
 use super::reply::Reply;
 use super::resp::{parse, parse_four, Error, Value};
+use super::scripts::Check;
 use alarm::Alarm;
 use batch::{answer_joined, answer_keys, queue};
 use connect::{asking, connect, Stream};
@@ -157,10 +159,48 @@ pub(crate) fn set_thread_lane(lane: usize) {
 }
 
 struct Call {
-    command: Vec<u8>,
+    command: Command,
     slot: Slot,
+}
+
+/// What a call sends: its bytes are written once, when its batch is.
+pub(crate) enum Command {
+    /// a command its caller encoded
+    Bytes(Vec<u8>),
     /// a check that may be joined with the others of its bucket
-    join: Option<Join>,
+    Check(Check),
+    /// a check to be written alone: the joined call it was in was refused
+    Alone(Check),
+}
+
+impl Call {
+    /// The check, if it may be joined.
+    fn check(&self) -> Option<&Check> {
+        match &self.command {
+            Command::Check(check) => Some(check),
+            Command::Bytes(_) | Command::Alone(_) => None,
+        }
+    }
+
+    /// Appends the call's command, alone.
+    fn write(&self, out: &mut Vec<u8>) {
+        match &self.command {
+            Command::Bytes(bytes) => out.extend_from_slice(bytes),
+            Command::Check(check) | Command::Alone(check) => check.write(out),
+        }
+    }
+
+    /// The call, to be sent again alone.
+    fn alone(self) -> Call {
+        let command = match self.command {
+            Command::Check(check) => Command::Alone(check),
+            command => command,
+        };
+        Call {
+            command,
+            slot: self.slot,
+        }
+    }
 }
 
 /// Where a call's answer goes, and by when.
@@ -265,18 +305,15 @@ impl Pipe {
         }
     }
 
-    /// Sends one encoded command and waits for its reply, until `deadline` at the latest; a
-    /// server error reply is a [`Failure::Redis`]. With `join`, the command may be sent joined
-    /// with others of its bucket, or be answered from its bucket's lease without being sent.
-    pub(crate) async fn call(
-        &self,
-        command: Vec<u8>,
-        join: Option<Join>,
-        deadline: Instant,
-    ) -> Answer {
+    /// Sends one command and waits for its reply, until `deadline` at the latest; a server
+    /// error reply is a [`Failure::Redis`]. A [`Command::Check`] may be sent joined with others
+    /// of its bucket, or be answered from its bucket's lease without being sent.
+    pub(crate) async fn call(&self, command: Command, deadline: Instant) -> Answer {
         let lane = &self.lanes[LANE.with(Cell::get) % self.lanes.len()];
-        if let Some(reply) = join.and_then(|join| lane.leases.hand_out(&command, join)) {
-            return Ok(Reply::Leased(reply));
+        if let Command::Check(check) = &command {
+            if let Some(reply) = lane.leases.hand_out(check) {
+                return Ok(Reply::Leased(reply));
+            }
         }
         let calls = lane.calls.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -290,7 +327,6 @@ impl Pipe {
                 reply: Some(reply),
                 deadline,
             },
-            join,
         };
         let stopped = || Failure::Redis(gone("the Redis connection task has stopped"));
         calls.send(call).map_err(|_| stopped())?;

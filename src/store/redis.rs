@@ -22,7 +22,7 @@ use ::redis::{ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, TlsCertificat
 
 mod slots;
 
-use super::pipe::{self, Addr, Endpoint, Failure, Pipe, Sentinel, Sentinels};
+use super::pipe::{self, Addr, Command, Endpoint, Failure, Pipe, Sentinel, Sentinels};
 use super::reply::{self, Reply};
 use super::resp::{ServerError, Value};
 use super::scripts::{ScriptCall, Scripts, SlotsOp};
@@ -260,7 +260,7 @@ impl RedisStore {
                 let mut command = Vec::new();
                 super::resp::encode_command(&mut command, &[b"PING"]);
                 let deadline = tokio::time::Instant::now() + self.timeout;
-                let answer = pipe.call(command, None, deadline).await;
+                let answer = pipe.call(Command::Bytes(command), deadline).await;
                 self.answered(answer).map(drop)
             }
             Conn::Client(client @ Client::Single(_)) => {
@@ -295,13 +295,19 @@ impl RedisStore {
         match &self.conn {
             Conn::Pipe(pipe) => {
                 let deadline = tokio::time::Instant::now() + self.timeout;
-                let mut command = Vec::with_capacity(160);
-                let join = call.encode(&mut command, false);
-                let answer = match pipe.call(command, join, deadline).await {
+                let command = match call.check() {
+                    Some(check) => Command::Check(check),
+                    None => {
+                        let mut command = Vec::with_capacity(160);
+                        call.encode(&mut command, false);
+                        Command::Bytes(command)
+                    }
+                };
+                let answer = match pipe.call(command, deadline).await {
                     Err(e) if pipe::is_noscript(&e) => {
                         let mut command = Vec::new();
                         call.encode(&mut command, true);
-                        pipe.call(command, None, deadline).await
+                        pipe.call(Command::Bytes(command), deadline).await
                     }
                     answer => answer,
                 };

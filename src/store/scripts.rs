@@ -7,10 +7,11 @@
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
+use std::sync::LazyLock;
 
 use ::redis::{Script, ScriptInvocation};
 
-use super::coalesce::{Join, Kind};
+use super::coalesce::{Join, Joined, Kind};
 use super::resp::{bulk, push_count};
 use crate::limit::{Aimd, Algorithm, Millis, Pace, Report, Slots, Window};
 
@@ -37,10 +38,17 @@ impl Lua {
     }
 }
 
+/// The scripts of the checks that may be joined: static, so a [`Check`] names its script
+/// without a reference count.
+static TOKEN_BUCKET: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../lua/token_bucket.lua")));
+static LEAKY_BUCKET: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../lua/leaky_bucket.lua")));
+
 /// The five scripts and `pace_defer.lua`, hashed once at start-up.
 pub(crate) struct Scripts {
-    token_bucket: Lua,
-    leaky_bucket: Lua,
+    token_bucket: &'static Lua,
+    leaky_bucket: &'static Lua,
     fixed_window: Lua,
     sliding_window: Lua,
     sliding_window_counter: Lua,
@@ -77,9 +85,9 @@ pub(crate) struct Call<'a> {
     key: &'a str,
     args: [Arg; MAX_ARGS],
     len: usize,
-    /// a token or leaky bucket on the server's clock: what it takes and the ms per token or
-    /// slot, so it may be joined with the other checks of its bucket (see [`super::coalesce`])
-    joinable: Option<(Kind, f64)>,
+    /// a token or leaky bucket on the server's clock: its script, rate and join, so it may be
+    /// joined with the other checks of its bucket (see [`super::coalesce`])
+    joinable: Option<(&'static Lua, f64, Join)>,
     /// the arguments are a limit's own, the same on every check (no `now`, no hold time): worth
     /// keeping written (see [`push_args`])
     same_each_time: bool,
@@ -88,8 +96,8 @@ pub(crate) struct Call<'a> {
 impl Scripts {
     pub(crate) fn new() -> Scripts {
         Scripts {
-            token_bucket: Lua::new(include_str!("../../lua/token_bucket.lua")),
-            leaky_bucket: Lua::new(include_str!("../../lua/leaky_bucket.lua")),
+            token_bucket: &TOKEN_BUCKET,
+            leaky_bucket: &LEAKY_BUCKET,
             fixed_window: Lua::new(include_str!("../../lua/fixed_window.lua")),
             sliding_window: Lua::new(include_str!("../../lua/sliding_window.lua")),
             sliding_window_counter: Lua::new(include_str!("../../lua/sliding_window_counter.lua")),
@@ -113,7 +121,7 @@ impl Scripts {
     ) -> Call<'a> {
         let mut call = match alg {
             Algorithm::TokenBucket(b) => {
-                let call = Call::new(&self.token_bucket, key)
+                let call = Call::new(self.token_bucket, key)
                     .arg(Arg::Num(b.rate.per_sec()))
                     .arg(Arg::Int(b.burst.get().into()))
                     .arg(Arg::Int(b.cost.get().into()));
@@ -122,7 +130,7 @@ impl Scripts {
                     false => call,
                 }
             }
-            Algorithm::LeakyBucket(p) => Call::new(&self.leaky_bucket, key)
+            Algorithm::LeakyBucket(p) => Call::new(self.leaky_bucket, key)
                 .arg(Arg::Num(p.rate.per_sec()))
                 .arg(p.max_delay_ms.map_or(Arg::Empty, Arg::Num)),
             Algorithm::FixedWindow(w) => window(&self.fixed_window, key, w),
@@ -143,14 +151,17 @@ impl Scripts {
             (None, Algorithm::TokenBucket(b)) if !b.debt => {
                 let cost = b.cost.get().into();
                 let burst = b.burst.get().into();
-                call.joinable = Some((Kind::Tokens { cost, burst }, b.rate.interval_ms()));
+                let kind = Kind::Tokens { cost, burst };
+                let join = Join::new(kind, b.rate.interval_ms());
+                call.joinable = Some((&TOKEN_BUCKET, b.rate.per_sec(), join));
             }
             (None, Algorithm::LeakyBucket(p)) => {
                 let kind = Kind::Slots {
                     rate: p.rate.per_sec(),
                     max_delay_ms: p.max_delay_ms,
                 };
-                call.joinable = Some((kind, p.rate.interval_ms()));
+                let join = Join::new(kind, p.rate.interval_ms());
+                call.joinable = Some((&LEAKY_BUCKET, p.rate.per_sec(), join));
             }
             (None, _) => {}
         }
@@ -295,14 +306,20 @@ impl Scripts {
 /// invocation.
 pub(crate) trait ScriptCall<'a> {
     /// As [`Call::encode`].
-    fn encode(&self, out: &mut Vec<u8>, body: bool) -> Option<Join>;
+    fn encode(&self, out: &mut Vec<u8>, body: bool);
+    /// As [`Call::check`].
+    fn check(&self) -> Option<Check>;
     /// As [`Call::invocation`].
     fn invocation(&self) -> ScriptInvocation<'a>;
 }
 
 impl<'a> ScriptCall<'a> for Call<'a> {
-    fn encode(&self, out: &mut Vec<u8>, body: bool) -> Option<Join> {
+    fn encode(&self, out: &mut Vec<u8>, body: bool) {
         Call::encode(self, out, body)
+    }
+
+    fn check(&self) -> Option<Check> {
+        Call::check(self)
     }
 
     fn invocation(&self) -> ScriptInvocation<'a> {
@@ -312,7 +329,7 @@ impl<'a> ScriptCall<'a> for Call<'a> {
 
 /// Never joined.
 impl<'a> ScriptCall<'a> for SlotsCall<'a> {
-    fn encode(&self, out: &mut Vec<u8>, body: bool) -> Option<Join> {
+    fn encode(&self, out: &mut Vec<u8>, body: bool) {
         out.push(b'*');
         push_count(out, 4 + self.args.len() as u64);
         if body {
@@ -326,6 +343,9 @@ impl<'a> ScriptCall<'a> for SlotsCall<'a> {
         for arg in &self.args {
             bulk(out, arg.as_bytes());
         }
+    }
+
+    fn check(&self) -> Option<Check> {
         None
     }
 
@@ -411,9 +431,7 @@ impl<'a> Call<'a> {
 
     /// Appends the call to `out` as one RESP command: `EVALSHA sha 1 key args…`, or with
     /// `body`, `EVAL script 1 key args…` (which also loads the script into Redis's cache).
-    /// Returns how the `EVALSHA` may be joined with other checks of its bucket, if it may.
-    pub(crate) fn encode(&self, out: &mut Vec<u8>, body: bool) -> Option<Join> {
-        let start = out.len();
+    pub(crate) fn encode(&self, out: &mut Vec<u8>, body: bool) {
         out.push(b'*');
         push_count(out, 4 + self.len as u64); // EVALSHA sha 1 key args…
         if body {
@@ -423,29 +441,142 @@ impl<'a> Call<'a> {
         } else {
             out.extend_from_slice(&self.lua.evalsha_head);
         }
-        let key_at = out.len() - start;
         bulk(out, self.key.as_bytes());
-        let args_at = out.len() - start;
-        let last = args_at
-            + if self.same_each_time {
-                push_args(self.args(), out)
-            } else {
-                write_args(self.args(), out)
-            };
-        let (kind, interval_ms) = self.joinable.filter(|_| !body)?;
-        let (head, same) = match kind {
-            // the cost, last, is what a joined call changes
-            Kind::Tokens { .. } => (last, last),
-            // rate and max_delay change; every argument must be the same to join
-            Kind::Slots { .. } => (args_at, out.len() - start),
-        };
-        Some(Join {
-            head,
-            same,
-            key: (key_at, args_at),
-            interval_ms,
-            kind,
+        if self.same_each_time {
+            push_args(self.args(), out);
+        } else {
+            write_args(self.args(), out);
+        }
+    }
+
+    /// The call as a check the connection may join with others of its bucket, if it may be:
+    /// written by the connection's driver when it writes the batch ([`Check::write`]).
+    pub(crate) fn check(&self) -> Option<Check> {
+        let (lua, rate, join) = self.joinable?;
+        Some(Check {
+            lua,
+            hash: super::coalesce::hash(self.key.as_bytes()),
+            key: self.key.into(),
+            rate,
+            join,
         })
+    }
+}
+
+/// A check of a token or leaky bucket on the server's clock, as the store's own connection
+/// keeps it until it writes it: alone, joined with others of its bucket, or with the keys of
+/// other buckets of the same limit.
+#[derive(Clone)]
+pub(crate) struct Check {
+    lua: &'static Lua,
+    key: Box<str>,
+    /// the key's hash, to find the checks of one bucket without comparing keys
+    pub(crate) hash: u64,
+    /// per second
+    rate: f64,
+    pub(crate) join: Join,
+}
+
+impl Check {
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Whether `other` checks the same bucket the same way: the same script, key and
+    /// parameters (a token bucket's cost aside, which a joined call adds up).
+    pub(crate) fn same_bucket(&self, other: &Check) -> bool {
+        self.hash == other.hash && self.key == other.key && self.same_limit(other, false)
+    }
+
+    /// Whether `other` is the same token-bucket check but for its key: the two may go as one
+    /// call with both keys.
+    pub(crate) fn same_but_key(&self, other: &Check) -> bool {
+        self.same_limit(other, true)
+    }
+
+    /// The same script and rate, and the same kind's parameters; with `keys`, token buckets
+    /// of the same cost only. Numbers are compared by their bits: only then are they written
+    /// the same.
+    fn same_limit(&self, other: &Check, keys: bool) -> bool {
+        let bits = |x: Option<f64>| x.map(f64::to_bits);
+        std::ptr::eq(self.lua, other.lua)
+            && self.rate.to_bits() == other.rate.to_bits()
+            && match (self.join.kind, other.join.kind) {
+                (Kind::Tokens { cost: a, burst: x }, Kind::Tokens { cost: b, burst: y }) => {
+                    x == y && (!keys || a == b)
+                }
+                (
+                    Kind::Slots {
+                        max_delay_ms: a, ..
+                    },
+                    Kind::Slots {
+                        max_delay_ms: b, ..
+                    },
+                ) => !keys && bits(a) == bits(b),
+                _ => false,
+            }
+    }
+
+    /// The check's arguments: rate, burst and cost, or rate and `max_delay`.
+    fn args(&self) -> ([Arg; 3], usize) {
+        match self.join.kind {
+            Kind::Tokens { cost, burst } => {
+                ([Arg::Num(self.rate), Arg::Int(burst), Arg::Int(cost)], 3)
+            }
+            Kind::Slots { max_delay_ms, .. } => {
+                let max = max_delay_ms.map_or(Arg::Empty, Arg::Num);
+                ([Arg::Num(self.rate), max, Arg::Empty], 2)
+            }
+        }
+    }
+
+    /// Appends the check alone, as [`Call::encode`] writes it.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        let (args, len) = self.args();
+        self.write_head(out, len);
+        push_args(&args[..len], out);
+    }
+
+    /// Appends the one call of this check joined with others of its bucket, asking `joined`.
+    pub(crate) fn write_joined(&self, joined: Joined, out: &mut Vec<u8>) {
+        let (mut args, len) = self.args();
+        match joined {
+            Joined::Cost(cost) => args[len - 1] = Arg::Int(cost),
+            Joined::Slots { rate, max_delay_ms } => {
+                args[0] = Arg::Num(rate);
+                args[1] = max_delay_ms.map_or(Arg::Empty, Arg::Num);
+            }
+        }
+        self.write_head(out, len);
+        write_args(&args[..len], out);
+    }
+
+    /// Appends one call of the script with the keys of the `keys` checks of `checks`, and the
+    /// arguments of this one (each [`Check::same_but_key`] as it).
+    pub(crate) fn write_keys<'c>(
+        &self,
+        keys: usize,
+        checks: impl Iterator<Item = &'c Check>,
+        out: &mut Vec<u8>,
+    ) {
+        let (args, len) = self.args();
+        out.push(b'*');
+        push_count(out, (3 + keys + len) as u64); // EVALSHA sha n keys… args…
+        bulk(out, b"EVALSHA");
+        bulk(out, self.lua.script.get_hash().as_bytes());
+        bulk(out, crate::decimal::digits(keys as u64, &mut [0; 20]));
+        for check in checks {
+            bulk(out, check.key.as_bytes());
+        }
+        push_args(&args[..len], out);
+    }
+
+    /// `*n EVALSHA sha 1 key` of a check with `args` arguments.
+    fn write_head(&self, out: &mut Vec<u8>, args: usize) {
+        out.push(b'*');
+        push_count(out, 4 + args as u64);
+        out.extend_from_slice(&self.lua.evalsha_head);
+        bulk(out, self.key.as_bytes());
     }
 }
 
@@ -576,8 +707,9 @@ mod tests {
     use crate::limit::{Bucket, Rate};
     use std::num::NonZeroU32;
 
-    /// A limit's arguments kept written give the very command, and the same join, as writing
-    /// them afresh, on the first check and the next ones, for every algorithm.
+    /// A limit's arguments kept written give the very command as writing them afresh, on the
+    /// first check and the next ones, for every algorithm; and a check the connection writes
+    /// alone is that very command too.
     #[test]
     fn kept_arguments_encode_as_written_ones() {
         let scripts = Scripts::new();
@@ -603,16 +735,17 @@ mod tests {
                 let call = scripts.check(key, &alg, None);
                 assert!(call.same_each_time);
                 let mut kept = Vec::new();
-                let kept_join = call.encode(&mut kept, false);
+                call.encode(&mut kept, false);
                 let mut fresh = Vec::new();
-                let fresh_join = Call {
+                Call {
                     same_each_time: false,
                     ..scripts.check(key, &alg, None)
                 }
                 .encode(&mut fresh, false);
                 assert_eq!(kept, fresh, "{alg:?}");
-                let joins = [kept_join, fresh_join].map(|j| j.map(|j| (j.head, j.same)));
-                assert_eq!(joins[0], joins[1], "{alg:?}");
+                let mut written = Vec::new();
+                call.check().expect("joinable").write(&mut written);
+                assert_eq!(written, kept, "{alg:?}");
             }
         }
     }
@@ -630,10 +763,8 @@ mod tests {
         };
         let charged = Algorithm::TokenBucket(plain).charged();
         let mut out = Vec::new();
-        assert!(scripts
-            .check("k", &charged, None)
-            .encode(&mut out, false)
-            .is_none());
+        scripts.check("k", &charged, None).encode(&mut out, false);
+        assert!(scripts.check("k", &charged, None).check().is_none());
         assert!(String::from_utf8_lossy(&out).ends_with("$4\r\ndebt\r\n"));
         let mut out = Vec::new();
         scripts
@@ -641,10 +772,7 @@ mod tests {
             .encode(&mut out, false);
         assert!(String::from_utf8_lossy(&out).ends_with("$4\r\ndebt\r\n$1\r\n7\r\n"));
         let plain = Algorithm::TokenBucket(plain);
-        assert!(scripts
-            .check("k", &plain, None)
-            .encode(&mut Vec::new(), false)
-            .is_some());
+        assert!(scripts.check("k", &plain, None).check().is_some());
     }
 
     /// A check is encoded as the RESP array redis-rs would send: EVALSHA, the SHA1, one key,
@@ -682,60 +810,80 @@ mod tests {
             "{text}"
         );
 
-        // a token bucket on the server's clock may be joined: its head is all but the cost,
-        // the last argument; with its own `now`, as `EVAL`, or another script, it may not
-        let mut out = Vec::new();
-        let join = scripts.check("k:1", &alg, None).encode(&mut out, false);
-        let join = join.expect("joinable");
+        // a token bucket on the server's clock may be joined: joined, its cost is the sum;
+        // with its own `now`, or another script, it may not
+        let check = scripts.check("k:1", &alg, None).check().expect("joinable");
         assert_eq!(
-            (join.kind, join.interval_ms),
+            (check.join.kind, check.join.interval_ms),
             (Kind::Tokens { cost: 1, burst: 10 }, 400.0)
         );
-        assert_eq!(&out[join.head..], b"$1\r\n1\r\n");
-        assert_eq!(join.same, join.head);
-        // a leaky bucket: rate and max_delay change when joined, and all of it must be equal
-        let pace = Algorithm::LeakyBucket(
-            crate::limit::Pace::new(
-                Rate::per_second(4.0).unwrap(),
-                Some(std::time::Duration::from_millis(1000)),
-            )
-            .unwrap(),
-        );
         let mut out = Vec::new();
-        let slots = scripts.check("p", &pace, None).encode(&mut out, false);
+        check.write_joined(Joined::Cost(12), &mut out);
+        let want = format!(
+            "*7\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$3\r\nk:1\r\n\
+             $3\r\n2.5\r\n$2\r\n10\r\n$2\r\n12\r\n"
+        );
+        assert_eq!(String::from_utf8(out).unwrap(), want);
+        // the checks of other keys of the same limit go as one call with all their keys
+        let other = scripts.check("k:22", &alg, None).check().unwrap();
+        assert!(check.same_but_key(&other) && !check.same_bucket(&other));
+        let mut out = Vec::new();
+        check.write_keys(2, [&check, &other].into_iter(), &mut out);
+        let want = format!(
+            "*8\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n2\r\n$3\r\nk:1\r\n\
+             $4\r\nk:22\r\n$3\r\n2.5\r\n$2\r\n10\r\n$1\r\n1\r\n"
+        );
+        assert_eq!(String::from_utf8(out).unwrap(), want);
+        // a leaky bucket: rate and max_delay change when joined, and all of it must be equal
+        let pace = |max: u64| {
+            Algorithm::LeakyBucket(
+                crate::limit::Pace::new(
+                    Rate::per_second(4.0).unwrap(),
+                    Some(std::time::Duration::from_millis(max)),
+                )
+                .unwrap(),
+            )
+        };
+        let slots = scripts.check("p", &pace(1000), None).check();
         let slots = slots.expect("joinable");
-        assert_eq!(&out[slots.head..], b"$1\r\n4\r\n$4\r\n1000\r\n");
-        assert_eq!(slots.same, out.len());
         assert_eq!(
-            slots.kind,
+            slots.join.kind,
             Kind::Slots {
                 rate: 4.0,
                 max_delay_ms: Some(1000.0)
             }
         );
-        let mut again = vec![b'x'];
-        let same = scripts.check("k:1", &alg, None).encode(&mut again, false);
-        assert_eq!(
-            same,
-            Some(join),
-            "the head is measured from the command's start"
-        );
-        assert!(scripts
-            .check("k:1", &alg, Some(5.0))
-            .encode(&mut Vec::new(), false)
-            .is_none());
-        assert!(scripts
-            .check("k:1", &alg, None)
-            .encode(&mut Vec::new(), true)
-            .is_none());
+        let mut out = Vec::new();
+        let joined = Joined::Slots {
+            rate: 4.0 / 3.0,
+            max_delay_ms: None,
+        };
+        slots.write_joined(joined, &mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("*6\r\n$7\r\nEVALSHA\r\n"), "{text}");
+        assert!(text.ends_with("$1\r\np\r\n$18\r\n1.3333333333333333\r\n$0\r\n\r\n"));
+        let same = scripts.check("p", &pace(1000), None).check().unwrap();
+        assert!(slots.same_bucket(&same) && !slots.same_but_key(&same));
+        let longer = scripts.check("p", &pace(1001), None).check().unwrap();
+        assert!(!slots.same_bucket(&longer));
+        let costly = Algorithm::TokenBucket(Bucket {
+            cost: NonZeroU32::new(3).unwrap(),
+            ..Bucket::new(
+                Rate::per_second(2.5).unwrap(),
+                NonZeroU32::new(10).unwrap(),
+                NonZeroU32::new(1).unwrap(),
+            )
+            .unwrap()
+        });
+        let costly = scripts.check("k:1", &costly, None).check().unwrap();
+        assert!(check.same_bucket(&costly) && !check.same_but_key(&costly));
+        assert!(!check.same_bucket(&slots));
+        assert!(scripts.check("k:1", &alg, Some(5.0)).check().is_none());
         let window = Algorithm::FixedWindow(Window {
             limit: std::num::NonZeroU64::new(5).unwrap(),
             window_ms: std::num::NonZeroU64::new(1000).unwrap(),
         });
-        assert!(scripts
-            .check("k:1", &window, None)
-            .encode(&mut Vec::new(), false)
-            .is_none());
+        assert!(scripts.check("k:1", &window, None).check().is_none());
 
         // whole and fractional numbers are written as Display writes them
         for x in [

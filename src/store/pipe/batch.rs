@@ -6,7 +6,6 @@
 //! keys. Everything else goes as it came.
 
 use super::*;
-use crate::store::resp::{bulk, push_count};
 
 /// Writes the calls of `batch` into `out`, the checks of one bucket joined into one command, and
 /// queues what each command is answered to. Calls given up, or past their deadline (answered
@@ -26,13 +25,11 @@ pub(super) fn queue(
         if call.slot.expire(now).is_none() {
             continue; // late or given up: not sent, so no reply to wait for
         }
-        let Some(join) = call.join else {
+        let Some(check) = call.check() else {
             entries.push((0, Entry::Alone(call)));
             continue;
         };
-        let head = &call.command[..join.same];
-        let hash = coalesce::hash(head);
-        if let Some(reply) = leases.hand_out(hash, head, join, now) {
+        if let Some(reply) = leases.hand_out(check, now) {
             call.slot.reply(Ok(Reply::Leased(reply)));
             continue;
         }
@@ -40,9 +37,9 @@ pub(super) fn queue(
             entries.push((0, Entry::Alone(call)));
             continue;
         }
+        let hash = check.hash;
         let same = entries.iter_mut().find(|(h, entry)| {
-            let first = entry.first();
-            *h == hash && first.join.is_some_and(|j| first.command[..j.same] == *head)
+            *h == hash && entry.first().check().is_some_and(|c| c.same_bucket(check))
         });
         match same {
             Some((_, entry)) => entry.push(call),
@@ -64,7 +61,7 @@ fn write(
     waiting: &mut VecDeque<Waiting>,
 ) {
     let mut keyed: Vec<Vec<Call>> = Vec::new();
-    for (hash, entry) in entries.drain(..) {
+    for (_, entry) in entries.drain(..) {
         match entry {
             Entry::Alone(call) if !alone && keyable(&call) => {
                 match keyed
@@ -76,19 +73,22 @@ fn write(
                 }
             }
             Entry::Alone(call) => {
-                out.extend_from_slice(&call.command);
+                call.write(out);
                 waiting.push_back(Waiting::One(call.slot));
             }
             Entry::Joined(calls) => {
+                let Some(first) = calls[0].check() else {
+                    unreachable!("joined calls are checks")
+                };
                 joins.clear();
-                joins.extend(calls.iter().filter_map(|c| c.join));
-                let head = &calls[0].command[..joins[0].same];
-                let ahead = leases.ahead(hash, head, joins);
-                if coalesce::encode(&calls[0].command, joins, ahead, out) {
+                joins.extend(calls.iter().filter_map(|c| c.check().map(|c| c.join)));
+                let ahead = leases.ahead(first, joins);
+                if let Some(joined) = coalesce::joined(joins, ahead) {
+                    first.write_joined(joined, out);
                     waiting.push_back(Waiting::Joined(calls, ahead));
                 } else {
                     for call in calls {
-                        out.extend_from_slice(&call.command);
+                        call.write(out);
                         waiting.push_back(Waiting::One(call.slot));
                     }
                 }
@@ -100,61 +100,34 @@ fn write(
             encode_keys(&calls, out);
             waiting.push_back(Waiting::Keys(calls));
         } else if let Some(call) = calls.pop() {
-            out.extend_from_slice(&call.command);
+            call.write(out);
             waiting.push_back(Waiting::One(call.slot));
         }
     }
 }
 
-/// `numkeys` of a call with one key, just before the key
-const ONE_KEY: &[u8] = b"$1\r\n1\r\n";
-
 /// A token-bucket check that may go in one call with the checks of other keys.
 fn keyable(call: &Call) -> bool {
-    call.join.is_some_and(|j| {
-        matches!(j.kind, coalesce::Kind::Tokens { .. })
-            && call.command[..j.key.0].ends_with(ONE_KEY)
-    })
+    call.check()
+        .is_some_and(|c| matches!(c.join.kind, coalesce::Kind::Tokens { .. }))
 }
 
-/// Two keyable checks whose commands differ in their key only.
+/// Two keyable checks that differ in their key only.
 fn same_but_key(a: &Call, b: &Call) -> bool {
-    let (Some(ja), Some(jb)) = (a.join, b.join) else {
-        return false;
-    };
-    a.command[..ja.key.0] == b.command[..jb.key.0] && a.command[ja.key.1..] == b.command[jb.key.1..]
+    match (a.check(), b.check()) {
+        (Some(a), Some(b)) => a.same_but_key(b),
+        _ => false,
+    }
 }
 
 /// Writes the one command of `calls` (keyable, [`same_but_key`] as the first): the script with
 /// every call's key and the first call's arguments.
 fn encode_keys(calls: &[Call], out: &mut Vec<u8>) {
-    let first = &calls[0];
-    let Some(join) = first.join else {
-        unreachable!("keyable calls are joinable")
+    let Some(first) = calls[0].check() else {
+        unreachable!("keyable calls are checks")
     };
-    let command = &first.command;
-    // `*words\r\n`: the words of one call, one key more for each other call
-    let line = command
-        .iter()
-        .position(|&b| b == b'\n')
-        .map_or(0, |i| i + 1);
-    let words: u64 = std::str::from_utf8(&command[1..line.saturating_sub(2)])
-        .ok()
-        .and_then(|w| w.parse().ok())
-        .unwrap_or(0);
-    out.push(b'*');
-    push_count(out, words + calls.len() as u64 - 1);
-    out.extend_from_slice(&command[line..join.key.0 - ONE_KEY.len()]);
-    bulk(
-        out,
-        crate::decimal::digits(calls.len() as u64, &mut [0; 20]),
-    );
-    for call in calls {
-        if let Some(j) = call.join {
-            out.extend_from_slice(&call.command[j.key.0..j.key.1]);
-        }
-    }
-    out.extend_from_slice(&command[join.key.1..]);
+    let checks = calls.iter().filter_map(Call::check);
+    first.write_keys(calls.len(), checks, out);
 }
 
 /// Shares the reply of a call for several keys out, one element each (a key's own error is its
@@ -167,7 +140,7 @@ pub(super) fn answer_keys(reply: Reply, calls: Vec<Call>, again: &mut Vec<Call>)
                 call.slot.reply(checked(Reply::Value(reply)));
             }
         }
-        _ => again.extend(calls.into_iter().map(|call| Call { join: None, ..call })),
+        _ => again.extend(calls.into_iter().map(Call::alone)),
     }
 }
 
@@ -186,17 +159,15 @@ pub(super) fn answer_joined(
     match checked(reply) {
         Ok(reply) => {
             joins.clear();
-            joins.extend(calls.iter().filter_map(|c| c.join));
+            joins.extend(calls.iter().filter_map(|c| c.check().map(|c| c.join)));
             let replies = coalesce::answer(&reply, joins, ahead);
             let mut end = None;
-            if let (Reply::Four(four), Some(&join)) = (&reply, joins.first()) {
-                if matches!(join.kind, coalesce::Kind::Tokens { .. }) {
-                    let head = &calls[0].command[..join.same];
-                    let hash = coalesce::hash(head);
+            if let (Reply::Four(four), Some(first)) = (&reply, calls[0].check()) {
+                if matches!(first.join.kind, coalesce::Kind::Tokens { .. }) {
                     if four[0] == 1 {
-                        end = leases.taken(hash, head, join, four, ahead, Instant::now());
+                        end = leases.taken(first, four, ahead, Instant::now());
                     } else {
-                        leases.refused(hash, head);
+                        leases.refused(first);
                     }
                 }
             }
@@ -206,7 +177,7 @@ pub(super) fn answer_joined(
                         call.slot.reply(Ok(reply));
                     }
                 }
-                None => again.extend(calls.into_iter().map(|call| Call { join: None, ..call })),
+                None => again.extend(calls.into_iter().map(Call::alone)),
             }
             end
         }
