@@ -304,14 +304,16 @@ impl Proxy {
             // The URI is cloned, which copies reference counts only, so that the path can be
             // borrowed from it while the request itself moves on to the forward phase.
             let uri = req.uri().clone();
-            let (route, path) = self.route(&req, &uri, outcome)?;
+            // read once: routing and the limits' keys both need it
+            let host = request_host(&req);
+            let (route, path) = self.route(&req, &uri, host, outcome)?;
             // what the limits and the charges key on
             let key_path = key_path(route, &path);
             let ctx = KeyContext {
                 ip: client.ip,
                 headers: req.headers(),
                 query: uri.query(),
-                host: request_host(&req),
+                host,
                 path: &key_path,
                 route: &route.name,
             };
@@ -376,6 +378,7 @@ impl Proxy {
         &'s self,
         req: &Request<B>,
         uri: &'u http::Uri,
+        host: Option<&str>,
         outcome: &mut Outcome<'s>,
     ) -> Result<(&'s Route, RequestPath<'u>), ProxyError> {
         if let Some(why) = refused_request_line(req) {
@@ -387,7 +390,7 @@ impl Proxy {
             .read(uri.path())
             .map_err(ProxyError::BadPath)?;
         let parts = RequestParts {
-            host: request_host(req),
+            host,
             path: path.matched(),
             method: req.method(),
             headers: req.headers(),
