@@ -246,6 +246,16 @@ impl Store for Fake {
     fn forget<'a>(&'a self, _key: &'a str) -> GiveBackFuture<'a> {
         Box::pin(async { Err(timeout()) })
     }
+
+    fn resets<'a>(&'a self, _key: &'a str, _bump: bool) -> HoldFuture<'a> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Err(timeout()) })
+    }
+
+    fn ready(&self) -> ReadyFuture<'_> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Err(timeout()) })
+    }
 }
 
 fn guarded(
@@ -547,6 +557,34 @@ async fn open_breaker_probes_the_store_after_the_cool_down() {
         assert_eq!(calls(), before + 1, "not one probe");
         assert!(store.breaker_open(), "the failed probe closed it");
     }
+}
+
+/// The console's watch of the reset count never takes a cool-down's one probe: past the
+/// cool-down, the probe is still there for `/readyz`, which then finds the store out.
+#[tokio::test(start_paused = true)]
+async fn a_watch_of_the_reset_count_leaves_the_probe_to_readyz() {
+    let (store, calls) = guarded(Behaviour::Fails, Duration::ZERO, OnError::Deny, 1);
+    let alg = bucket(2);
+    for _ in 0..TRIP_AFTER {
+        let _ = store.check("k", &alg, None).await;
+    }
+    assert!(store.breaker_open());
+    tokio::time::advance(COOL_DOWN).await;
+    let before = calls.load(Ordering::SeqCst);
+    let read = store.resets("resets", false).await;
+    assert!(matches!(read, Err(StoreError::CircuitOpen)), "{read:?}");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        before,
+        "the watch took the probe"
+    );
+    let ready = store.ready().await;
+    assert!(!matches!(ready, Err(StoreError::CircuitOpen)), "{ready:?}");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        before + 1,
+        "readyz did not probe"
+    );
 }
 
 /// A deny-cache entry applies only to the limit that denied: once a reload changes the
