@@ -11,6 +11,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+#[path = "common/tree.rs"]
+mod tree;
+
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -37,22 +40,6 @@ impl Source {
     /// The top-level module this file belongs to: `lib` for the crate root.
     fn top(&self) -> &str {
         self.module.first().map_or("lib", String::as_str)
-    }
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .expect("src/ is readable")
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    entries.sort();
-    for path in entries {
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
     }
 }
 
@@ -397,8 +384,10 @@ fn read_sources() -> &'static [Source] {
 
 fn scan_sources() -> Vec<Source> {
     let src = root().join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    let files: Vec<PathBuf> = tree::files(&src)
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|e| e == "rs"))
+        .collect();
     let mut texts = BTreeMap::new();
     let mut test_dirs: Vec<Vec<String>> = Vec::new();
     for file in &files {

@@ -3,6 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+#[path = "common/tree.rs"]
+mod tree;
+
 /// The files a reader of the repository reads: sources, tests, scripts and docs.
 fn files() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -10,7 +13,7 @@ fn files() -> Vec<PathBuf> {
     for dir in [
         "src", "tests", "lua", "docs", "bench", "benches", "pgo", "fuzz/src",
     ] {
-        walk(&root.join(dir), &mut out);
+        out.extend(tree::files(&root.join(dir)));
     }
     for file in [
         "README.md",
@@ -22,20 +25,6 @@ fn files() -> Vec<PathBuf> {
         out.push(root.join(file));
     }
     out
-}
-
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            walk(&path, out);
-        } else {
-            out.push(path);
-        }
-    }
 }
 
 /// Where `line` cites an outside document: the word `SPEC`, or `issue` followed by a number.

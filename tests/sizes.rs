@@ -3,6 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+#[path = "common/tree.rs"]
+mod tree;
+
 /// The most lines a file in `src/` may hold before its tests.
 const FILE_LINES: usize = 800;
 
@@ -14,29 +17,17 @@ const REASON: &str = "// Long:";
 
 /// The source files under `src/`, without the files that only hold tests.
 fn sources() -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut out);
-    out.sort();
-    out
-}
-
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.file_name().is_some_and(|n| n == "tests") {
-            continue;
-        }
-        if path.is_dir() {
-            walk(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs")
-            && path.file_name().is_some_and(|n| n != "tests.rs")
-        {
-            out.push(path);
-        }
-    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    tree::files(&src)
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|e| e == "rs"))
+        .filter(|path| {
+            let inside = path.strip_prefix(&src).expect("under src");
+            !inside
+                .iter()
+                .any(|part| part == "tests" || part == "tests.rs")
+        })
+        .collect()
 }
 
 /// The lines of a file before its trailing `#[cfg(test)] mod tests { … }`, or all of them when
