@@ -849,10 +849,11 @@ async fn unix_socket_urls_connect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_limits_keys_on_every_node() {
     let cluster = common::Cluster::start();
-    let s = RedisStore::connect(
+    let s = RedisStore::connect_over(
         &RedisTarget::Cluster(cluster.urls()),
         Duration::from_secs(5),
         1,
+        common::redis_connection(),
     )
     .unwrap();
     let algs = [
@@ -898,10 +899,11 @@ async fn cluster_limits_keys_on_every_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_readiness_follows_the_cluster_state() {
     let mut cluster = common::Cluster::start();
-    let s = RedisStore::connect(
+    let s = RedisStore::connect_over(
         &RedisTarget::Cluster(cluster.urls()),
         Duration::from_secs(2),
         1,
+        common::redis_connection(),
     )
     .unwrap();
     s.ready().await.expect("a whole cluster is ready");

@@ -8,6 +8,7 @@
 //! Rate limited is not an error (a [`Decision`]); a store that cannot answer is ([`StoreError`]),
 //! and the failure policy decides what that means.
 
+mod cluster;
 mod coalesce;
 mod lease;
 pub mod memory;

@@ -114,6 +114,8 @@ pub(crate) struct Endpoint {
     pub(crate) connect_timeout: Duration,
     /// over TLS (`rediss://`): TCP addresses only, the Sentinels' too
     pub(crate) tls: Option<Tls>,
+    /// a Cluster's primary: the keys of one call must share a slot
+    pub(crate) cluster: bool,
 }
 
 /// A TCP address, a unix socket path, or the master that Sentinels name.
@@ -171,6 +173,22 @@ pub(crate) enum Command {
     Check(Check),
     /// a check to be written alone: the joined call it was in was refused
     Alone(Check),
+    /// a command sent after `ASKING`: a Cluster's slot on its way to this node
+    Asking(Vec<u8>),
+}
+
+impl Command {
+    /// Appends the command, alone.
+    pub(crate) fn write_to(&self, out: &mut Vec<u8>) {
+        match self {
+            Command::Bytes(bytes) => out.extend_from_slice(bytes),
+            Command::Check(check) | Command::Alone(check) => check.write(out),
+            Command::Asking(bytes) => {
+                out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
+                out.extend_from_slice(bytes);
+            }
+        }
+    }
 }
 
 impl Call {
@@ -178,16 +196,17 @@ impl Call {
     fn check(&self) -> Option<&Check> {
         match &self.command {
             Command::Check(check) => Some(check),
-            Command::Bytes(_) | Command::Alone(_) => None,
+            Command::Bytes(_) | Command::Alone(_) | Command::Asking(_) => None,
         }
     }
 
-    /// Appends the call's command, alone.
-    fn write(&self, out: &mut Vec<u8>) {
-        match &self.command {
-            Command::Bytes(bytes) => out.extend_from_slice(bytes),
-            Command::Check(check) | Command::Alone(check) => check.write(out),
+    /// Appends the call's command, alone, and queues what its replies are answered to.
+    fn write(self, out: &mut Vec<u8>, waiting: &mut VecDeque<Waiting>) {
+        self.command.write_to(out);
+        if let Command::Asking(_) = self.command {
+            waiting.push_back(Waiting::Nobody); // `ASKING`'s own `OK`
         }
+        waiting.push_back(Waiting::One(self.slot));
     }
 
     /// The call, to be sent again alone.

@@ -20,8 +20,10 @@ use ::redis::cluster_async::ClusterConnection;
 use ::redis::io::tcp::TcpSettings;
 use ::redis::{ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, TlsCertificates, TlsMode};
 
+mod seeds;
 mod slots;
 
+use super::cluster::{self, state_ok, Cluster};
 use super::pipe::{self, Addr, Command, Endpoint, Failure, Pipe, Sentinel, Sentinels};
 use super::reply::{self, Reply};
 use super::resp::{ServerError, Value};
@@ -125,6 +127,8 @@ pub struct RedisStore {
 enum Conn {
     /// the store's own connection: one Redis over TCP, TLS or a unix socket; a Sentinel's master
     Pipe(Pipe),
+    /// the store's own connections to a Cluster's primaries
+    Cluster(Cluster),
     /// redis-rs: a Cluster, or [`Connection::Library`]
     Client(Client),
 }
@@ -185,6 +189,7 @@ impl RedisStore {
                     db: settings.db(),
                     connect_timeout,
                     tls,
+                    cluster: false,
                 };
                 let endpoint = match info.addr() {
                     _ if connection == Connection::Library => None,
@@ -208,6 +213,9 @@ impl RedisStore {
                     None => Conn::Client(Client::Single(managed(info, tls, connect_timeout)?)),
                 }
             }
+            RedisTarget::Cluster(urls) if connection == Connection::Own => {
+                Conn::Cluster(seeds::own_cluster(urls, tls, connect_timeout, lanes)?)
+            }
             RedisTarget::Cluster(urls) => Conn::Client(Client::Cluster(cluster(
                 urls,
                 tls,
@@ -226,6 +234,7 @@ impl RedisStore {
                     db: sentinel.db,
                     connect_timeout,
                     tls: over_tls.then(|| own_tls(tls, false)).transpose()?,
+                    cluster: false,
                 };
                 Conn::Pipe(Pipe::new(endpoint, lanes))
             }
@@ -240,16 +249,20 @@ impl RedisStore {
     /// Whether busy token buckets may lease tokens ahead ([`super::lease`]; on by default, and
     /// only on the store's own connection).
     pub fn with_leases(self, on: bool) -> RedisStore {
-        if let Conn::Pipe(pipe) = &self.conn {
-            pipe.set_leases(on);
+        match &self.conn {
+            Conn::Pipe(pipe) => pipe.set_leases(on),
+            Conn::Cluster(cluster) => cluster.set_leases(on),
+            Conn::Client(_) => {}
         }
         self
     }
 
     /// Drops the tokens this instance leased ahead ([`super::lease`]).
     fn forget_leases(&self) {
-        if let Conn::Pipe(pipe) = &self.conn {
-            pipe.forget_leases();
+        match &self.conn {
+            Conn::Pipe(pipe) => pipe.forget_leases(),
+            Conn::Cluster(cluster) => cluster.forget_leases(),
+            Conn::Client(_) => {}
         }
     }
 
@@ -262,6 +275,23 @@ impl RedisStore {
                 let deadline = tokio::time::Instant::now() + self.timeout;
                 let answer = pipe.call(Command::Bytes(command), deadline).await;
                 self.answered(answer).map(drop)
+            }
+            Conn::Cluster(cluster) => {
+                // Every primary must answer, and say the cluster is ok: a key on a shard that
+                // cannot answer cannot be decided.
+                let deadline = tokio::time::Instant::now() + self.timeout;
+                let answers = cluster.each_primary(&[b"CLUSTER", b"INFO"], deadline).await;
+                if answers.is_empty() {
+                    return Err(cluster_down("no node of the cluster gave its slot map"));
+                }
+                for answer in answers {
+                    if !matches!(self.answered(answer)?, Reply::Value(ref info) if state_ok(info)) {
+                        return Err(cluster_down(
+                            "the cluster's state is not ok (a slot is not covered)",
+                        ));
+                    }
+                }
+                Ok(())
             }
             Conn::Client(client @ Client::Single(_)) => {
                 let mut client = client.clone();
@@ -280,11 +310,9 @@ impl RedisStore {
                 if info.lines().any(|l| l.trim() == "cluster_state:ok") {
                     return Ok(());
                 }
-                // (an outage, as the CLUSTERDOWN its keys' calls then get)
-                Err(StoreError::from(::redis::RedisError::from((
-                    ::redis::ErrorKind::Server(::redis::ServerErrorKind::ClusterDown),
+                Err(cluster_down(
                     "the cluster's state is not ok (a slot is not covered)",
-                ))))
+                ))
             }
         }
     }
@@ -295,22 +323,20 @@ impl RedisStore {
         match &self.conn {
             Conn::Pipe(pipe) => {
                 let deadline = tokio::time::Instant::now() + self.timeout;
-                let command = match call.check() {
-                    Some(check) => Command::Check(check),
-                    None => {
-                        let mut command = Vec::with_capacity(160);
-                        call.encode(&mut command, false);
-                        Command::Bytes(command)
-                    }
-                };
-                let answer = match pipe.call(command, deadline).await {
+                let answer = match pipe.call(command(&call, false), deadline).await {
                     Err(e) if pipe::is_noscript(&e) => {
-                        let mut command = Vec::new();
-                        call.encode(&mut command, true);
-                        pipe.call(Command::Bytes(command), deadline).await
+                        pipe.call(command(&call, true), deadline).await
                     }
                     answer => answer,
                 };
+                self.answered(answer)
+            }
+            Conn::Cluster(cluster) => {
+                let deadline = tokio::time::Instant::now() + self.timeout;
+                let slot = cluster::slot(call.key().as_bytes());
+                let answer = cluster
+                    .call(slot, |body| command(&call, body), deadline)
+                    .await;
                 self.answered(answer)
             }
             Conn::Client(client) => self
@@ -340,9 +366,31 @@ impl RedisStore {
     }
 }
 
+/// The command that runs `call`: a check that may be joined, or its bytes; with its script's
+/// `body` after `NOSCRIPT`.
+fn command<'c>(call: &impl ScriptCall<'c>, body: bool) -> Command {
+    match call.check() {
+        Some(check) if !body => Command::Check(check),
+        _ => {
+            let mut command = Vec::with_capacity(160);
+            call.encode(&mut command, body);
+            Command::Bytes(command)
+        }
+    }
+}
+
+/// A cluster that cannot decide every key: an outage, as the `CLUSTERDOWN` its keys' calls
+/// then get.
+fn cluster_down(why: &'static str) -> StoreError {
+    StoreError::from(::redis::RedisError::from((
+        ::redis::ErrorKind::Server(::redis::ServerErrorKind::ClusterDown),
+        why,
+    )))
+}
+
 /// The store's own TLS settings from `tls`; `insecure` (a `#insecure` URL) turns verification
 /// off as `verify: false` does.
-fn own_tls(tls: &ClientTls, insecure: bool) -> Result<pipe::Tls, StoreError> {
+pub(super) fn own_tls(tls: &ClientTls, insecure: bool) -> Result<pipe::Tls, StoreError> {
     let config = if insecure && tls.verify {
         ClientTls {
             verify: false,

@@ -305,6 +305,8 @@ impl Scripts {
 /// A script call the Redis store sends: as RESP bytes on its own connection, or as a redis-rs
 /// invocation.
 pub(crate) trait ScriptCall<'a> {
+    /// The key it runs on (a Cluster sends it to the key's primary).
+    fn key(&self) -> &str;
     /// As [`Call::encode`].
     fn encode(&self, out: &mut Vec<u8>, body: bool);
     /// As [`Call::check`].
@@ -314,6 +316,10 @@ pub(crate) trait ScriptCall<'a> {
 }
 
 impl<'a> ScriptCall<'a> for Call<'a> {
+    fn key(&self) -> &str {
+        self.key
+    }
+
     fn encode(&self, out: &mut Vec<u8>, body: bool) {
         Call::encode(self, out, body)
     }
@@ -329,6 +335,10 @@ impl<'a> ScriptCall<'a> for Call<'a> {
 
 /// Never joined.
 impl<'a> ScriptCall<'a> for SlotsCall<'a> {
+    fn key(&self) -> &str {
+        self.key
+    }
+
     fn encode(&self, out: &mut Vec<u8>, body: bool) {
         out.push(b'*');
         push_count(out, 4 + self.args.len() as u64);

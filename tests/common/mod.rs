@@ -137,6 +137,11 @@ impl Redis {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// Whether the server runs (it was not killed).
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// Kills the server (SIGKILL) and waits for it to be gone.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -231,19 +236,50 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start() -> Cluster {
-        let nodes: Vec<Redis> = (0..3)
-            .map(|_| {
-                Redis::start_with(&["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
-            })
+        Cluster::start_with(3, 0, &[])
+    }
+
+    /// A cluster of `primaries`, each with `replicas` replicas, its servers started with the
+    /// `extra` arguments too. A primary is called down after 2 s without an answer, unless
+    /// `extra` sets `--cluster-node-timeout`.
+    pub fn start_with(primaries: usize, replicas: usize, extra: &[&str]) -> Cluster {
+        // (a replica syncs at once: by default the primary waits 5 s for more replicas)
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "2000",
+            "--repl-diskless-sync-delay",
+            "0",
+        ];
+        args.extend(extra); // (a later setting of the same name wins)
+        let nodes: Vec<Redis> = (0..primaries * (1 + replicas))
+            .map(|_| Redis::start_with(&args))
             .collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
+        let replicas = replicas.to_string();
         let mut args = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
-        cli(nodes[0].port, &args);
+        args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
+        // (`--cluster create` waits for the nodes to meet with no bound of its own)
+        let mut create = Command::new("redis-cli")
+            .arg("-p")
+            .arg(nodes[0].port.to_string())
+            .args(&args)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-cli");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while create.try_wait().expect("redis-cli's status").is_none() {
+            if Instant::now() > deadline {
+                let _ = create.kill();
+                panic!("redis-cli --cluster create did not end in 60 s: {args:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let deadline = Instant::now() + Duration::from_secs(20);
         for node in &nodes {
             while !node.cli(&["cluster", "info"]).contains("cluster_state:ok") {
@@ -251,7 +287,58 @@ impl Cluster {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        // a replica that has not synced cannot be promoted
+        for node in &nodes {
+            loop {
+                let info = node.cli(&["info", "replication"]);
+                if info.contains("role:master") || info.contains("master_link_status:up") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "a replica did not sync");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         Cluster { nodes }
+    }
+
+    /// The node that serves `key` now, as the cluster's first live node says.
+    pub fn owner(&self, key: &str) -> usize {
+        let live = self
+            .nodes
+            .iter()
+            .position(Redis::running)
+            .expect("a live node");
+        self.owner_seen_by(key, live)
+    }
+
+    /// The node that serves `key` now, as node `by` says.
+    pub fn owner_seen_by(&self, key: &str, by: usize) -> usize {
+        let by = &self.nodes[by];
+        let slot: u16 = by.cli(&["cluster", "keyslot", key]).parse().unwrap();
+        // `CLUSTER NODES`: id, ip:port@bus, flags, primary, ping, pong, epoch, link, slots...
+        for line in by.cli(&["cluster", "nodes"]).lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let serves = fields[8..].iter().any(|range| {
+                let (a, b) = range.split_once('-').unwrap_or((range, range));
+                match (a.parse::<u16>(), b.parse::<u16>()) {
+                    (Ok(a), Ok(b)) => (a..=b).contains(&slot),
+                    _ => false, // a slot being moved: [slot->-id]
+                }
+            });
+            if serves {
+                let port: u16 = fields[1].split(['@', ':']).nth(1).unwrap().parse().unwrap();
+                return self.nodes.iter().position(|n| n.port == port).unwrap();
+            }
+        }
+        panic!("no node serves slot {slot}")
+    }
+
+    /// The node id of node `i`.
+    pub fn id(&self, i: usize) -> String {
+        self.nodes[i].cli(&["cluster", "myid"])
     }
 
     pub fn urls(&self) -> Vec<String> {

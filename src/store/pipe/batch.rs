@@ -6,6 +6,7 @@
 //! keys. Everything else goes as it came.
 
 use super::*;
+use crate::store::cluster::slot;
 
 /// Writes the calls of `batch` into `out`, the checks of one bucket joined into one command, and
 /// queues what each command is answered to. Calls given up, or past their deadline (answered
@@ -17,6 +18,7 @@ pub(super) fn queue(
     leases: &mut Leases,
     out: &mut Vec<u8>,
     waiting: &mut VecDeque<Waiting>,
+    cluster: bool,
 ) {
     let alone = batch.len() == 1;
     let now = Instant::now();
@@ -46,36 +48,39 @@ pub(super) fn queue(
             None => entries.push((hash, Entry::Alone(call))),
         }
     }
-    write(entries, alone, joins, leases, out, waiting);
+    write(entries, alone, cluster, joins, leases, out, waiting);
 }
 
 /// Writes the entries of a batch: the checks of one bucket joined; token-bucket checks of
 /// different keys with the same script and arguments as one call (a batch of one call has
-/// nothing to put with it, and goes as it is); every other call as it came.
+/// nothing to put with it, and goes as it is); every other call as it came. On a `cluster`'s
+/// primary, only keys of one slot go together: Redis refuses a script whose keys do not.
 fn write(
     entries: &mut Vec<(u64, Entry)>,
     alone: bool,
+    cluster: bool,
     joins: &mut Vec<Join>,
     leases: &mut Leases,
     out: &mut Vec<u8>,
     waiting: &mut VecDeque<Waiting>,
 ) {
-    let mut keyed: Vec<Vec<Call>> = Vec::new();
+    let mut keyed: Vec<(u16, Vec<Call>)> = Vec::new();
     for (_, entry) in entries.drain(..) {
         match entry {
             Entry::Alone(call) if !alone && keyable(&call) => {
+                let slot = match call.check() {
+                    Some(check) if cluster => slot(check.key().as_bytes()),
+                    _ => 0,
+                };
                 match keyed
                     .iter_mut()
-                    .find(|calls| same_but_key(&calls[0], &call))
+                    .find(|(s, calls)| *s == slot && same_but_key(&calls[0], &call))
                 {
-                    Some(calls) => calls.push(call),
-                    None => keyed.push(vec![call]),
+                    Some((_, calls)) => calls.push(call),
+                    None => keyed.push((slot, vec![call])),
                 }
             }
-            Entry::Alone(call) => {
-                call.write(out);
-                waiting.push_back(Waiting::One(call.slot));
-            }
+            Entry::Alone(call) => call.write(out, waiting),
             Entry::Joined(calls) => {
                 let Some(first) = calls[0].check() else {
                     unreachable!("joined calls are checks")
@@ -88,20 +93,18 @@ fn write(
                     waiting.push_back(Waiting::Joined(calls, ahead));
                 } else {
                     for call in calls {
-                        call.write(out);
-                        waiting.push_back(Waiting::One(call.slot));
+                        call.write(out, waiting);
                     }
                 }
             }
         }
     }
-    for mut calls in keyed {
+    for (_, mut calls) in keyed {
         if calls.len() > 1 {
             encode_keys(&calls, out);
             waiting.push_back(Waiting::Keys(calls));
         } else if let Some(call) = calls.pop() {
-            call.write(out);
-            waiting.push_back(Waiting::One(call.slot));
+            call.write(out, waiting);
         }
     }
 }

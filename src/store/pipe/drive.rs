@@ -11,6 +11,8 @@ struct Driver {
     alarm: Alarm,
     leases: Arc<lease::Lane>,
     follow: Follow,
+    /// a Cluster's primary: the keys of one call must share a slot
+    cluster: bool,
 }
 
 /// The driver: connects when calls come, serves them until the connection breaks, repeats.
@@ -32,6 +34,7 @@ pub(super) async fn drive(
         alarm: Alarm::new(),
         leases,
         follow,
+        cluster: endpoint.cluster,
     };
     loop {
         if lane.batch.is_empty() && !lane.first_calls().await {
@@ -266,6 +269,7 @@ impl Session {
         self.out.clear();
         self.written = 0;
         self.busy = lane.batch.len() > 1;
+        let cluster = lane.cluster;
         lane.leases.with(|leases| {
             let (out, waiting) = (&mut self.out, &mut self.waiting);
             queue(
@@ -275,6 +279,7 @@ impl Session {
                 leases,
                 out,
                 waiting,
+                cluster,
             );
             for _ in 0..leases.write_returns(out) {
                 waiting.push_back(Waiting::Nobody);

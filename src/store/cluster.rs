@@ -1,0 +1,505 @@
+//! The store's own connection to a Redis Cluster: one [`Pipe`] per primary, so a shard gets
+//! what one Redis gets (a connection per worker, joining, leases), and a slot map to find the
+//! primary of each key.
+//!
+//! The map comes from `CLUSTER SHARDS` (`CLUSTER SLOTS` on servers before Redis 7), asked of a
+//! few known nodes at once; the first good answer wins. It is read when the first call comes,
+//! and again, in the background, after anything that says it may be out of date: a `MOVED`
+//! redirect, a call past its deadline, a broken connection, `CLUSTERDOWN`. A failover shows up
+//! as timeouts or refused connections until the cluster promotes a replica; tollgate re-reads
+//! the map at most every [`REFRESH_GAP`] meanwhile, so it follows the promotion soon after the
+//! cluster makes it. The failure policy decides the calls that fail until then.
+//!
+//! A `MOVED` answer points its slot at the named node at once and sends the call there; an
+//! `ASK` answer sends it there once, after `ASKING`, and leaves the map alone (the slot is
+//! being migrated). A call follows at most [`REDIRECTS`] redirects, all within its deadline.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::pipe::{self, Addr, Answer, Command, Endpoint, Failure, Pipe};
+use super::resp::{encode_command, Error, Value};
+
+pub(crate) mod map;
+
+pub(crate) use map::slot;
+use map::{Shard, SLOTS};
+
+/// The redirects one call follows before it fails.
+const REDIRECTS: usize = 5;
+/// The least time between two reads of the slot map.
+const REFRESH_GAP: Duration = Duration::from_millis(100);
+/// Nodes asked for the map at once.
+const ASKED_AT_ONCE: usize = 3;
+/// A slot no primary serves.
+const UNCOVERED: u16 = u16::MAX;
+
+/// A handle on the connections to a cluster's primaries.
+pub(crate) struct Cluster {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// the nodes the configuration names, asked when no known node answers
+    seeds: Vec<(String, u16)>,
+    /// how to reach a node: its address aside
+    template: Endpoint,
+    lanes: usize,
+    leases: AtomicBool,
+    map: ArcSwap<Map>,
+    refreshing: AtomicBool,
+    last_refresh: Mutex<Option<Instant>>,
+    /// counts finished reads of the map, for the calls that wait for the first one
+    refreshed: watch::Sender<u64>,
+    /// turns the list of nodes asked, so one that hangs is not always asked first
+    turn: AtomicUsize,
+}
+
+/// Which primary serves each slot.
+struct Map {
+    /// an index into `nodes`, or [`UNCOVERED`]
+    slots: Box<[u16]>,
+    nodes: Vec<Arc<Node>>,
+}
+
+/// One primary and the store's connections to it.
+struct Node {
+    host: String,
+    port: u16,
+    pipe: Pipe,
+}
+
+impl Cluster {
+    /// A cluster reached first through `seeds`, each node as `template` says (its address
+    /// aside), with `lanes` connections per primary. Nothing connects before the first call.
+    pub(crate) fn new(seeds: Vec<(String, u16)>, template: Endpoint, lanes: usize) -> Cluster {
+        Cluster {
+            inner: Arc::new(Inner {
+                seeds,
+                template,
+                lanes,
+                leases: AtomicBool::new(true),
+                map: ArcSwap::from_pointee(Map {
+                    slots: Box::new([]),
+                    nodes: Vec::new(),
+                }),
+                refreshing: AtomicBool::new(false),
+                last_refresh: Mutex::new(None),
+                refreshed: watch::Sender::new(0),
+                turn: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// Whether the primaries' lanes take leases ([`super::lease`]).
+    pub(crate) fn set_leases(&self, on: bool) {
+        self.inner.leases.store(on, Ordering::Relaxed);
+        for node in &self.inner.map.load().nodes {
+            node.pipe.set_leases(on);
+        }
+    }
+
+    /// Drops every primary's leases.
+    pub(crate) fn forget_leases(&self) {
+        for node in &self.inner.map.load().nodes {
+            node.pipe.forget_leases();
+        }
+    }
+
+    /// Sends the command `make` writes for the key in `slot` to its primary, following
+    /// redirects, and once more with the script's body (`make(true)`) after `NOSCRIPT`.
+    pub(crate) async fn call(
+        &self,
+        slot: u16,
+        make: impl Fn(bool) -> Command,
+        deadline: Instant,
+    ) -> Answer {
+        let mut body = false;
+        // where the next try goes when it is not the map's primary, and whether after ASKING
+        let mut next: Option<(Arc<Node>, bool)> = None;
+        for _ in 0..=REDIRECTS {
+            let (node, asking) = match next.take() {
+                Some(next) => next,
+                None => (self.node_for(slot, deadline).await?, false),
+            };
+            let command = if asking {
+                let mut bytes = Vec::new();
+                make(body).write_to(&mut bytes);
+                Command::Asking(bytes)
+            } else {
+                make(body)
+            };
+            let answer = node.pipe.call(command, deadline).await;
+            let Err(failure) = &answer else {
+                return answer;
+            };
+            let error = match failure {
+                Failure::Redis(error) => error,
+                Failure::Late => {
+                    self.inner.refresh_soon();
+                    return answer;
+                }
+            };
+            match redirect(error, &node) {
+                Some(Redirect::Moved(slot, host, port)) => {
+                    next = Some((self.inner.moved(slot, host, port), false));
+                    self.inner.refresh_soon();
+                }
+                Some(Redirect::Ask(host, port)) => {
+                    next = Some((self.inner.node_at(&host, port), true));
+                }
+                None if error.is_noscript() && !body => {
+                    body = true;
+                    next = Some((node, asking));
+                }
+                None => {
+                    if outdated(error) {
+                        self.inner.refresh_soon();
+                    }
+                    return answer;
+                }
+            }
+        }
+        Err(Failure::Redis(Error::Protocol(
+            "too many Cluster redirects for one call",
+        )))
+    }
+
+    /// Sends a keyless command to every primary, each bounded by `deadline`: their answers, in
+    /// the map's order. Calls that fail ask for a new map.
+    pub(crate) async fn each_primary(&self, words: &[&[u8]], deadline: Instant) -> Vec<Answer> {
+        let map = self.map(deadline).await;
+        let mut command = Vec::new();
+        encode_command(&mut command, words);
+        let calls = map.nodes.iter().map(|node| {
+            let command = Command::Bytes(command.clone());
+            async move { node.pipe.call(command, deadline).await }
+        });
+        let answers = futures_util::future::join_all(calls).await;
+        if map.nodes.is_empty() || answers.iter().any(Result::is_err) {
+            self.inner.refresh_soon();
+        }
+        answers
+    }
+
+    /// The primary of `slot`, waiting for the first map if there is none yet.
+    async fn node_for(&self, slot: u16, deadline: Instant) -> Result<Arc<Node>, Failure> {
+        let map = self.map(deadline).await;
+        match map.slots.get(usize::from(slot)) {
+            Some(&index) if index != UNCOVERED => Ok(map.nodes[usize::from(index)].clone()),
+            Some(_) => {
+                self.inner.refresh_soon();
+                Err(Failure::Redis(Error::io(
+                    std::io::ErrorKind::NotConnected,
+                    format!("no primary of the Redis Cluster serves slot {slot}"),
+                )))
+            }
+            None => Err(Failure::Redis(Error::io(
+                std::io::ErrorKind::NotConnected,
+                "no node of the Redis Cluster answered for its slot map",
+            ))),
+        }
+    }
+
+    /// The slot map; when there is none yet, after the first read of it (or the deadline).
+    async fn map(&self, deadline: Instant) -> Arc<Map> {
+        let map = self.inner.map.load_full();
+        if !map.slots.is_empty() {
+            return map;
+        }
+        let mut refreshed = self.inner.refreshed.subscribe();
+        refreshed.mark_unchanged();
+        if self.inner.refresh_soon() {
+            let _ = tokio::time::timeout_at(deadline, refreshed.changed()).await;
+        }
+        self.inner.map.load_full()
+    }
+}
+
+impl Inner {
+    /// Reads the slot map again in the background, unless a read is under way or the last
+    /// began less than [`REFRESH_GAP`] ago. Whether a read is under way now.
+    fn refresh_soon(self: &Arc<Self>) -> bool {
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return true;
+        }
+        {
+            let mut last = self.last_refresh.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            if last.is_some_and(|at| now.duration_since(at) < REFRESH_GAP) {
+                self.refreshing.store(false, Ordering::Release);
+                return false;
+            }
+            *last = Some(now);
+        }
+        let inner = self.clone();
+        tokio::spawn(async move {
+            inner.refresh().await;
+            inner.refreshing.store(false, Ordering::Release);
+            inner.refreshed.send_modify(|n| *n += 1);
+        });
+        true
+    }
+
+    /// Asks the known primaries, then the seeds, a few at a time, for the slot map, and
+    /// installs the first answer.
+    async fn refresh(&self) {
+        let mut asked: Vec<(String, u16)> = Vec::new();
+        for node in &self.map.load().nodes {
+            asked.push((node.host.clone(), node.port));
+        }
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        if !asked.is_empty() {
+            let known = asked.len();
+            asked.rotate_left(turn % known);
+        }
+        for seed in &self.seeds {
+            if !asked.contains(seed) {
+                asked.push(seed.clone());
+            }
+        }
+        let mut last_error = None;
+        for wave in asked.chunks(ASKED_AT_ONCE) {
+            let mut answers = JoinSet::new();
+            for (host, port) in wave {
+                answers.spawn(shards_of(host.clone(), *port, self.template.clone()));
+            }
+            while let Some(answer) = answers.join_next().await {
+                match answer {
+                    Ok(Ok(shards)) => {
+                        self.install(shards);
+                        return;
+                    }
+                    Ok(Err(e)) => last_error = Some(e),
+                    Err(_) => {}
+                }
+            }
+        }
+        if let Some(e) = last_error {
+            tracing::warn!(error = %e, "no node of the Redis Cluster gave its slot map");
+        }
+    }
+
+    /// Makes `shards` the map, keeping the connections to primaries it knew already.
+    fn install(&self, shards: Vec<Shard>) {
+        let old = self.map.load();
+        let mut slots = vec![UNCOVERED; SLOTS].into_boxed_slice();
+        let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(shards.len());
+        for shard in shards {
+            let index = match nodes
+                .iter()
+                .position(|n| n.host == shard.host && n.port == shard.port)
+            {
+                Some(index) => index,
+                None => {
+                    nodes.push(self.known_or_new(&old, &shard.host, shard.port));
+                    nodes.len() - 1
+                }
+            };
+            for (first, last) in shard.ranges {
+                slots[usize::from(first)..=usize::from(last)].fill(index as u16);
+            }
+        }
+        self.map.store(Arc::new(Map { slots, nodes }));
+    }
+
+    /// `MOVED`: the slot's primary is the node at `host:port` now. The map says so at once.
+    fn moved(&self, slot: u16, host: String, port: u16) -> Arc<Node> {
+        let old = self.map.load_full();
+        let node = self.known_or_new(&old, &host, port);
+        let mut nodes = old.nodes.clone();
+        let index = match nodes.iter().position(|n| Arc::ptr_eq(n, &node)) {
+            Some(index) => index,
+            None => {
+                nodes.push(node.clone());
+                nodes.len() - 1
+            }
+        };
+        let mut slots = if old.slots.is_empty() {
+            vec![UNCOVERED; SLOTS].into_boxed_slice()
+        } else {
+            old.slots.clone()
+        };
+        slots[usize::from(slot)] = index as u16;
+        self.map.store(Arc::new(Map { slots, nodes }));
+        node
+    }
+
+    /// The node at `host:port`, known already or new (`ASK` may name a node not in the map).
+    fn node_at(&self, host: &str, port: u16) -> Arc<Node> {
+        self.known_or_new(&self.map.load(), host, port)
+    }
+
+    fn known_or_new(&self, map: &Map, host: &str, port: u16) -> Arc<Node> {
+        if let Some(node) = map.nodes.iter().find(|n| n.host == host && n.port == port) {
+            return node.clone();
+        }
+        let endpoint = Endpoint {
+            addr: Addr::Tcp(host.to_owned(), port),
+            ..self.template.clone()
+        };
+        let pipe = Pipe::new(endpoint, self.lanes);
+        pipe.set_leases(self.leases.load(Ordering::Relaxed));
+        Arc::new(Node {
+            host: host.to_owned(),
+            port,
+            pipe,
+        })
+    }
+}
+
+/// Asks the node at `host:port` for the cluster's shards.
+async fn shards_of(host: String, port: u16, template: Endpoint) -> Result<Vec<Shard>, Error> {
+    let tls = template.tls.as_ref();
+    let ask = async {
+        let mut stream = pipe::tcp(&host, port, tls).await?;
+        let mut commands = pipe::auth(template.username.as_deref(), template.password.as_deref());
+        commands.push(pipe::words(&[b"CLUSTER", b"SHARDS"]));
+        let shards = match pipe::exchange(&mut stream, &commands).await {
+            Ok(replies) => replies.last().map(|r| map::from_shards(r, tls.is_some())),
+            // a server before Redis 7
+            Err(Error::Server(e)) if e.code() == "ERR" => {
+                let slots = pipe::words(&[b"CLUSTER", b"SLOTS"]);
+                let replies = pipe::exchange(&mut stream, &[slots]).await?;
+                replies.last().map(map::from_slots)
+            }
+            Err(e) => return Err(e),
+        };
+        match shards {
+            Some(Ok(shards)) if !shards.is_empty() => Ok(shards),
+            Some(Ok(_)) => Err(Error::Protocol("the node knows of no shard")),
+            Some(Err(what)) => Err(Error::Protocol(what)),
+            None => Err(Error::Protocol("no reply")),
+        }
+    };
+    match tokio::time::timeout(template.connect_timeout, ask).await {
+        Ok(answer) => answer,
+        Err(_) => Err(Error::io(
+            std::io::ErrorKind::TimedOut,
+            format!("{host}:{port} did not give its slot map in time"),
+        )),
+    }
+}
+
+enum Redirect {
+    /// the slot, and its primary's host and port
+    Moved(u16, String, u16),
+    Ask(String, u16),
+}
+
+/// The redirect `error` is, if it is one. A node that does not know its own address names
+/// none (`:7000`): it is then `from`'s host.
+fn redirect(error: &Error, from: &Node) -> Option<Redirect> {
+    let Error::Server(e) = error else {
+        return None;
+    };
+    let moved = match e.code() {
+        "MOVED" => true,
+        "ASK" => false,
+        _ => return None,
+    };
+    let mut words = e.detail()?.split_whitespace();
+    let slot: u16 = words.next()?.parse().ok()?;
+    let (host, port) = words.next()?.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let host = match host.trim_start_matches('[').trim_end_matches(']') {
+        "" => from.host.clone(),
+        host => host.to_owned(),
+    };
+    if usize::from(slot) >= SLOTS {
+        return None;
+    }
+    Some(if moved {
+        Redirect::Moved(slot, host, port)
+    } else {
+        Redirect::Ask(host, port)
+    })
+}
+
+/// Whether `error` says the slot map may be out of date: the node is gone or hung, no longer
+/// a primary, or the cluster is failing over.
+fn outdated(error: &Error) -> bool {
+    match error {
+        Error::Server(e) => matches!(
+            e.code(),
+            "CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "LOADING"
+        ),
+        Error::Io(_) | Error::ReadOnly(_) | Error::Protocol(_) => true,
+        Error::TlsName(_) => false,
+    }
+}
+
+/// `CLUSTER INFO` text: whether the cluster says it is ok.
+pub(crate) fn state_ok(info: &Value) -> bool {
+    let text = match info {
+        Value::Bulk(bytes) => String::from_utf8_lossy(bytes),
+        _ => return false,
+    };
+    text.lines().any(|l| l.trim() == "cluster_state:ok")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::resp::ServerError;
+
+    fn node() -> Node {
+        Node {
+            host: "10.0.0.9".into(),
+            port: 7000,
+            pipe: Pipe::new(
+                Endpoint {
+                    addr: Addr::Tcp("10.0.0.9".into(), 7000),
+                    username: None,
+                    password: None,
+                    db: 0,
+                    connect_timeout: Duration::from_secs(1),
+                    tls: None,
+                    cluster: true,
+                },
+                1,
+            ),
+        }
+    }
+
+    fn error(text: &str) -> Error {
+        Error::Server(ServerError::new(text))
+    }
+
+    #[test]
+    fn redirects_are_read() {
+        let from = node();
+        match redirect(&error("MOVED 3999 127.0.0.1:6381"), &from) {
+            Some(Redirect::Moved(3999, host, 6381)) => assert_eq!(host, "127.0.0.1"),
+            _ => panic!("MOVED not read"),
+        }
+        match redirect(&error("ASK 12 :7002"), &from) {
+            Some(Redirect::Ask(host, 7002)) => assert_eq!(host, "10.0.0.9"),
+            _ => panic!("ASK not read"),
+        }
+        match redirect(&error("MOVED 1 [::1]:7000"), &from) {
+            Some(Redirect::Moved(1, host, 7000)) => assert_eq!(host, "::1"),
+            _ => panic!("an IPv6 address not read"),
+        }
+        assert!(redirect(&error("MOVED 16384 h:1"), &from).is_none());
+        assert!(redirect(&error("MOVED x h:1"), &from).is_none());
+        assert!(redirect(&error("NOSCRIPT No matching script"), &from).is_none());
+    }
+
+    #[test]
+    fn outdated_maps_are_told() {
+        assert!(outdated(&error("CLUSTERDOWN The cluster is down")));
+        assert!(outdated(&Error::io(
+            std::io::ErrorKind::ConnectionRefused,
+            "x"
+        )));
+        assert!(!outdated(&error("WRONGTYPE Operation against a key")));
+        assert!(!outdated(&error("ERR Error running script")));
+    }
+}
