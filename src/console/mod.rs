@@ -1,9 +1,11 @@
 //! The operator console: its figures, what `GET /api/stats` on the admin listener answers, and
 //! the operator API's calls ([`api`]).
 //!
-//! Rates come from the registry, sampled once a second while someone asks ([`sample`]). The
-//! clients each limit refuses most come from [`Refusals`], which the proxy counts into, over
-//! the same minute.
+//! Rates come from the registry, sampled once a second while someone asks ([`sample`]): the
+//! fleet's publication asks every second, so a running server always samples. The clients
+//! each limit refuses most come from [`Refusals`], which the proxy counts into, over the same
+//! minute.
+//!
 //! These figures are this instance's own, and every answer says so. Each instance also
 //! publishes them to the store once a second, and [`fleet`] sums what the instances sharing
 //! the store published into the fleet's. [`page`] is the dashboard that shows these figures in
