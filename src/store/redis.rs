@@ -20,6 +20,7 @@ use ::redis::cluster_async::ClusterConnection;
 use ::redis::io::tcp::TcpSettings;
 use ::redis::{ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, TlsCertificates, TlsMode};
 
+mod fleet;
 mod seeds;
 mod slots;
 
@@ -29,8 +30,8 @@ use super::reply::{self, Reply};
 use super::resp::{ServerError, Value};
 use super::scripts::{ScriptCall, Scripts, SlotsOp};
 use super::{
-    ChargeFuture, GiveBackFuture, HoldFuture, RateFuture, ReadyFuture, Store, StoreError,
-    StoreFuture,
+    ChargeFuture, FleetFuture, GiveBackFuture, HoldFuture, RateFuture, ReadyFuture, Store,
+    StoreError, StoreFuture,
 };
 use crate::limit::{Aimd, Algorithm, Millis, Pace, Report, Slots};
 pub use crate::tls::ClientTls;
@@ -712,6 +713,14 @@ impl Store for RedisStore {
 
     fn forget_local(&self) {
         self.forget_leases();
+    }
+
+    fn publish<'a>(&'a self, key: &'a str, id: &'a str, blob: &'a [u8]) -> HoldFuture<'a> {
+        Box::pin(self.publish_fleet(key, id, blob))
+    }
+
+    fn fleet<'a>(&'a self, key: &'a str) -> FleetFuture<'a> {
+        Box::pin(self.read_fleet(key))
     }
 
     fn adapt<'a>(

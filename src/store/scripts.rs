@@ -11,6 +11,10 @@ use std::sync::LazyLock;
 
 use ::redis::{Script, ScriptInvocation};
 
+mod fleet;
+
+pub(crate) use fleet::FleetOp;
+
 use super::coalesce::{Join, Joined, Kind};
 use super::resp::{bulk, push_count};
 use crate::limit::{Aimd, Algorithm, Millis, Pace, Report, Slots, Window};
@@ -60,6 +64,7 @@ pub(crate) struct Scripts {
     resets: Lua,
     concurrency: Lua,
     adapt: Lua,
+    fleet: Lua,
 }
 
 /// One argument, written in Rust's shortest round-trip form for numbers, so the script's
@@ -109,6 +114,7 @@ impl Scripts {
             resets: Lua::new(include_str!("../../lua/resets.lua")),
             concurrency: Lua::new(include_str!("../../lua/concurrency.lua")),
             adapt: Lua::new(include_str!("../../lua/adapt.lua")),
+            fleet: Lua::new(include_str!("../../lua/fleet.lua")),
         }
     }
 

@@ -252,6 +252,11 @@ impl Store for Fake {
         Box::pin(async { Err(timeout()) })
     }
 
+    fn publish<'a>(&'a self, _key: &'a str, _id: &'a str, _blob: &'a [u8]) -> HoldFuture<'a> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Err(timeout()) })
+    }
+
     fn ready(&self) -> ReadyFuture<'_> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Err(timeout()) })
@@ -585,6 +590,30 @@ async fn a_watch_of_the_reset_count_leaves_the_probe_to_readyz() {
         before + 1,
         "readyz did not probe"
     );
+}
+
+/// The fleet's publication is a background caller too: while the breaker is open it waits,
+/// past the cool-down as well, and leaves the probe to a request. Its failures count towards
+/// opening the breaker as any call's.
+#[tokio::test(start_paused = true)]
+async fn a_publication_to_the_fleet_leaves_the_probe_to_requests() {
+    let (store, calls) = guarded(Behaviour::Fails, Duration::ZERO, OnError::Allow, 1);
+    for _ in 0..TRIP_AFTER {
+        let _ = store.publish("{t:fleet}", "a", b"{}").await;
+    }
+    assert!(store.breaker_open(), "failed publications count");
+    tokio::time::advance(COOL_DOWN).await;
+    let before = calls.load(Ordering::SeqCst);
+    for _ in 0..3 {
+        let published = store.publish("{t:fleet}", "a", b"{}").await;
+        assert!(
+            matches!(published, Err(StoreError::CircuitOpen)),
+            "{published:?}"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), before, "took the probe");
+    let _ = store.check("k", &bucket(2), None).await;
+    assert_eq!(calls.load(Ordering::SeqCst), before + 1, "no probe left");
 }
 
 /// A deny-cache entry applies only to the limit that denied: once a reload changes the
