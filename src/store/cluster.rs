@@ -171,18 +171,25 @@ impl Cluster {
         )))
     }
 
-    /// Sends a keyless command to every primary, each bounded by `deadline`: their answers, in
-    /// the map's order. Calls that fail ask for a new map.
-    pub(crate) async fn each_primary(&self, words: &[&[u8]], deadline: Instant) -> Vec<Answer> {
+    /// Sends a keyless command to every primary, each bounded by `deadline`: each primary's
+    /// `host:port` and answer, in the map's order. Calls that fail ask for a new map.
+    pub(crate) async fn each_primary(
+        &self,
+        words: &[&[u8]],
+        deadline: Instant,
+    ) -> Vec<(String, Answer)> {
         let map = self.map(deadline).await;
         let mut command = Vec::new();
         encode_command(&mut command, words);
         let calls = map.nodes.iter().map(|node| {
             let command = Command::Bytes(command.clone());
-            async move { node.pipe.call(command, deadline).await }
+            async move {
+                let answer = node.pipe.call(command, deadline).await;
+                (format!("{}:{}", node.host, node.port), answer)
+            }
         });
         let answers = futures_util::future::join_all(calls).await;
-        if map.nodes.is_empty() || answers.iter().any(Result::is_err) {
+        if map.nodes.is_empty() || answers.iter().any(|(_, answer)| answer.is_err()) {
             self.inner.refresh_soon();
         }
         answers

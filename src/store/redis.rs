@@ -285,8 +285,15 @@ impl RedisStore {
                 if answers.is_empty() {
                     return Err(cluster_down("no node of the cluster gave its slot map"));
                 }
-                for answer in answers {
-                    if !matches!(self.answered(answer)?, Reply::Value(ref info) if state_ok(info)) {
+                for (node, answer) in answers {
+                    let info = self.answered(answer).map_err(|e| {
+                        StoreError::from(::redis::RedisError::from((
+                            ::redis::ErrorKind::Server(::redis::ServerErrorKind::ClusterDown),
+                            "a primary of the cluster did not answer",
+                            format!("{node}: {e}"),
+                        )))
+                    })?;
+                    if !matches!(info, Reply::Value(ref info) if state_ok(info)) {
                         return Err(cluster_down(
                             "the cluster's state is not ok (a slot is not covered)",
                         ));
