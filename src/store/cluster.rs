@@ -379,7 +379,12 @@ async fn shards_of(host: String, port: u16, template: Endpoint) -> Result<Vec<Sh
             Err(e) => return Err(e),
         };
         match shards {
-            Some(Ok(shards)) if !shards.is_empty() => Ok(shards),
+            Some(Ok(mut shards)) if !shards.is_empty() => {
+                for shard in shards.iter_mut().filter(|s| s.host.is_empty()) {
+                    shard.host.clone_from(&host);
+                }
+                Ok(shards)
+            }
             Some(Ok(_)) => Err(Error::Protocol("the node knows of no shard")),
             Some(Err(what)) => Err(Error::Protocol(what)),
             None => Err(Error::Protocol("no reply")),
