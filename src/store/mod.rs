@@ -327,7 +327,7 @@ pub enum RedisError {
     /// from the store's own connection
     #[error(transparent)]
     Own(#[from] resp::Error),
-    /// from redis-rs (Cluster, and `connection: library`)
+    /// from redis-rs (the library path)
     #[error(transparent)]
     Library(#[from] ::redis::RedisError),
 }

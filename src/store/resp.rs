@@ -2,7 +2,7 @@
 //! arrays of bulk strings, and replies parsed straight from the read buffer into this module's
 //! [`Value`], with no intermediate frames. Failures are this module's [`Error`]. The scripts'
 //! calls ([`super::scripts`]) are written with it too. redis-rs keeps its own types for the
-//! connections it serves (Cluster and `connection: library`).
+//! connections it serves (the library path).
 //!
 //! The parser takes any bytes: it never panics, never reads past the buffer, and refuses
 //! replies nested or sized beyond what our commands get.

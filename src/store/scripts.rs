@@ -3,7 +3,7 @@
 //!
 //! A check is described once, as a [`Call`] (script, key, arguments), and then either written
 //! straight into a `EVALSHA` command for the store's own connection ([`Call::encode`]) or turned
-//! into a redis-rs invocation for TLS and Cluster ([`Call::invocation`]).
+//! into a redis-rs invocation for the library path ([`Call::invocation`]).
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
