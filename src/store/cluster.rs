@@ -151,16 +151,13 @@ impl Node {
     /// Sends `command` to the primary, unless it is skipped ([`Health`]).
     async fn send(&self, command: Command, deadline: Instant) -> Answer {
         if !self.health.admit() {
-            return Err(Failure::Redis(Error::io(
-                std::io::ErrorKind::NotConnected,
-                format!(
-                    "the primary {}:{} failed its last calls: skipped for {} ms while the slot \
-                     map is read again",
-                    self.host,
-                    self.port,
-                    COOL_DOWN.as_millis()
-                ),
-            )));
+            return Err(Failure::Redis(Error::Skipped(format!(
+                "the Cluster's primary {}:{} failed its last calls: skipped for {} ms at a time \
+                 while the slot map is read again",
+                self.host,
+                self.port,
+                COOL_DOWN.as_millis()
+            ))));
         }
         let answer = self.pipe.call(command, deadline).await;
         self.health.record(&answer);
@@ -536,7 +533,7 @@ fn outdated(error: &Error) -> bool {
             e.code(),
             "CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "LOADING"
         ),
-        Error::Io(_) | Error::ReadOnly(_) | Error::Protocol(_) => true,
+        Error::Io(_) | Error::ReadOnly(_) | Error::Protocol(_) | Error::Skipped(_) => true,
         Error::TlsName(_) => false,
     }
 }

@@ -297,10 +297,18 @@ impl StoreError {
     /// and must not take it away from every client.
     pub fn is_outage(&self) -> bool {
         match self {
-            StoreError::Redis(e) => e.code() != Some("WRONGTYPE"),
+            StoreError::Redis(e) => e.code() != Some("WRONGTYPE") && !e.is_skipped(),
             StoreError::Reply { .. } => false,
             StoreError::Timeout(_) | StoreError::CircuitOpen => true,
         }
+    }
+
+    /// Whether the call was not sent because the part of the store it needs is skipped for a
+    /// while: a Cluster's primary that failed its last calls. The primary's own failures count
+    /// towards the breaker; calls it skips count neither way, so one shard that is down does
+    /// not open the breaker for the others, and the calls to it do not close it.
+    pub fn is_skipped(&self) -> bool {
+        matches!(self, StoreError::Redis(e) if e.is_skipped())
     }
 
     /// Every label [`StoreError::kind`] gives.
@@ -313,6 +321,8 @@ impl StoreError {
             StoreError::Timeout(_) => "timeout",
             // (a Cluster's connection times a call out itself)
             StoreError::Redis(e) if e.is_timeout() => "timeout",
+            // (a shard's own breaker, in effect)
+            StoreError::Redis(e) if e.is_skipped() => "circuit_open",
             StoreError::Redis(e) if e.is_connection() => "connection",
             StoreError::Redis(_) => "redis",
             StoreError::CircuitOpen => "circuit_open",
@@ -352,6 +362,11 @@ impl RedisError {
             }),
             RedisError::Library(e) => e.is_timeout(),
         }
+    }
+
+    /// Whether the call was not sent: see [`StoreError::is_skipped`].
+    pub fn is_skipped(&self) -> bool {
+        matches!(self, RedisError::Own(resp::Error::Skipped(_)))
     }
 
     /// Whether the connection failed, rather than Redis answering with an error.

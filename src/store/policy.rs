@@ -518,6 +518,7 @@ impl Breaker {
     /// success.
     fn record(&self, permit: Permit, error: Option<&StoreError>) {
         match error {
+            Some(e) if e.is_skipped() => self.note_failed(self.now(), e),
             Some(e) if e.is_outage() => self.failure(permit, self.now(), e),
             Some(e) => {
                 self.success();

@@ -314,6 +314,9 @@ pub enum Error {
     ReadOnly(ServerError),
     /// the name to verify a TLS certificate against is not one
     TlsName(String),
+    /// not sent: a Cluster's primary that failed its last calls is skipped for a while (the
+    /// message says which and for how long)
+    Skipped(String),
 }
 
 impl Error {
@@ -363,6 +366,7 @@ impl fmt::Display for Error {
                 e.detail().unwrap_or_default()
             ),
             Error::TlsName(e) => write!(f, "not a TLS server name - InvalidClientConfig: {e}"),
+            Error::Skipped(why) => write!(f, "not sent - {why}"),
         }
     }
 }

@@ -37,6 +37,29 @@ fn wrongtype() -> StoreError {
     StoreError::from(value.checked().expect_err("a server error"))
 }
 
+/// A call a Cluster's connection did not send, its primary skipped after failing (one shard
+/// down), counts neither way: many in a row do not open the breaker, and they do not reset the
+/// count of the failures around them. It is counted under `circuit_open`.
+#[test]
+fn calls_to_a_skipped_primary_count_neither_way() {
+    let skipped = StoreError::from(crate::store::resp::Error::Skipped("primary a:1".into()));
+    assert!(skipped.is_skipped());
+    assert!(!skipped.is_outage());
+    assert_eq!(skipped.kind(), "circuit_open");
+    let b = Breaker::default();
+    for _ in 0..3 * TRIP_AFTER {
+        b.record(Permit::Closed, Some(&skipped));
+    }
+    assert!(!b.is_open(), "skipped calls alone open it");
+    for _ in 0..TRIP_AFTER - 1 {
+        b.record(Permit::Closed, Some(&timeout()));
+        b.record(Permit::Closed, Some(&skipped));
+    }
+    assert!(!b.is_open());
+    b.record(Permit::Closed, Some(&timeout()));
+    assert!(b.is_open(), "skipped calls reset the count of failures");
+}
+
 /// Errors of one key or call come from a Redis that answers: however many in a row, they do
 /// not open the breaker, and they reset the count of failures as a success does; a probe that
 /// gets one closes it. Timeouts and broken connections are outages.
