@@ -380,6 +380,10 @@ mod tests {
             serde_json::json!({"scope": "this instance"})
         }
 
+        fn fleet(&self) -> ApiFuture<'_> {
+            Box::pin(async { ApiAnswer::ok(serde_json::json!({"scope": "fleet"})) })
+        }
+
         fn limit<'a>(&'a self, call: LimitCall<'a>) -> ApiFuture<'a> {
             let body =
                 serde_json::json!({"route": call.route, "limit": call.limit, "key": call.key});

@@ -340,3 +340,101 @@ async fn a_hung_primary_is_left_for_its_replica() {
     }
     assert_eq!(script_runs(port), before, "a script ran on the old primary");
 }
+
+/// A primary hung for less than the cluster takes to call it down: after three late calls its
+/// keys' calls fail at once, but for a probe every 200 ms, while the other shards decide as
+/// before; once it wakes, the next probe finds it and its keys are decided again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primary_is_skipped_between_probes() {
+    let cluster = common::Cluster::start_with(
+        3,
+        0,
+        &[
+            "--cluster-node-timeout",
+            "15000",
+            "--enable-debug-command",
+            "yes",
+        ],
+    );
+    let timeout = Duration::from_millis(200);
+    let s = store(&cluster, timeout);
+    let alg = bucket(1_000.0, 1_000);
+    let keys: Vec<String> = (0..30).map(|i| format!("tollgate:r:l:k{i}")).collect();
+    for key in &keys {
+        s.check(key, &alg, None).await.unwrap();
+    }
+    let victim = cluster.owner(&keys[0]);
+    let other = keys.iter().find(|k| cluster.owner(k) != victim).unwrap();
+    let port = cluster.nodes[victim].port;
+    let sleeper = std::thread::spawn(move || {
+        let _ = std::process::Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "debug", "sleep", "3"])
+            .output();
+    });
+    cluster.nodes[victim].wait_blocked();
+    let (mut late, mut at_once) = (0, 0);
+    for _ in 0..20 {
+        let began = Instant::now();
+        s.check(&keys[0], &alg, None)
+            .await
+            .expect_err("the primary sleeps");
+        if began.elapsed() < timeout / 2 {
+            at_once += 1;
+        } else {
+            late += 1;
+        }
+        s.check(other, &alg, None).await.expect("another shard");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        at_once >= 12,
+        "{at_once} of 20 calls failed at once, {late} waited"
+    );
+    sleeper.join().unwrap();
+    let woke = Instant::now();
+    while s.check(&keys[0], &alg, None).await.is_err() {
+        assert!(
+            woke.elapsed() < Duration::from_secs(5),
+            "never probed again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One primary down for good, and the cluster set to serve the rest (`cluster-require-full-
+/// coverage no`): however many calls in a row go to its keys, the breaker stays closed, so the
+/// other shards' keys are still decided by Redis, not by `on_error`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shard_down_leaves_the_breaker_closed_for_the_others() {
+    use std::num::NonZeroUsize;
+    use tollgate::store::{GuardedStore, OnError, StoreError};
+
+    let mut cluster = common::Cluster::start_with(
+        3,
+        0,
+        &["--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no"],
+    );
+    let guarded = GuardedStore::new(
+        store(&cluster, Duration::from_millis(200)),
+        OnError::Deny,
+        NonZeroU32::MIN,
+        NonZeroUsize::new(1_000).unwrap(),
+    );
+    let alg = bucket(1_000.0, 1_000);
+    let keys: Vec<String> = (0..30).map(|i| format!("tollgate:r:l:k{i}")).collect();
+    for key in &keys {
+        guarded.check(key, &alg, None).await.unwrap();
+    }
+    let victim = cluster.owner(&keys[0]);
+    let other = keys.iter().find(|k| cluster.owner(k) != victim).unwrap();
+    cluster.nodes[victim].kill();
+    for round in 0..5 {
+        for _ in 0..20 {
+            let e = guarded.check(&keys[0], &alg, None).await.unwrap_err();
+            assert!(!matches!(e, StoreError::CircuitOpen), "round {round}: {e}");
+        }
+        let d = guarded.check(other, &alg, None).await;
+        assert!(d.is_ok(), "round {round}: another shard's key: {d:?}");
+        assert!(!guarded.breaker_open(), "round {round}");
+    }
+}

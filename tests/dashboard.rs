@@ -1,7 +1,7 @@
 //! The dashboard at `/` of the admin listener, in a real headless Chromium and a real headless
 //! Firefox, against two tollgates sharing a real Redis: it asks for the token, shows this
-//! instance's traffic and the client a limit refuses most, and resets that client on every
-//! instance.
+//! instance's traffic and the client a limit refuses most, resets that client on every
+//! instance, and switches to the fleet's figures, which list both instances.
 
 mod common;
 common::both_http1_clients!();
@@ -248,6 +248,7 @@ async fn an_operator_resets_the_client_refused_most(browser: impl Page) {
         get(&b.url("/"), &greedy).await.status == 200
     })
     .await;
+    the_switch_shows_the_fleet(&browser, &a, &b).await;
     drop(traffic);
 
     // The browser logs each 401 it gets as a failed load: the page asks for the token then.
@@ -261,6 +262,65 @@ async fn an_operator_resets_the_client_refused_most(browser: impl Page) {
     browser.quit().await;
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// The ids the instances table lists, once it lists two, or `null`.
+const TWO_INSTANCES: &str = "const section = document.getElementById('instances');
+  const ids = [...section.querySelectorAll('tbody tr')].map((tr) => tr.dataset.key).sort();
+  return !section.hidden && ids.length === 2 ? ids : null;";
+
+/// The switch set to "the fleet" lists both instances and says whose the figures are; set
+/// back to "this instance", the list goes.
+async fn the_switch_shows_the_fleet(browser: &impl Page, a: &Proxy, b: &Proxy) {
+    let id = |proxy: &Proxy| {
+        let url = format!(
+            "http://{}/api/stats",
+            proxy.admin.expect("an admin listener")
+        );
+        async move {
+            let answer = get(&url, &[("authorization", "Bearer s3cret")]).await;
+            let stats: serde_json::Value = serde_json::from_str(&answer.body).expect("JSON");
+            stats["instance"]["id"].as_str().expect("an id").to_owned()
+        }
+    };
+    let mut ids = vec![id(a).await, id(b).await];
+    ids.sort();
+    assert_eq!(
+        browser
+            .run("return document.getElementById('instances').hidden;")
+            .await,
+        true
+    );
+    browser
+        .click("return document.querySelector('#view input[value=fleet]');")
+        .await;
+    let shown = browser
+        .wait_for("the fleet's two instances", SHOWN_WITHIN, TWO_INSTANCES)
+        .await;
+    assert_eq!(shown, serde_json::json!(ids));
+    let scope = browser
+        .run("return document.getElementById('scope').textContent;")
+        .await;
+    assert!(
+        scope
+            .as_str()
+            .is_some_and(|s| s.contains("the fleet's: 2 instance")),
+        "{scope}"
+    );
+    browser
+        .wait_for("route api in the fleet", SHOWN_WITHIN, API_RPS)
+        .await;
+    browser
+        .click("return document.querySelector('#view input[value=instance]');")
+        .await;
+    browser
+        .wait_for(
+            "this instance's figures again",
+            SHOWN_WITHIN,
+            "return document.getElementById('instances').hidden
+                && document.getElementById('scope').textContent.includes('this instance');",
+        )
+        .await;
 }
 
 /// The route names of the rows the routes table shows, and its position line.

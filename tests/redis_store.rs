@@ -1177,3 +1177,78 @@ fn every_test_again_over_redis_rs() {
         ],
     );
 }
+
+/// The fleet's figures: each instance's last blob is kept under its id, read back with the
+/// server's time; a blob of the bound is taken, one byte more refused with nothing written;
+/// both keys share a hash tag and expire; an instance that stops publishing drops out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_keeps_each_instances_last_blob_within_its_bounds() {
+    use tollgate::store::{FLEET_MAX_BYTES, FLEET_STALE};
+    let redis = common::Redis::start();
+    let s = store(redis.url(), Duration::from_secs(2));
+    let key = "{tollgate:fleet}";
+    assert_eq!(s.publish(key, "a", b"{\"n\":1}").await.unwrap(), 1);
+    assert_eq!(s.publish(key, "b", b"{\"n\":2}").await.unwrap(), 2);
+    assert_eq!(
+        s.publish(key, "a", b"{\"n\":3}").await.unwrap(),
+        2,
+        "a again"
+    );
+    let fleet = s.fleet(key).await.unwrap();
+    let mut kept: Vec<(String, Vec<u8>)> = fleet
+        .instances
+        .iter()
+        .map(|p| (p.id.clone(), p.blob.clone()))
+        .collect();
+    kept.sort();
+    assert_eq!(
+        kept,
+        [
+            ("a".into(), b"{\"n\":3}".to_vec()),
+            ("b".into(), b"{\"n\":2}".to_vec())
+        ]
+    );
+    for p in &fleet.instances {
+        assert!(
+            p.seen_ms <= fleet.now_ms && p.seen_ms + 2_000 > fleet.now_ms,
+            "{p:?}"
+        );
+    }
+    let biggest = vec![b'x'; FLEET_MAX_BYTES];
+    assert_eq!(s.publish(key, "big", &biggest).await.unwrap(), 3);
+    let over = vec![b'x'; FLEET_MAX_BYTES + 1];
+    let refused = s.publish(key, "over", &over).await.unwrap_err();
+    assert!(refused.to_string().contains("over the bound"), "{refused}");
+    assert!(!refused.is_outage(), "a refused blob is no outage");
+    assert_eq!(s.fleet(key).await.unwrap().instances.len(), 3);
+    for k in [key, "{tollgate:fleet}:seen"] {
+        let ttl: u64 = redis.cli(&["PTTL", k]).trim().parse().unwrap();
+        assert!(
+            ttl > 0 && ttl <= FLEET_STALE.as_millis() as u64,
+            "{k}: {ttl}"
+        );
+    }
+    // "a" goes on publishing, the others stop: they drop out, "a" stays
+    let deadline = Instant::now() + FLEET_STALE * 4;
+    loop {
+        s.publish(key, "a", b"{}").await.unwrap();
+        let ids: Vec<String> = s
+            .fleet(key)
+            .await
+            .unwrap()
+            .instances
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        if ids == ["a"] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still kept: {ids:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(
+        redis.cli(&["HLEN", key]),
+        "1",
+        "the blobs of the gone dropped too"
+    );
+}

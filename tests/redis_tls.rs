@@ -179,7 +179,10 @@ async fn ca_trusts_a_private_ca_and_without_it_redis_is_refused() {
     )
     .await;
     assert_eq!(three(&trusting).await, [200, 200, 429]);
-    assert_eq!(redis.cli(&pki, &["--scan"]), "tg:api:two:127.0.0.1");
+    assert_eq!(
+        redis.cli(&pki, &["--scan", "--pattern", "tg:api:*"]),
+        "tg:api:two:127.0.0.1"
+    );
 }
 
 /// A Redis that asks for a client certificate takes tollgate's `cert` and `key`, and refuses
@@ -270,13 +273,13 @@ async fn verify_false_connects_to_an_untrusted_certificate_and_check_warns() {
     );
 }
 
-/// A Cluster over TLS (redis-rs's client) takes the CA and the client certificate too; without
-/// the certificate its node refuses it.
+/// A Cluster over TLS takes the CA, the client certificate and `server_name` too: its node's
+/// certificate names it only by that name, and without the certificate the node refuses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_over_tls_takes_the_ca_and_the_client_certificate() {
+async fn a_cluster_over_tls_takes_the_ca_the_client_certificate_and_a_name() {
     use tollgate::limit::{Algorithm, Bucket, Rate};
 
-    let pki = Pki::new(&["localhost", "127.0.0.1"]);
+    let pki = Pki::new(&["redis.internal"]);
     let node = TlsRedis::start(
         &pki,
         "server",
@@ -305,6 +308,7 @@ async fn a_cluster_over_tls_takes_the_ca_and_the_client_certificate() {
     let tls = ClientTls {
         ca: Some(pki.pem("ca.pem")),
         identity: Some((pki.pem("client.pem"), pki.pem("client.key"))),
+        server_name: Some("redis.internal".to_owned()),
         ..ClientTls::default()
     };
     let store = RedisStore::connect_with(
@@ -316,9 +320,25 @@ async fn a_cluster_over_tls_takes_the_ca_and_the_client_certificate() {
     )
     .unwrap();
     store.ping().await.expect("the TLS cluster answers");
+    let by_address = ClientTls {
+        server_name: None,
+        ..tls.clone()
+    };
+    let by_address = RedisStore::connect_with(
+        &target,
+        &by_address,
+        Duration::from_secs(2),
+        1,
+        tollgate::store::Connection::Own,
+    )
+    .unwrap();
+    assert!(
+        by_address.ping().await.is_err(),
+        "a certificate of another name"
+    );
     let allowed: Vec<bool> = three_checks(&store, &bucket).await;
     assert_eq!(allowed, [true, true, false]);
-    // verification off (redis-rs's insecure mode): no ca needed
+    // verification off: no ca needed
     let unverified = ClientTls {
         ca: None,
         verify: false,
@@ -417,5 +437,8 @@ async fn sentinels_over_tls_lead_to_the_master_over_tls() {
     let _ = sentinel.kill();
     let _ = sentinel.wait();
     assert_eq!(statuses, [200, 200, 429]);
-    assert_eq!(master.cli(&pki, &["--scan"]), "tg:api:two:127.0.0.1");
+    assert_eq!(
+        master.cli(&pki, &["--scan", "--pattern", "tg:api:*"]),
+        "tg:api:two:127.0.0.1"
+    );
 }

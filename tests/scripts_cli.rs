@@ -521,6 +521,74 @@ fn console_scripts_by_hand() {
     assert!(ttl > 0, "it expires: {ttl}");
 }
 
+/// The fleet's script by hand: two keys of one hash tag; a publication kept with the server's
+/// time, a new instance refused once the cap is kept (0, nothing written), a blob over the
+/// bound an error, an instance not seen for STALE_MS dropped by the next call, bad arguments
+/// refused with the usage before anything is written.
+#[test]
+fn fleet_by_hand() {
+    let redis = Redis::start();
+    let path = format!("{}/lua/fleet.lua", env!("CARGO_MANIFEST_DIR"));
+    let run = |args: &[&str]| -> Vec<String> {
+        let mut cli_args = vec![
+            "--eval",
+            path.as_str(),
+            "{tollgate:fleet}",
+            "{tollgate:fleet}:seen",
+            ",",
+        ];
+        cli_args.extend_from_slice(args);
+        redis.cli(&cli_args).lines().map(str::to_string).collect()
+    };
+    assert_eq!(
+        run(&["publish", "60000", "16", "2", "a", "{\"rps\":1}"]),
+        ["1"]
+    );
+    assert_eq!(run(&["publish", "60000", "16", "2", "b", "{}"]), ["2"]);
+    assert_eq!(
+        run(&["publish", "60000", "16", "2", "c", "{}"]),
+        ["0"],
+        "the cap"
+    );
+    assert_eq!(
+        run(&["publish", "60000", "16", "2", "a", "{}"]),
+        ["2"],
+        "a kept one"
+    );
+    let over = run(&["publish", "60000", "1", "2", "a", "{}"]).join(" ");
+    assert!(over.contains("over the bound"), "{over}");
+    let read = run(&["read", "60000"]);
+    assert_eq!(read.len(), 7, "{read:?}");
+    assert!(
+        read[0].parse::<f64>().unwrap() > 1.7e12,
+        "the server's clock: {read:?}"
+    );
+    // the longest unseen first: b, then a, published again since
+    let kept = [read[1].as_str(), read[3].as_str(), read[4].as_str()];
+    assert_eq!(kept, ["b", "{}", "a"], "{read:?}");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(
+        run(&["publish", "1000", "16", "2", "c", "{}"]),
+        ["1"],
+        "a and b dropped"
+    );
+    assert_eq!(redis.cli(&["HKEYS", "{tollgate:fleet}"]), "c");
+    let ttl: i64 = redis
+        .cli(&["PTTL", "{tollgate:fleet}:seen"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 1000, "it expires: {ttl}");
+    for args in [
+        &["write", "1"][..],
+        &["read", "0"],
+        &["publish", "10", "16", "2", ""],
+    ] {
+        let out = run(args).join(" ");
+        assert!(out.contains("usage: fleet.lua"), "{args:?}: {out}");
+    }
+}
+
 /// The charge run by hand, on a caller's clock: after a debt of 50, a check without `debt`
 /// clamps it as a bucket of other parameters; a window's charge counts past the limit.
 #[test]

@@ -15,8 +15,11 @@ use super::{json_answer, AdminState};
 
 /// The operator API behind `/api/`, supplied by the application.
 pub trait Api: Send + Sync {
-    /// `GET /api/stats`
+    /// `GET /api/stats`: this instance's figures
     fn stats(&self) -> serde_json::Value;
+
+    /// `GET /api/stats?scope=fleet`: the figures of every instance sharing the store
+    fn fleet(&self) -> ApiFuture<'_>;
 
     /// `GET /api/limits/<route>/<limit>?key=<client>`
     fn limit<'a>(&'a self, call: LimitCall<'a>) -> ApiFuture<'a>;
@@ -91,7 +94,11 @@ pub(super) async fn answer<B>(
     }
     let writes = *req.method() == Method::DELETE;
     let answer = match parts.as_slice() {
-        ["stats"] => ApiAnswer::ok(state.api.stats()),
+        ["stats"] => match scope(req.uri().query()) {
+            Ok(Scope::Instance) => ApiAnswer::ok(state.api.stats()),
+            Ok(Scope::Fleet) => state.api.fleet().await,
+            Err(why) => ApiAnswer::error(StatusCode::BAD_REQUEST, "bad_scope", why),
+        },
         ["limits", route, limit] => limit_call(state, req, (route, limit), writes, peer).await,
         ["upstreams", name, "hold"] => match percent_decoded(name) {
             Some(name) => state.api.lift_hold(&name, peer).await,
@@ -170,6 +177,31 @@ async fn limit_call<B>(
     }
 }
 
+/// Whose figures `/api/stats` answers with.
+#[derive(Debug, PartialEq, Eq)]
+enum Scope {
+    /// this instance's (`scope=instance`, or no scope)
+    Instance,
+    /// every instance's that shares the store (`scope=fleet`)
+    Fleet,
+}
+
+/// The `scope` query parameter of `/api/stats`.
+fn scope(query: Option<&str>) -> Result<Scope, String> {
+    let given = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("scope="));
+    match given {
+        None | Some("instance") => Ok(Scope::Instance),
+        Some("fleet") => Ok(Scope::Fleet),
+        Some(other) => Err(format!(
+            "unknown scope {:?}: use scope=instance (the default) or scope=fleet",
+            percent_decoded(other).unwrap_or_else(|| other.to_owned())
+        )),
+    }
+}
+
 /// The `key` query parameter: the client, percent-decoded (`+` a space, as forms write it).
 fn client_key(query: Option<&str>) -> Result<String, &'static str> {
     let value = query
@@ -228,6 +260,15 @@ pub(super) fn api_error(answer: ApiAnswer) -> Response<Full<Bytes>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn scopes() {
+        assert_eq!(scope(None), Ok(Scope::Instance));
+        assert_eq!(scope(Some("scope=instance")), Ok(Scope::Instance));
+        assert_eq!(scope(Some("x=1&scope=fleet")), Ok(Scope::Fleet));
+        let unknown = scope(Some("scope=world%21")).unwrap_err();
+        assert!(unknown.contains("\"world!\""), "{unknown}");
+    }
+
     #[test]
     fn tokens_compare_whole() {
         assert!(constant_time_eq(b"abc", b"abc"));

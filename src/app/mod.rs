@@ -23,6 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
 use crate::console::api::{self as console, InForce};
+use crate::console::fleet::Instance;
 use crate::console::{Console, Reloaded};
 use crate::metrics::Metrics;
 use crate::proxy::{Http1Client, Proxy, UpstreamClients};
@@ -67,6 +68,9 @@ struct Shared {
     token: Mutex<Option<Arc<str>>>,
     /// What the last reload did, if one was tried.
     reloaded: Mutex<Option<Reloaded>>,
+    /// The operator console's figures, which the admin listener answers with and the fleet
+    /// is sent.
+    console: Console,
 }
 
 impl Server {
@@ -117,6 +121,9 @@ impl Server {
             None => None,
         };
         let workers = Workers::start(workers).context("cannot start the worker threads")?;
+        let instance = Instance::new(listeners.first().and_then(|l| l.local_addr().ok()));
+        let sampler = crate::console::sample::Sampler::new(metrics.clone());
+        let console = Console::new(sampler, refusals.clone(), instance);
         let shared = Arc::new(Shared {
             live: Arc::new(Live {
                 proxy: ArcSwap::from_pointee(proxy),
@@ -131,6 +138,7 @@ impl Server {
             refusals,
             token: Mutex::new(token),
             reloaded: Mutex::new(None),
+            console,
         });
         Ok(Server {
             shared,
@@ -183,6 +191,10 @@ impl Server {
         let counts = console::read_counts(&*self.shared).await;
         let resets = tokio::spawn(console::watch_resets(self.shared.clone(), counts));
         let adapting = tokio::spawn(adapt::adapt_rates(self.shared.clone()));
+        let publishing = tokio::spawn(console::publish_figures(
+            self.shared.clone(),
+            self.shared.console.clone(),
+        ));
         let workers = self.workers;
         tracing::info!(workers = workers.count(), "worker threads");
         let mut accepting = Vec::new();
@@ -224,6 +236,7 @@ impl Server {
         shutdown.await;
         resets.abort();
         adapting.abort();
+        publishing.abort();
         tracing::info!("shutting down: draining in-flight requests");
         self.shared.draining.store(true, Ordering::Release);
         let _ = stop_tx.send(true);
@@ -302,7 +315,6 @@ fn admin_state(shared: &Arc<Shared>) -> AdminState {
     let for_ready = shared.clone();
     let for_token = shared.clone();
     let for_hosts = shared.clone();
-    let sampler = crate::console::sample::Sampler::new(shared.metrics.clone());
     AdminState {
         metrics: shared.metrics.clone(),
         config_json: Arc::new(move || for_config.config().to_json()),
@@ -333,7 +345,7 @@ fn admin_state(shared: &Arc<Shared>) -> AdminState {
         }),
         api: Arc::new(console::ConsoleApi::new(
             shared.clone(),
-            Console::new(sampler, shared.refusals.clone()),
+            shared.console.clone(),
         )),
         page: admin::Page {
             html: crate::console::page::HTML,

@@ -29,7 +29,7 @@ pub(crate) fn store(chk: &mut Checker<'_>, raw: &RawStore, backend: &Backend) ->
     let raw_tls = raw.tls.get()?;
     let path = store.key("tls");
     let tls = client_tls(chk, raw_tls, &path, UNVERIFIED);
-    applies(chk, raw, raw_tls, backend, &path);
+    applies(chk, raw, backend, &path);
     Some(tls)
 }
 
@@ -139,13 +139,7 @@ fn check_contents(
 
 /// `store.tls` serves `rediss://` only: set beside a plain URL it would protect nothing, so it
 /// is an error rather than a setting that is quietly unused.
-fn applies(
-    chk: &mut Checker<'_>,
-    raw: &RawStore,
-    raw_tls: &RawClientTls,
-    backend: &Backend,
-    path: &Path,
-) {
+fn applies(chk: &mut Checker<'_>, raw: &RawStore, backend: &Backend, path: &Path) {
     let plain = |urls: &[String]| {
         urls.iter()
             .find(|u| !u.starts_with("rediss://"))
@@ -159,16 +153,7 @@ fn applies(
             None
         }
         Backend::Redis { url } => plain(std::slice::from_ref(url)),
-        Backend::Cluster { urls } => {
-            if raw_tls.server_name.is_given() {
-                chk.error(
-                    path.key("server_name"),
-                    "a Redis Cluster is reached through the redis-rs client, which verifies \
-                     each node for the host in its address and takes no other name",
-                );
-            }
-            plain(urls)
-        }
+        Backend::Cluster { urls } => plain(urls),
         Backend::Sentinel(sentinel) => plain(&sentinel.nodes),
     };
     if let Some(url) = without_tls {

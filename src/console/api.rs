@@ -9,6 +9,7 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::json;
 
+use super::fleet::{self, Member};
 use super::{Console, Reloaded, StoreView, View};
 use crate::admin::{self, ApiAnswer, ApiFuture, LimitCall};
 use crate::config::{Backend, Config, StoreConfig};
@@ -98,25 +99,76 @@ fn store_failed(e: crate::store::StoreError) -> ApiAnswer {
     )
 }
 
+/// This instance's `/api/stats` answer, from what `shared` has in force.
+fn figures(shared: &dyn InForce, console: &Console) -> serde_json::Value {
+    let (config, store) = shared.in_force();
+    let proxy = shared.proxy();
+    let reload = shared.reloaded();
+    console.stats(&View {
+        config: &config,
+        proxy: &proxy,
+        store: StoreView {
+            backend: backend(&config.store),
+            breaker: store.breaker(),
+        },
+        reload,
+    })
+}
+
+fn backend(store: &StoreConfig) -> &'static str {
+    match &store.backend {
+        Backend::Memory => "memory",
+        Backend::Redis { .. } => "redis",
+        Backend::Cluster { .. } => "cluster",
+        Backend::Sentinel(_) => "sentinel",
+    }
+}
+
 impl admin::Api for ConsoleApi {
     fn stats(&self) -> serde_json::Value {
-        let (config, store) = self.shared.in_force();
-        let proxy = self.shared.proxy();
-        let backend = match &config.store.backend {
-            Backend::Memory => "memory",
-            Backend::Redis { .. } => "redis",
-            Backend::Cluster { .. } => "cluster",
-            Backend::Sentinel(_) => "sentinel",
-        };
-        let reload = self.shared.reloaded();
-        self.console.stats(&View {
-            config: &config,
-            proxy: &proxy,
-            store: StoreView {
-                backend,
-                breaker: store.breaker(),
-            },
-            reload,
+        figures(&*self.shared, &self.console)
+    }
+
+    fn fleet(&self) -> ApiFuture<'_> {
+        Box::pin(async move {
+            let (store_config, store) = self.shared.store();
+            let this = figures(&*self.shared, &self.console);
+            let found = match store.fleet(&fleet::key(&store_config.key_prefix)).await {
+                Ok(found) => found,
+                Err(e) => return store_failed(e),
+            };
+            let me = &self.console.instance().id;
+            let mut seen = found.now_ms;
+            let mut members = Vec::with_capacity(found.instances.len() + 1);
+            for p in found.instances {
+                if p.id == *me {
+                    seen = p.seen_ms;
+                    continue;
+                }
+                match serde_json::from_slice(&p.blob) {
+                    Ok(figures) => members.push(Member {
+                        id: p.id,
+                        seen_ms: p.seen_ms,
+                        figures,
+                    }),
+                    Err(e) => {
+                        tracing::debug!(id = p.id, error = %e, "console: an instance's figures do not read as JSON")
+                    }
+                }
+            }
+            // this instance's own figures are the freshest, published or not
+            members.push(Member {
+                id: me.clone(),
+                seen_ms: seen,
+                figures: this.clone(),
+            });
+            let mut answer = fleet::summed(&this, &members);
+            if store_config.backend == Backend::Memory {
+                answer["note"] = json!(
+                    "the memory store is this instance's own: the fleet is this instance alone"
+                );
+            }
+            ApiAnswer::ok(answer)
         })
     }
 
@@ -241,6 +293,37 @@ pub async fn watch_resets(shared: Arc<dyn InForce>, mut seen: [Option<u64>; 2]) 
                 }
                 tracing::debug!("console: a hold was lifted; this instance's holds lifted");
             }
+        }
+    }
+}
+
+/// How often an instance publishes its figures to the fleet.
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+
+/// Publishes this instance's figures to the fleet once a second while the server runs, from
+/// the console's samples (asking for them keeps the sampling going). A publication that fails
+/// is logged at debug and tried again the next second; no request waits for one.
+pub async fn publish_figures(shared: Arc<dyn InForce>, console: Console) {
+    let mut every = tokio::time::interval(PUBLISH_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if shared.draining() {
+            return;
+        }
+        let Some(blob) = fleet::blob(figures(&*shared, &console)) else {
+            tracing::debug!("console: figures not published: over the fleet's bound even without the refused clients");
+            continue;
+        };
+        let (store_config, store) = shared.store();
+        let key = fleet::key(&store_config.key_prefix);
+        match store.publish(&key, &console.instance().id, &blob).await {
+            Ok(0) => tracing::debug!(
+                "console: not kept in the fleet: it holds {} instances already",
+                crate::store::FLEET_MAX_INSTANCES
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "console: figures not published to the fleet"),
         }
     }
 }

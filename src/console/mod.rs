@@ -1,17 +1,22 @@
 //! The operator console: its figures, what `GET /api/stats` on the admin listener answers, and
 //! the operator API's calls ([`api`]).
 //!
-//! Rates come from the registry, sampled once a second while someone asks ([`sample`]). The
-//! clients each limit refuses most come from [`Refusals`], which the proxy counts into, over
-//! the same minute.
-//! Everything here is this instance's own: every answer says so. [`page`] is the dashboard
-//! that shows these figures in a browser.
+//! Rates come from the registry, sampled once a second while someone asks ([`sample`]): the
+//! fleet's publication asks every second, so a running server always samples. The clients
+//! each limit refuses most come from [`Refusals`], which the proxy counts into, over the same
+//! minute.
+//!
+//! These figures are this instance's own, and every answer says so. Each instance also
+//! publishes them to the store once a second, and [`fleet`] sums what the instances sharing
+//! the store published into the fleet's. [`page`] is the dashboard that shows these figures in
+//! a browser.
 //!
 //! This module reads the config, the proxy and the metrics in force, and decides nothing. Only
 //! an operator's call to [`api`] changes limiter state: a reset, or a lifted hold.
 
 pub mod api;
 pub mod client;
+pub mod fleet;
 pub mod page;
 pub mod sample;
 
@@ -24,6 +29,7 @@ use serde_json::{json, Value};
 use crate::config::Config;
 use crate::proxy::Proxy;
 use crate::refusals::Refusals;
+use fleet::Instance;
 use sample::{Change, Sampler};
 
 /// Clients shown per limit.
@@ -55,21 +61,30 @@ pub struct View<'a> {
     pub reload: Option<Reloaded>,
 }
 
-/// The console's state for one process.
+/// The console's state for one process: cheap to clone, and the clones share it.
+#[derive(Clone)]
 pub struct Console {
     sampler: Arc<Sampler>,
     refusals: Arc<Refusals>,
     started: SystemTime,
+    instance: Arc<Instance>,
 }
 
 impl Console {
-    /// The console over `sampler`'s metrics and the refusals the proxy counts in `refusals`.
-    pub fn new(sampler: Arc<Sampler>, refusals: Arc<Refusals>) -> Console {
+    /// The console of `instance` over `sampler`'s metrics and the refusals the proxy counts in
+    /// `refusals`.
+    pub fn new(sampler: Arc<Sampler>, refusals: Arc<Refusals>, instance: Instance) -> Console {
         Console {
             sampler,
             refusals,
             started: SystemTime::now(),
+            instance: Arc::new(instance),
         }
+    }
+
+    /// The process these figures are of.
+    pub fn instance(&self) -> &Instance {
+        &self.instance
     }
 
     /// The `/api/stats` answer.
@@ -82,6 +97,7 @@ impl Console {
         let secs = change.seconds();
         json!({
             "scope": "this instance",
+            "instance": {"id": self.instance.id, "address": self.instance.address},
             "window_seconds": round(secs),
             "started": http_date(self.started),
             "routes": routes(view.config, &change),

@@ -3,7 +3,8 @@
 //!
 //! Samples are read from the registry's own text, so the request path counts nothing more for
 //! the console. They are taken only while someone asks: the first ask starts the sampling, and
-//! it stops after [`IDLE`] without an ask.
+//! it stops after [`IDLE`] without an ask. A running server asks every second, to publish its
+//! figures to the fleet (`api::publish_figures`), so it samples all the time.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -9,8 +9,7 @@
 //!
 //! What is process-wide stays on worker 0: the accept loops, the admin server, the reloader.
 //! Each worker has its own Redis connection too ([`crate::store::set_worker`]), driven by its
-//! own runtime (redis-rs's TLS and Cluster connections are shared: their drivers run on the
-//! worker whose request started them), and its own slot in the request metrics
+//! own runtime (on a Cluster, one to each primary), and its own slot in the request metrics
 //! ([`crate::metrics::set_thread_slot`]). Connections are handed out round robin, worker 0
 //! included.
 

@@ -10,11 +10,15 @@
 //! the map at most every [`REFRESH_GAP`] meanwhile, so it follows the promotion soon after the
 //! cluster makes it. The failure policy decides the calls that fail until then.
 //!
+//! A primary that fails three calls in a row (late, or its connection broken) is skipped for
+//! a short cool-down: its keys' calls fail at once, so a hung primary costs its shard's
+//! requests no wait, and the other shards go on as before (see [`Health`]).
+//!
 //! A `MOVED` answer points its slot at the named node at once and sends the call there; an
 //! `ASK` answer sends it there once, after `ASKING`, and leaves the map alone (the slot is
 //! being migrated). A call follows at most [`REDIRECTS`] redirects, all within its deadline.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -73,6 +77,92 @@ struct Node {
     host: String,
     port: u16,
     pipe: Pipe,
+    health: Health,
+}
+
+/// Whether a primary answers. One that failed [`TRIP_AFTER`] calls in a row (late, or its
+/// connection broken) is skipped for [`COOL_DOWN`]: its calls fail at once instead of each
+/// waiting out its timeout, while the other shards go on. Then one call goes through as a probe.
+/// A promoted replica is a new node, with a clean record.
+struct Health {
+    failures: AtomicU32,
+    /// ms on `epoch` until which the node is skipped; 0: it is not
+    skipped_until: AtomicU64,
+    epoch: Instant,
+}
+
+/// Failed calls in a row that make a primary skipped.
+const TRIP_AFTER: u32 = 3;
+/// How long a failing primary is skipped before the next probe.
+const COOL_DOWN: Duration = Duration::from_millis(200);
+
+impl Health {
+    fn new() -> Health {
+        Health {
+            failures: AtomicU32::new(0),
+            skipped_until: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// ms since the node was made, never 0
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Whether a call may go now: the node is not skipped, or this call is the probe.
+    fn admit(&self) -> bool {
+        let until = self.skipped_until.load(Ordering::Acquire);
+        if until == 0 {
+            return true;
+        }
+        let now = self.now();
+        let next = now + COOL_DOWN.as_millis() as u64;
+        now >= until
+            && self
+                .skipped_until
+                .compare_exchange(until, next, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    fn record(&self, answer: &Answer) {
+        match answer {
+            Err(Failure::Late) | Err(Failure::Redis(Error::Io(_))) => {
+                let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+                if failures >= TRIP_AFTER {
+                    let until = self.now() + COOL_DOWN.as_millis() as u64;
+                    self.skipped_until.store(until, Ordering::Release);
+                }
+            }
+            // (read first: on the hot path both are 0, and a read keeps the line shared)
+            _ => {
+                if self.failures.load(Ordering::Relaxed) != 0 {
+                    self.failures.store(0, Ordering::Release);
+                }
+                if self.skipped_until.load(Ordering::Relaxed) != 0 {
+                    self.skipped_until.store(0, Ordering::Release);
+                }
+            }
+        }
+    }
+}
+
+impl Node {
+    /// Sends `command` to the primary, unless it is skipped ([`Health`]).
+    async fn send(&self, command: Command, deadline: Instant) -> Answer {
+        if !self.health.admit() {
+            return Err(Failure::Redis(Error::Skipped(format!(
+                "the Cluster's primary {}:{} failed its last calls: skipped for {} ms at a time \
+                 while the slot map is read again",
+                self.host,
+                self.port,
+                COOL_DOWN.as_millis()
+            ))));
+        }
+        let answer = self.pipe.call(command, deadline).await;
+        self.health.record(&answer);
+        answer
+    }
 }
 
 impl Cluster {
@@ -135,7 +225,7 @@ impl Cluster {
             } else {
                 make(body)
             };
-            let answer = node.pipe.call(command, deadline).await;
+            let answer = node.send(command, deadline).await;
             let Err(failure) = &answer else {
                 return answer;
             };
@@ -171,18 +261,25 @@ impl Cluster {
         )))
     }
 
-    /// Sends a keyless command to every primary, each bounded by `deadline`: their answers, in
-    /// the map's order. Calls that fail ask for a new map.
-    pub(crate) async fn each_primary(&self, words: &[&[u8]], deadline: Instant) -> Vec<Answer> {
+    /// Sends a keyless command to every primary, each bounded by `deadline`: each primary's
+    /// `host:port` and answer, in the map's order. Calls that fail ask for a new map.
+    pub(crate) async fn each_primary(
+        &self,
+        words: &[&[u8]],
+        deadline: Instant,
+    ) -> Vec<(String, Answer)> {
         let map = self.map(deadline).await;
         let mut command = Vec::new();
         encode_command(&mut command, words);
         let calls = map.nodes.iter().map(|node| {
             let command = Command::Bytes(command.clone());
-            async move { node.pipe.call(command, deadline).await }
+            async move {
+                let answer = node.send(command, deadline).await;
+                (format!("{}:{}", node.host, node.port), answer)
+            }
         });
         let answers = futures_util::future::join_all(calls).await;
-        if map.nodes.is_empty() || answers.iter().any(Result::is_err) {
+        if map.nodes.is_empty() || answers.iter().any(|(_, answer)| answer.is_err()) {
             self.inner.refresh_soon();
         }
         answers
@@ -350,6 +447,7 @@ impl Inner {
             host: host.to_owned(),
             port,
             pipe,
+            health: Health::new(),
         })
     }
 }
@@ -372,7 +470,12 @@ async fn shards_of(host: String, port: u16, template: Endpoint) -> Result<Vec<Sh
             Err(e) => return Err(e),
         };
         match shards {
-            Some(Ok(shards)) if !shards.is_empty() => Ok(shards),
+            Some(Ok(mut shards)) if !shards.is_empty() => {
+                for shard in shards.iter_mut().filter(|s| s.host.is_empty()) {
+                    shard.host.clone_from(&host);
+                }
+                Ok(shards)
+            }
             Some(Ok(_)) => Err(Error::Protocol("the node knows of no shard")),
             Some(Err(what)) => Err(Error::Protocol(what)),
             None => Err(Error::Protocol("no reply")),
@@ -430,7 +533,7 @@ fn outdated(error: &Error) -> bool {
             e.code(),
             "CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "LOADING"
         ),
-        Error::Io(_) | Error::ReadOnly(_) | Error::Protocol(_) => true,
+        Error::Io(_) | Error::ReadOnly(_) | Error::Protocol(_) | Error::Skipped(_) => true,
         Error::TlsName(_) => false,
     }
 }
@@ -465,6 +568,7 @@ mod tests {
                 },
                 1,
             ),
+            health: Health::new(),
         }
     }
 
@@ -490,6 +594,26 @@ mod tests {
         assert!(redirect(&error("MOVED 16384 h:1"), &from).is_none());
         assert!(redirect(&error("MOVED x h:1"), &from).is_none());
         assert!(redirect(&error("NOSCRIPT No matching script"), &from).is_none());
+    }
+
+    /// Three failed calls in a row skip a primary; after the cool-down one probe goes, and an
+    /// answer clears the record.
+    #[test]
+    fn a_failing_primary_is_skipped_then_probed() {
+        let health = Health::new();
+        let late: Answer = Err(Failure::Late);
+        for _ in 0..TRIP_AFTER - 1 {
+            health.record(&late);
+            assert!(health.admit());
+        }
+        health.record(&late);
+        assert!(!health.admit(), "skipped after {TRIP_AFTER} failures");
+        std::thread::sleep(COOL_DOWN + Duration::from_millis(20));
+        assert!(health.admit(), "the probe");
+        assert!(!health.admit(), "one probe only");
+        health.record(&Err(Failure::Redis(error("WRONGTYPE wrong kind"))));
+        assert!(health.admit(), "Redis answered: the primary is back");
+        assert!(health.admit());
     }
 
     #[test]

@@ -13,7 +13,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lru::LruCache;
 
-use super::{ChargeFuture, GiveBackFuture, HoldFuture, RateFuture, Store, StoreFuture};
+use super::{
+    ChargeFuture, Fleet, FleetFuture, GiveBackFuture, HoldFuture, Published, RateFuture, Store,
+    StoreFuture, FLEET_STALE,
+};
 use crate::limit::adapt::{adapt, Adapted};
 use crate::limit::{
     acquire, apply, charge, defer, give_back, release, renew, Aimd, Algorithm, Balance, Decision,
@@ -36,6 +39,8 @@ pub struct MemoryStore {
     /// adaptive pacing rates with when each expires: one per adaptive upstream, so a plain
     /// map beside the shards (an expired one is dropped when next read)
     rates: Mutex<std::collections::HashMap<Box<str>, (Adapted, Millis)>>,
+    /// the fleet: this instance's last publication, the only one a store in process sees
+    published: Mutex<Option<Published>>,
     /// Dropping the store drops this sender, which wakes and ends the purge task at once.
     _stop_purge: tokio::sync::watch::Sender<()>,
 }
@@ -107,6 +112,7 @@ impl MemoryStore {
         MemoryStore {
             shards,
             rates: Mutex::default(),
+            published: Mutex::default(),
             _stop_purge: stop,
         }
     }
@@ -380,6 +386,32 @@ impl Store for MemoryStore {
 
     fn forget<'a>(&'a self, key: &'a str) -> GiveBackFuture<'a> {
         Box::pin(std::future::ready(Ok(self.remove(key))))
+    }
+
+    fn publish<'a>(&'a self, _key: &'a str, id: &'a str, blob: &'a [u8]) -> HoldFuture<'a> {
+        if let Some(e) = super::over_fleet_bound(blob) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let published = Published {
+            id: id.to_owned(),
+            seen_ms: self.shards.clock.now() as u64,
+            blob: blob.to_vec(),
+        };
+        *self.published.lock().unwrap_or_else(|e| e.into_inner()) = Some(published);
+        Box::pin(std::future::ready(Ok(1)))
+    }
+
+    fn fleet<'a>(&'a self, _key: &'a str) -> FleetFuture<'a> {
+        let now_ms = self.shards.clock.now() as u64;
+        let published = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = published
+            .as_ref()
+            .filter(|p| now_ms.saturating_sub(p.seen_ms) < FLEET_STALE.as_millis() as u64);
+        let fleet = Fleet {
+            now_ms,
+            instances: fresh.cloned().into_iter().collect(),
+        };
+        Box::pin(std::future::ready(Ok(fleet)))
     }
 
     fn adapt<'a>(

@@ -57,6 +57,48 @@ pub type RateFuture<'a> = Pin<Box<dyn Future<Output = Result<f64, StoreError>> +
 /// The future of a [`Store::ready`]: why requests cannot be decided as configured, if so.
 pub type ReadyFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
+/// The future of a [`Store::fleet`].
+pub type FleetFuture<'a> = Pin<Box<dyn Future<Output = Result<Fleet, StoreError>> + Send + 'a>>;
+
+/// The largest figures one instance publishes to the fleet ([`Store::publish`]).
+pub const FLEET_MAX_BYTES: usize = 64 * 1024;
+/// The most instances a fleet keeps: a new one beyond them is not kept.
+pub const FLEET_MAX_INSTANCES: usize = 1000;
+/// An instance that has not published for this long drops out of the fleet.
+pub const FLEET_STALE: Duration = Duration::from_secs(5);
+
+/// A blob over [`FLEET_MAX_BYTES`], refused before any call: the error of one call, which
+/// tells nothing of the store.
+fn over_fleet_bound(blob: &[u8]) -> Option<StoreError> {
+    (blob.len() > FLEET_MAX_BYTES).then(|| StoreError::Reply {
+        script: "fleet",
+        detail: format!(
+            "a blob of {} bytes is over the bound of {FLEET_MAX_BYTES}",
+            blob.len()
+        ),
+    })
+}
+
+/// What the instances sharing a store published lately ([`Store::fleet`]).
+#[derive(Debug, Clone, Default)]
+pub struct Fleet {
+    /// the store's clock when it answered, in ms since the epoch
+    pub now_ms: u64,
+    /// the instances, the longest unseen first
+    pub instances: Vec<Published>,
+}
+
+/// One instance's last publication.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// the instance's id
+    pub id: String,
+    /// when it published, on the store's clock, in ms since the epoch
+    pub seen_ms: u64,
+    /// what it published
+    pub blob: Vec<u8>,
+}
+
 /// Keeps limiter state and decides requests.
 pub trait Store: Send + Sync + 'static {
     /// Decides one request for `key` under `alg`. `now` is the time in ms since the epoch;
@@ -182,6 +224,20 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(0)))
     }
 
+    /// Publishes `blob`, this instance's figures, under `id` to the fleet kept at `key`
+    /// (`lua/fleet.lua`): the store keeps the last blob of each instance seen within
+    /// [`FLEET_STALE`], [`FLEET_MAX_INSTANCES`] at most. How many instances are kept; 0 when
+    /// this one was not (the fleet is full). A blob over [`FLEET_MAX_BYTES`] is an error. A
+    /// store of one instance keeps this one alone; one that keeps no fleet, none.
+    fn publish<'a>(&'a self, _key: &'a str, _id: &'a str, _blob: &'a [u8]) -> HoldFuture<'a> {
+        Box::pin(std::future::ready(Ok(0)))
+    }
+
+    /// The fleet kept at `key`: the instances seen within [`FLEET_STALE`].
+    fn fleet<'a>(&'a self, _key: &'a str) -> FleetFuture<'a> {
+        Box::pin(std::future::ready(Ok(Fleet::default())))
+    }
+
     /// Forgets every refusal this instance remembers and every token it leased ahead: a
     /// reset made elsewhere is in force here from the next request.
     fn forget_local(&self) {}
@@ -241,10 +297,18 @@ impl StoreError {
     /// and must not take it away from every client.
     pub fn is_outage(&self) -> bool {
         match self {
-            StoreError::Redis(e) => e.code() != Some("WRONGTYPE"),
+            StoreError::Redis(e) => e.code() != Some("WRONGTYPE") && !e.is_skipped(),
             StoreError::Reply { .. } => false,
             StoreError::Timeout(_) | StoreError::CircuitOpen => true,
         }
+    }
+
+    /// Whether the call was not sent because the part of the store it needs is skipped for a
+    /// while: a Cluster's primary that failed its last calls. The primary's own failures count
+    /// towards the breaker; calls it skips count neither way, so one shard that is down does
+    /// not open the breaker for the others, and the calls to it do not close it.
+    pub fn is_skipped(&self) -> bool {
+        matches!(self, StoreError::Redis(e) if e.is_skipped())
     }
 
     /// Every label [`StoreError::kind`] gives.
@@ -257,6 +321,8 @@ impl StoreError {
             StoreError::Timeout(_) => "timeout",
             // (a Cluster's connection times a call out itself)
             StoreError::Redis(e) if e.is_timeout() => "timeout",
+            // (a shard's own breaker, in effect)
+            StoreError::Redis(e) if e.is_skipped() => "circuit_open",
             StoreError::Redis(e) if e.is_connection() => "connection",
             StoreError::Redis(_) => "redis",
             StoreError::CircuitOpen => "circuit_open",
@@ -271,7 +337,7 @@ pub enum RedisError {
     /// from the store's own connection
     #[error(transparent)]
     Own(#[from] resp::Error),
-    /// from redis-rs (Cluster, and `connection: library`)
+    /// from redis-rs (the library path)
     #[error(transparent)]
     Library(#[from] ::redis::RedisError),
 }
@@ -296,6 +362,11 @@ impl RedisError {
             }),
             RedisError::Library(e) => e.is_timeout(),
         }
+    }
+
+    /// Whether the call was not sent: see [`StoreError::is_skipped`].
+    pub fn is_skipped(&self) -> bool {
+        matches!(self, RedisError::Own(resp::Error::Skipped(_)))
     }
 
     /// Whether the connection failed, rather than Redis answering with an error.

@@ -24,8 +24,8 @@ use lru::LruCache;
 use tokio::time::Instant;
 
 use super::{
-    ChargeFuture, GiveBackFuture, HoldFuture, MemoryStore, RateFuture, ReadyFuture, Store,
-    StoreError, StoreFuture, StoreObserver,
+    ChargeFuture, FleetFuture, GiveBackFuture, HoldFuture, MemoryStore, RateFuture, ReadyFuture,
+    Store, StoreError, StoreFuture, StoreObserver,
 };
 use crate::limit::{Aimd, Algorithm, Decision, Millis, Pace, Report, Slots};
 
@@ -197,15 +197,21 @@ impl GuardedStore {
         StoreError::CircuitOpen
     }
 
-    /// `call` to the shared store when the breaker lets it go, its outcome recorded;
-    /// [`StoreError::CircuitOpen`] when it does not (counted as skipped for a request's call).
-    async fn through_breaker<T>(
+    /// `call` to the shared store when the breaker lets it go in `caller`'s role, its outcome
+    /// recorded; [`StoreError::CircuitOpen`] when it does not (counted as skipped for a
+    /// request's call).
+    async fn through_breaker<T, F: Future<Output = Result<T, StoreError>>>(
         &self,
-        call: impl Future<Output = Result<T, StoreError>>,
-        request: bool,
+        call: impl FnOnce() -> F,
+        caller: Caller,
     ) -> Result<T, StoreError> {
+        // A background caller waits out an open breaker: a cool-down's one probe is for a
+        // request or `/readyz`, which act on what it finds.
+        if caller == Caller::Background && self.breaker.is_open() {
+            return Err(StoreError::CircuitOpen);
+        }
         let Some(permit) = self.breaker.allow_now() else {
-            return Err(if request {
+            return Err(if caller == Caller::Request {
                 self.skipped()
             } else {
                 StoreError::CircuitOpen
@@ -215,10 +221,24 @@ impl GuardedStore {
             breaker: &self.breaker,
             permit,
         };
-        let result = call.await;
+        let result = call().await;
         self.breaker.record(permit, result.as_ref().err());
         result
     }
+}
+
+/// Who makes a call to the shared store, for the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// a request's: one the open breaker keeps back is counted as skipped
+    Request,
+    /// an operator's, `/readyz`'s, or the upkeep of what requests hold: may be the probe,
+    /// and one kept back is not counted
+    Uncounted,
+    /// a task of the instance's own that runs whatever the traffic (the console's watch of
+    /// the reset count, the fleet's publication): never the probe, so while the breaker is
+    /// open it waits
+    Background,
 }
 
 impl Store for GuardedStore {
@@ -241,7 +261,8 @@ impl Store for GuardedStore {
             // balancer stopped sending requests to (because this said no) still comes back.
             // Not a request's call, a probe kept from the store is not counted in the store's
             // error metrics.
-            self.through_breaker(self.primary.ready(), false).await
+            self.through_breaker(move || self.primary.ready(), Caller::Uncounted)
+                .await
         })
     }
 
@@ -289,7 +310,7 @@ impl Store for GuardedStore {
     }
 
     fn peek<'a>(&'a self, key: &'a str, alg: &'a Algorithm) -> StoreFuture<'a> {
-        Box::pin(self.through_breaker(self.primary.peek(key, alg), false))
+        Box::pin(self.through_breaker(move || self.primary.peek(key, alg), Caller::Uncounted))
     }
 
     fn forget<'a>(&'a self, key: &'a str) -> GiveBackFuture<'a> {
@@ -297,17 +318,29 @@ impl Store for GuardedStore {
             // the fallback's state and this instance's refusal go too, whatever Redis says
             self.deny_cache.remove(key);
             self.local.remove(key);
-            self.through_breaker(self.primary.forget(key), false).await
+            self.through_breaker(move || self.primary.forget(key), Caller::Uncounted)
+                .await
         })
     }
 
     fn resets<'a>(&'a self, key: &'a str, bump: bool) -> HoldFuture<'a> {
-        // A read of the count is the console's watch, twice a second. While the breaker is
-        // open it waits, so a cool-down's one probe goes to a request or `/readyz`.
-        if !bump && self.breaker.is_open() {
-            return Box::pin(std::future::ready(Err(StoreError::CircuitOpen)));
-        }
-        Box::pin(self.through_breaker(self.primary.resets(key, bump), false))
+        // A read of the count is the console's watch, twice a second; a bump, an operator's.
+        let caller = if bump {
+            Caller::Uncounted
+        } else {
+            Caller::Background
+        };
+        Box::pin(self.through_breaker(move || self.primary.resets(key, bump), caller))
+    }
+
+    fn publish<'a>(&'a self, key: &'a str, id: &'a str, blob: &'a [u8]) -> HoldFuture<'a> {
+        // once a second, whatever the traffic: a background caller
+        let call = move || self.primary.publish(key, id, blob);
+        Box::pin(self.through_breaker(call, Caller::Background))
+    }
+
+    fn fleet<'a>(&'a self, key: &'a str) -> FleetFuture<'a> {
+        Box::pin(self.through_breaker(move || self.primary.fleet(key), Caller::Uncounted))
     }
 
     /// Whatever `on_error` says, a failed call is an error: the caller decides what to pace
@@ -319,7 +352,10 @@ impl Store for GuardedStore {
         report: Report,
         now: Option<Millis>,
     ) -> RateFuture<'a> {
-        Box::pin(self.through_breaker(self.primary.adapt(key, aimd, report, now), false))
+        Box::pin(self.through_breaker(
+            move || self.primary.adapt(key, aimd, report, now),
+            Caller::Uncounted,
+        ))
     }
 
     fn forget_local(&self) {
@@ -338,7 +374,10 @@ impl Store for GuardedStore {
             // to the store that decided: the shared one, or (it failing, with `local`) the
             // fallback; with `allow` or `deny` nothing was taken on a failure
             let shared = self
-                .through_breaker(self.primary.give_back(key, alg, age_ms, now), true)
+                .through_breaker(
+                    move || self.primary.give_back(key, alg, age_ms, now),
+                    Caller::Request,
+                )
                 .await;
             if shared.is_err() && self.on_error == OnError::Local {
                 self.local
@@ -361,7 +400,10 @@ impl Store for GuardedStore {
             self.deny_cache.remove(key);
             let started = Instant::now();
             let shared = self
-                .through_breaker(self.primary.charge(key, alg, amount, now), true)
+                .through_breaker(
+                    move || self.primary.charge(key, alg, amount, now),
+                    Caller::Request,
+                )
                 .await;
             // (a call the breaker kept back is counted as skipped already)
             let called = !matches!(shared, Err(StoreError::CircuitOpen));
@@ -388,7 +430,10 @@ impl Store for GuardedStore {
         Box::pin(async move {
             // The local schedule holds too, so the fallback obeys the upstream during an outage.
             let local = self.local.hold(key, pace, hold_ms, now);
-            let shared = self.through_breaker(self.primary.defer(key, pace, hold_ms, now), true);
+            let shared = self.through_breaker(
+                move || self.primary.defer(key, pace, hold_ms, now),
+                Caller::Request,
+            );
             Ok(shared.await.unwrap_or(local))
         })
     }
@@ -473,6 +518,7 @@ impl Breaker {
     /// success.
     fn record(&self, permit: Permit, error: Option<&StoreError>) {
         match error {
+            Some(e) if e.is_skipped() => self.note_failed(self.now(), e),
             Some(e) if e.is_outage() => self.failure(permit, self.now(), e),
             Some(e) => {
                 self.success();

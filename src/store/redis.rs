@@ -1,11 +1,11 @@
 //! The Redis store: each check is one `EVALSHA` of the algorithm's script on the key's node.
 //!
 //! Multiplexed connections, so concurrent checks pipeline on them, reconnected after Redis
-//! restarts. On one Redis, over TCP, TLS (`rediss://`) or a unix socket, and on the master that
-//! Sentinels name, they are the store's own ([`super::pipe`]), made for this one command, one
-//! per worker thread. On a Cluster it is redis-rs's: the cluster client's per-node
-//! connections. The conformance tests run through both connections to one Redis
-//! ([`Connection`]; the library's is one `ConnectionManager` shared by every worker). A `NOSCRIPT` answer (Redis
+//! restarts. On one Redis, over TCP, TLS (`rediss://`) or a unix socket, on the master that
+//! Sentinels name, and on each primary of a Cluster ([`super::cluster`]), they are the store's
+//! own ([`super::pipe`]), made for this one command, one per worker thread. The conformance
+//! tests run through both connections ([`Connection`]; the library's is one
+//! `ConnectionManager`, or redis-rs's cluster client, shared by every worker). A `NOSCRIPT` answer (Redis
 //! restarted, failed over, or `SCRIPT FLUSH`) sends the call again with the script's body,
 //! once. Every call is bounded by `timeout`; past it the caller gets [`StoreError::Timeout`].
 //! On the store's own connection it comes from its driver, which keeps every call's deadline;
@@ -20,6 +20,7 @@ use ::redis::cluster_async::ClusterConnection;
 use ::redis::io::tcp::TcpSettings;
 use ::redis::{ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, TlsCertificates, TlsMode};
 
+mod fleet;
 mod seeds;
 mod slots;
 
@@ -29,8 +30,8 @@ use super::reply::{self, Reply};
 use super::resp::{ServerError, Value};
 use super::scripts::{ScriptCall, Scripts, SlotsOp};
 use super::{
-    ChargeFuture, GiveBackFuture, HoldFuture, RateFuture, ReadyFuture, Store, StoreError,
-    StoreFuture,
+    ChargeFuture, FleetFuture, GiveBackFuture, HoldFuture, RateFuture, ReadyFuture, Store,
+    StoreError, StoreFuture,
 };
 use crate::limit::{Aimd, Algorithm, Millis, Pace, Report, Slots};
 pub use crate::tls::ClientTls;
@@ -112,8 +113,8 @@ pub enum Connection {
     /// the store's own ([`super::pipe`]), with joining and leases: what tollgate uses
     #[default]
     Own,
-    /// redis-rs's `ConnectionManager`: the library's path, which a Cluster takes too. Tests
-    /// hold the two equal.
+    /// redis-rs's `ConnectionManager`, or its cluster client: the library's path. Tests hold
+    /// the two equal.
     Library,
 }
 
@@ -129,7 +130,7 @@ enum Conn {
     Pipe(Pipe),
     /// the store's own connections to a Cluster's primaries
     Cluster(Cluster),
-    /// redis-rs: a Cluster, or [`Connection::Library`]
+    /// redis-rs: [`Connection::Library`]
     Client(Client),
 }
 
@@ -144,8 +145,8 @@ enum Client {
 impl RedisStore {
     /// Connects lazily: the store is usable at once, and calls fail with a [`StoreError`]
     /// until Redis answers. `timeout` bounds every call. On one Redis, the store keeps `lanes`
-    /// connections of its own: one per worker thread (see [`super::set_worker`]). On a
-    /// Cluster it uses redis-rs's, one per node.
+    /// connections of its own: one per worker thread (see [`super::set_worker`]); on a
+    /// Cluster, that many to each primary.
     pub fn connect(
         target: &RedisTarget,
         timeout: Duration,
@@ -284,8 +285,15 @@ impl RedisStore {
                 if answers.is_empty() {
                     return Err(cluster_down("no node of the cluster gave its slot map"));
                 }
-                for answer in answers {
-                    if !matches!(self.answered(answer)?, Reply::Value(ref info) if state_ok(info)) {
+                for (node, answer) in answers {
+                    let info = self.answered(answer).map_err(|e| {
+                        StoreError::from(::redis::RedisError::from((
+                            ::redis::ErrorKind::Server(::redis::ServerErrorKind::ClusterDown),
+                            "a primary of the cluster did not answer",
+                            format!("{node}: {e}"),
+                        )))
+                    })?;
+                    if !matches!(info, Reply::Value(ref info) if state_ok(info)) {
                         return Err(cluster_down(
                             "the cluster's state is not ok (a slot is not covered)",
                         ));
@@ -712,6 +720,14 @@ impl Store for RedisStore {
 
     fn forget_local(&self) {
         self.forget_leases();
+    }
+
+    fn publish<'a>(&'a self, key: &'a str, id: &'a str, blob: &'a [u8]) -> HoldFuture<'a> {
+        Box::pin(self.publish_fleet(key, id, blob))
+    }
+
+    fn fleet<'a>(&'a self, key: &'a str) -> FleetFuture<'a> {
+        Box::pin(self.read_fleet(key))
     }
 
     fn adapt<'a>(

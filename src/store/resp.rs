@@ -2,7 +2,7 @@
 //! arrays of bulk strings, and replies parsed straight from the read buffer into this module's
 //! [`Value`], with no intermediate frames. Failures are this module's [`Error`]. The scripts'
 //! calls ([`super::scripts`]) are written with it too. redis-rs keeps its own types for the
-//! connections it serves (Cluster and `connection: library`).
+//! connections it serves (the library path).
 //!
 //! The parser takes any bytes: it never panics, never reads past the buffer, and refuses
 //! replies nested or sized beyond what our commands get.
@@ -314,6 +314,9 @@ pub enum Error {
     ReadOnly(ServerError),
     /// the name to verify a TLS certificate against is not one
     TlsName(String),
+    /// not sent: a Cluster's primary that failed its last calls is skipped for a while (the
+    /// message says which and for how long)
+    Skipped(String),
 }
 
 impl Error {
@@ -363,6 +366,7 @@ impl fmt::Display for Error {
                 e.detail().unwrap_or_default()
             ),
             Error::TlsName(e) => write!(f, "not a TLS server name - InvalidClientConfig: {e}"),
+            Error::Skipped(why) => write!(f, "not sent - {why}"),
         }
     }
 }

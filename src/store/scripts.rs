@@ -3,13 +3,17 @@
 //!
 //! A check is described once, as a [`Call`] (script, key, arguments), and then either written
 //! straight into a `EVALSHA` command for the store's own connection ([`Call::encode`]) or turned
-//! into a redis-rs invocation for TLS and Cluster ([`Call::invocation`]).
+//! into a redis-rs invocation for the library path ([`Call::invocation`]).
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::sync::LazyLock;
 
 use ::redis::{Script, ScriptInvocation};
+
+mod fleet;
+
+pub(crate) use fleet::FleetOp;
 
 use super::coalesce::{Join, Joined, Kind};
 use super::resp::{bulk, push_count};
@@ -60,6 +64,7 @@ pub(crate) struct Scripts {
     resets: Lua,
     concurrency: Lua,
     adapt: Lua,
+    fleet: Lua,
 }
 
 /// One argument, written in Rust's shortest round-trip form for numbers, so the script's
@@ -109,6 +114,7 @@ impl Scripts {
             resets: Lua::new(include_str!("../../lua/resets.lua")),
             concurrency: Lua::new(include_str!("../../lua/concurrency.lua")),
             adapt: Lua::new(include_str!("../../lua/adapt.lua")),
+            fleet: Lua::new(include_str!("../../lua/fleet.lua")),
         }
     }
 

@@ -5,7 +5,7 @@
 //! it finds nothing to do, and no one has to remember which store gave the slot. Releases skip
 //! the breaker: one lost would leave its slot taken for a whole lease.
 
-use super::{GuardedStore, OnError};
+use super::{Caller, GuardedStore, OnError};
 use crate::limit::{Decision, Millis, Slots};
 use crate::store::StoreError;
 
@@ -20,7 +20,10 @@ impl GuardedStore {
     ) -> Result<Decision, StoreError> {
         let started = tokio::time::Instant::now();
         let shared = self
-            .through_breaker(self.primary.acquire(key, slots, holder, now), true)
+            .through_breaker(
+                move || self.primary.acquire(key, slots, holder, now),
+                Caller::Request,
+            )
             .await;
         // (a call the breaker kept back is counted as skipped already)
         if let (Some(observer), false) = (
@@ -78,7 +81,8 @@ impl GuardedStore {
         let shared = if release {
             shared.await
         } else {
-            self.through_breaker(shared, false).await
+            self.through_breaker(move || shared, Caller::Uncounted)
+                .await
         };
         match shared {
             Ok(n) => Ok(n),

@@ -37,6 +37,29 @@ fn wrongtype() -> StoreError {
     StoreError::from(value.checked().expect_err("a server error"))
 }
 
+/// A call a Cluster's connection did not send, its primary skipped after failing (one shard
+/// down), counts neither way: many in a row do not open the breaker, and they do not reset the
+/// count of the failures around them. It is counted under `circuit_open`.
+#[test]
+fn calls_to_a_skipped_primary_count_neither_way() {
+    let skipped = StoreError::from(crate::store::resp::Error::Skipped("primary a:1".into()));
+    assert!(skipped.is_skipped());
+    assert!(!skipped.is_outage());
+    assert_eq!(skipped.kind(), "circuit_open");
+    let b = Breaker::default();
+    for _ in 0..3 * TRIP_AFTER {
+        b.record(Permit::Closed, Some(&skipped));
+    }
+    assert!(!b.is_open(), "skipped calls alone open it");
+    for _ in 0..TRIP_AFTER - 1 {
+        b.record(Permit::Closed, Some(&timeout()));
+        b.record(Permit::Closed, Some(&skipped));
+    }
+    assert!(!b.is_open());
+    b.record(Permit::Closed, Some(&timeout()));
+    assert!(b.is_open(), "skipped calls reset the count of failures");
+}
+
 /// Errors of one key or call come from a Redis that answers: however many in a row, they do
 /// not open the breaker, and they reset the count of failures as a success does; a probe that
 /// gets one closes it. Timeouts and broken connections are outages.
@@ -248,6 +271,11 @@ impl Store for Fake {
     }
 
     fn resets<'a>(&'a self, _key: &'a str, _bump: bool) -> HoldFuture<'a> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Err(timeout()) })
+    }
+
+    fn publish<'a>(&'a self, _key: &'a str, _id: &'a str, _blob: &'a [u8]) -> HoldFuture<'a> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Err(timeout()) })
     }
@@ -585,6 +613,30 @@ async fn a_watch_of_the_reset_count_leaves_the_probe_to_readyz() {
         before + 1,
         "readyz did not probe"
     );
+}
+
+/// The fleet's publication is a background caller too: while the breaker is open it waits,
+/// past the cool-down as well, and leaves the probe to a request. Its failures count towards
+/// opening the breaker as any call's.
+#[tokio::test(start_paused = true)]
+async fn a_publication_to_the_fleet_leaves_the_probe_to_requests() {
+    let (store, calls) = guarded(Behaviour::Fails, Duration::ZERO, OnError::Allow, 1);
+    for _ in 0..TRIP_AFTER {
+        let _ = store.publish("{t:fleet}", "a", b"{}").await;
+    }
+    assert!(store.breaker_open(), "failed publications count");
+    tokio::time::advance(COOL_DOWN).await;
+    let before = calls.load(Ordering::SeqCst);
+    for _ in 0..3 {
+        let published = store.publish("{t:fleet}", "a", b"{}").await;
+        assert!(
+            matches!(published, Err(StoreError::CircuitOpen)),
+            "{published:?}"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), before, "took the probe");
+    let _ = store.check("k", &bucket(2), None).await;
+    assert_eq!(calls.load(Ordering::SeqCst), before + 1, "no probe left");
 }
 
 /// A deny-cache entry applies only to the limit that denied: once a reload changes the
