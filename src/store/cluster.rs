@@ -41,7 +41,7 @@ const REDIRECTS: usize = 5;
 /// The least time between two reads of the slot map.
 const REFRESH_GAP: Duration = Duration::from_millis(100);
 /// The most time between two reads of the slot map while something asks for them.
-const REFRESH_GAP_MAX: Duration = Duration::from_millis(800);
+const REFRESH_GAP_MAX: Duration = Duration::from_millis(400);
 /// Seeds asked for the map at once, when no known primary answers.
 const ASKED_AT_ONCE: usize = 3;
 /// Nodes that `ASK` named, kept for their next calls.
