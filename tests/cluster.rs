@@ -30,16 +30,34 @@ fn store(cluster: &common::Cluster, timeout: Duration) -> Arc<RedisStore> {
 
 /// `EVALSHA` and `EVAL` calls node `port` has run since its statistics were reset.
 fn script_runs(port: u16) -> u64 {
+    script_stat(port, "calls")
+}
+
+/// `EVALSHA` and `EVAL` calls sent to node `port`: those it ran, and those it refused
+/// (`rejected_calls`: redirected, or refused before they ran).
+fn scripts_sent(port: u16) -> u64 {
+    script_stat(port, "calls") + script_stat(port, "rejected_calls")
+}
+
+fn script_stat(port: u16, name: &str) -> u64 {
     let stats = common::cli(port, &["INFO", "commandstats"]);
     stats
         .lines()
         .filter_map(|line| {
-            let rest = line
-                .strip_prefix("cmdstat_evalsha:calls=")
-                .or_else(|| line.strip_prefix("cmdstat_eval:calls="))?;
-            rest.split(',').next()?.parse::<u64>().ok()
+            let fields = line
+                .strip_prefix("cmdstat_evalsha:")
+                .or_else(|| line.strip_prefix("cmdstat_eval:"))?;
+            fields.split(',').find_map(|field| {
+                let (key, value) = field.split_once('=')?;
+                (key == name).then(|| value.parse::<u64>().ok())?
+            })
         })
         .sum()
+}
+
+/// The errors node `port` has answered, by code, from `INFO errorstats`.
+fn error_codes(port: u16) -> String {
+    common::cli(port, &["INFO", "errorstats"])
 }
 
 /// Moves `key`'s slot from node `from` to node `to`, the key with it. With `finish` false the
@@ -83,17 +101,17 @@ async fn moved_and_asked_slots_are_followed() {
     let to = (from + 1) % 3;
     move_slot(&cluster, key, from, to, true);
     assert_eq!(cluster.owner(key), to);
-    let before = script_runs(cluster.nodes[from].port);
     let d = s.check(key, &alg, None).await.expect("followed MOVED");
     assert_eq!(d.remaining, 8, "the key's state moved with it");
+    let before = scripts_sent(cluster.nodes[from].port);
     for want in (0..8).rev() {
         assert_eq!(s.check(key, &alg, None).await.unwrap().remaining, want);
     }
     assert!(!s.check(key, &alg, None).await.unwrap().allowed);
     assert_eq!(
-        script_runs(cluster.nodes[from].port),
+        scripts_sent(cluster.nodes[from].port),
         before,
-        "the old primary ran a script after the move"
+        "a call went to the old primary after its MOVED"
     );
 
     // half-moved: ASK, and the map keeps the slot where it was until the move ends
@@ -117,19 +135,27 @@ async fn moved_and_asked_slots_are_followed() {
     assert_eq!(s.check(key, &alg, None).await.unwrap().remaining, 6);
 }
 
-/// Checks `key` from `n` tasks at once over `stores` in turn: how many were admitted.
-async fn admitted_at_once(stores: &[Arc<RedisStore>], key: &str, alg: Algorithm, n: usize) -> u64 {
+/// Checks `key` from `n` tasks at once over `stores` in turn: how many were admitted, and how
+/// many answered from a lease.
+async fn admitted_at_once(
+    stores: &[Arc<RedisStore>],
+    key: &str,
+    alg: Algorithm,
+    n: usize,
+) -> (u64, u64) {
     let handles: Vec<_> = (0..n)
         .map(|i| {
             let (s, key) = (stores[i % stores.len()].clone(), key.to_string());
-            tokio::spawn(async move { s.check(&key, &alg, None).await.unwrap().allowed })
+            tokio::spawn(async move { s.check(&key, &alg, None).await.unwrap() })
         })
         .collect();
-    let mut admitted = 0;
+    let (mut admitted, mut leased) = (0, 0);
     for h in handles {
-        admitted += u64::from(h.await.unwrap());
+        let d = h.await.unwrap();
+        admitted += u64::from(d.allowed);
+        leased += u64::from(d.leased);
     }
-    admitted
+    (admitted, leased)
 }
 
 /// One hot key on one shard, checked by two instances at once: the checks of each instance are
@@ -153,11 +179,14 @@ async fn a_hot_key_is_joined_and_leased_on_its_shard() {
     common::cli(owner, &["CONFIG", "RESETSTAT"]);
     // a bucket of 5 000 (refilled once in 1000 s): 6 000 checks, 400 at a time
     let alg = bucket(0.001, 5_000);
-    let mut admitted = 0;
+    let (mut admitted, mut leased) = (0, 0);
     for _ in 0..15 {
-        admitted += admitted_at_once(&stores, key, alg, 400).await;
+        let (a, l) = admitted_at_once(&stores, key, alg, 400).await;
+        admitted += a;
+        leased += l;
     }
     assert_eq!(admitted, 5_000, "the burst, no more and no less");
+    assert!(leased > 0, "no check answered from a lease");
     let runs = script_runs(owner);
     assert!(
         runs < 6_000 / 4,
@@ -199,12 +228,17 @@ async fn checks_of_many_keys_go_together_only_within_a_slot() {
             all
         }
     };
-    // keys all over the slots
+    // keys all over the slots: never sent together (Redis would answer CROSSSLOT, and each
+    // check would go again alone)
     let keys: Vec<String> = (0..300).map(|i| format!("tollgate:r:l:c{i}")).collect();
     for round in [1, 0] {
         for (key, seen) in many(keys.clone()).await {
             assert_eq!(seen, Ok(round), "{key}");
         }
+    }
+    for node in &cluster.nodes {
+        let errors = error_codes(node.port);
+        assert!(!errors.contains("CROSSSLOT"), "{errors}");
     }
     // keys of one slot (a prefix with a hash tag): they share calls
     let tagged: Vec<String> = (0..200).map(|i| format!("{{tenant}}:r:l:c{i}")).collect();
@@ -303,7 +337,7 @@ async fn a_hung_primary_is_left_for_its_replica() {
     let sleeper = std::thread::spawn(move || {
         // (answers once it wakes)
         let _ = std::process::Command::new("redis-cli")
-            .args(["-p", &port.to_string(), "debug", "sleep", "8"])
+            .args(["-p", &port.to_string(), "debug", "sleep", "12"])
             .output();
     });
     cluster.nodes[victim].wait_blocked();
@@ -325,7 +359,7 @@ async fn a_hung_primary_is_left_for_its_replica() {
             }
         }
         assert!(
-            hung.elapsed() < Duration::from_secs(7),
+            hung.elapsed() < Duration::from_secs(11),
             "never followed the promotion while the primary slept ({late} calls failed: {errors:?})"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -334,11 +368,11 @@ async fn a_hung_primary_is_left_for_its_replica() {
     // (asked of a node that is awake)
     assert_ne!(cluster.owner_seen_by(key, (victim + 1) % 6), victim);
     sleeper.join().unwrap();
-    let before = script_runs(port);
+    let before = scripts_sent(port);
     for _ in 0..20 {
         s.check(key, &alg, None).await.expect("on the new primary");
     }
-    assert_eq!(script_runs(port), before, "a script ran on the old primary");
+    assert_eq!(scripts_sent(port), before, "a call went to the old primary");
 }
 
 /// A primary hung for less than the cluster takes to call it down: after three late calls its
@@ -402,8 +436,9 @@ async fn a_hung_primary_is_skipped_between_probes() {
 }
 
 /// One primary down for good, and the cluster set to serve the rest (`cluster-require-full-
-/// coverage no`): however many calls in a row go to its keys, the breaker stays closed, so the
-/// other shards' keys are still decided by Redis, not by `on_error`.
+/// coverage no`): however many calls in a row go to its keys, before and after the cluster
+/// calls it failed (its slots then served by no one), the breaker stays closed, so the other
+/// shards' keys are still decided by Redis, not by `on_error`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_shard_down_leaves_the_breaker_closed_for_the_others() {
     use std::num::NonZeroUsize;
@@ -412,7 +447,12 @@ async fn one_shard_down_leaves_the_breaker_closed_for_the_others() {
     let mut cluster = common::Cluster::start_with(
         3,
         0,
-        &["--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no"],
+        &[
+            "--cluster-node-timeout",
+            "1000",
+            "--cluster-require-full-coverage",
+            "no",
+        ],
     );
     let guarded = GuardedStore::new(
         store(&cluster, Duration::from_millis(200)),
@@ -427,8 +467,23 @@ async fn one_shard_down_leaves_the_breaker_closed_for_the_others() {
     }
     let victim = cluster.owner(&keys[0]);
     let other = keys.iter().find(|k| cluster.owner(k) != victim).unwrap();
+    let witness = (victim + 1) % 3;
     cluster.nodes[victim].kill();
-    for round in 0..5 {
+    // from before the cluster calls the primary failed until long after (its slots are then
+    // served by no one)
+    let killed = Instant::now();
+    let mut round = 0;
+    let mut failed_seen = false;
+    while !failed_seen || killed.elapsed() < Duration::from_secs(4) {
+        round += 1;
+        failed_seen |= cluster.nodes[witness]
+            .cli(&["cluster", "nodes"])
+            .lines()
+            .any(|l| l.contains("master,fail"));
+        assert!(
+            killed.elapsed() < Duration::from_secs(20),
+            "the cluster never called the primary failed"
+        );
         for _ in 0..20 {
             let e = guarded.check(&keys[0], &alg, None).await.unwrap_err();
             assert!(!matches!(e, StoreError::CircuitOpen), "round {round}: {e}");
@@ -436,5 +491,6 @@ async fn one_shard_down_leaves_the_breaker_closed_for_the_others() {
         let d = guarded.check(other, &alg, None).await;
         assert!(d.is_ok(), "round {round}: another shard's key: {d:?}");
         assert!(!guarded.breaker_open(), "round {round}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

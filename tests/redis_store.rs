@@ -1171,9 +1171,6 @@ fn every_test_again_over_redis_rs() {
             "a_call_made_while_a_batch_is_unanswered_waits_for_its_reply",
             // redis-rs's connection manager keeps its connection after `READONLY`
             "readonly_drops_the_connection",
-            // a Cluster goes through redis-rs in both passes
-            "cluster_limits_keys_on_every_node",
-            "cluster_readiness_follows_the_cluster_state",
         ],
     );
 }

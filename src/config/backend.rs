@@ -147,6 +147,17 @@ fn cluster(chk: &mut Checker<'_>, raw: &RawStore, path: &Path) -> Backend {
             ),
         );
     }
+    // and over TLS or not: the nodes it learns from the cluster come with no scheme
+    let tls = |url: &String| url.trim_start().starts_with("rediss://");
+    if let Some(other) = urls.iter().position(|u| tls(u) != tls(&urls[0])) {
+        chk.error(
+            path.key("cluster"),
+            format!(
+                "every node URL must be redis:// or every one rediss:// (the Cluster client \
+                 reaches all nodes the same way): node {other} differs from node 0"
+            ),
+        );
+    }
     Backend::Cluster { urls }
 }
 

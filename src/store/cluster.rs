@@ -28,6 +28,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::pipe::{self, Addr, Answer, Command, Endpoint, Failure, Pipe};
+use super::reply::Reply;
 use super::resp::{encode_command, Error, Value};
 
 pub(crate) mod map;
@@ -39,8 +40,12 @@ use map::{Shard, SLOTS};
 const REDIRECTS: usize = 5;
 /// The least time between two reads of the slot map.
 const REFRESH_GAP: Duration = Duration::from_millis(100);
-/// Nodes asked for the map at once.
+/// The most time between two reads of the slot map while something asks for them.
+const REFRESH_GAP_MAX: Duration = Duration::from_millis(400);
+/// Seeds asked for the map at once, when no known primary answers.
 const ASKED_AT_ONCE: usize = 3;
+/// Nodes that `ASK` named, kept for their next calls.
+const ASKED_KEPT: usize = 8;
 /// A slot no primary serves.
 const UNCOVERED: u16 = u16::MAX;
 
@@ -63,6 +68,10 @@ struct Inner {
     refreshed: watch::Sender<u64>,
     /// turns the list of nodes asked, so one that hangs is not always asked first
     turn: AtomicUsize,
+    /// ms from one read of the map to the next: see [`Inner::refresh_soon`]
+    gap_ms: AtomicU64,
+    /// nodes an `ASK` named that the map does not hold, the latest last
+    asked: Mutex<Vec<Arc<Node>>>,
 }
 
 /// Which primary serves each slot.
@@ -103,6 +112,11 @@ impl Health {
             skipped_until: AtomicU64::new(0),
             epoch: Instant::now(),
         }
+    }
+
+    /// Whether the node failed its last call.
+    fn failing(&self) -> bool {
+        self.failures.load(Ordering::Relaxed) != 0
     }
 
     /// ms since the node was made, never 0
@@ -148,6 +162,42 @@ impl Health {
 }
 
 impl Node {
+    fn is(&self, host: &str, port: u16) -> bool {
+        self.host == host && self.port == port
+    }
+
+    /// The cluster's shards, as this primary says, asked over the store's connection to it.
+    async fn shards(&self, tls: bool, deadline: Instant) -> Result<Vec<Shard>, Error> {
+        let ask = |words: &[&[u8]]| {
+            let mut command = Vec::new();
+            encode_command(&mut command, words);
+            self.pipe.call(Command::Bytes(command), deadline)
+        };
+        let failed = |failure| match failure {
+            Failure::Redis(e) => e,
+            Failure::Late => Error::io(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "{}:{} did not give its slot map in time",
+                    self.host, self.port
+                ),
+            ),
+        };
+        let shards = match ask(&[b"CLUSTER", b"SHARDS"]).await {
+            Ok(Reply::Value(reply)) => map::from_shards(&reply, tls),
+            // a server before Redis 7
+            Err(Failure::Redis(Error::Server(e))) if e.code() == "ERR" => {
+                match ask(&[b"CLUSTER", b"SLOTS"]).await.map_err(failed)? {
+                    Reply::Value(reply) => map::from_slots(&reply),
+                    _ => Err("CLUSTER SLOTS did not answer a list"),
+                }
+            }
+            Ok(_) => Err("CLUSTER SHARDS did not answer a list"),
+            Err(failure) => return Err(failed(failure)),
+        };
+        known_shards(shards, &self.host)
+    }
+
     /// Sends `command` to the primary, unless it is skipped ([`Health`]).
     async fn send(&self, command: Command, deadline: Instant) -> Answer {
         if !self.health.admit() {
@@ -183,6 +233,8 @@ impl Cluster {
                 last_refresh: Mutex::new(None),
                 refreshed: watch::Sender::new(0),
                 turn: AtomicUsize::new(0),
+                gap_ms: AtomicU64::new(REFRESH_GAP.as_millis() as u64),
+                asked: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -285,17 +337,38 @@ impl Cluster {
         answers
     }
 
+    /// The first slot no primary serves, if the map has one (or there is no map yet).
+    pub(crate) fn uncovered(&self) -> Option<u16> {
+        let map = self.inner.map.load();
+        if map.slots.is_empty() {
+            return Some(0);
+        }
+        map.slots
+            .iter()
+            .position(|&index| index == UNCOVERED)
+            .map(|slot| slot as u16)
+    }
+
     /// The primary of `slot`, waiting for the first map if there is none yet.
     async fn node_for(&self, slot: u16, deadline: Instant) -> Result<Arc<Node>, Failure> {
+        {
+            // (the usual case: a guard, without touching the map's count of holders)
+            let map = self.inner.map.load();
+            if let Some(&index) = map.slots.get(usize::from(slot)) {
+                if index != UNCOVERED {
+                    return Ok(map.nodes[usize::from(index)].clone());
+                }
+            }
+        }
         let map = self.map(deadline).await;
         match map.slots.get(usize::from(slot)) {
             Some(&index) if index != UNCOVERED => Ok(map.nodes[usize::from(index)].clone()),
+            // Not the store's outage: the cluster has lost a shard, and the others answer.
             Some(_) => {
                 self.inner.refresh_soon();
-                Err(Failure::Redis(Error::io(
-                    std::io::ErrorKind::NotConnected,
-                    format!("no primary of the Redis Cluster serves slot {slot}"),
-                )))
+                Err(Failure::Redis(Error::Skipped(format!(
+                    "no primary of the Redis Cluster serves slot {slot}"
+                ))))
             }
             None => Err(Failure::Redis(Error::io(
                 std::io::ErrorKind::NotConnected,
@@ -319,9 +392,21 @@ impl Cluster {
     }
 }
 
+/// A read of the map under way: when it ends, or when its task is dropped unrun (its runtime
+/// shutting down), the next read may start and the calls waiting for it are woken.
+struct Refreshing(Arc<Inner>);
+
+impl Drop for Refreshing {
+    fn drop(&mut self) {
+        self.0.refreshing.store(false, Ordering::Release);
+        self.0.refreshed.send_modify(|n| *n += 1);
+    }
+}
+
 impl Inner {
     /// Reads the slot map again in the background, unless a read is under way or the last
-    /// began less than [`REFRESH_GAP`] ago. Whether a read is under way now.
+    /// began too recently: [`REFRESH_GAP`] after a read that changed the map, up to
+    /// [`REFRESH_GAP_MAX`] while reads keep finding it as it was. Whether a read is under way.
     fn refresh_soon(self: &Arc<Self>) -> bool {
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return true;
@@ -329,114 +414,164 @@ impl Inner {
         {
             let mut last = self.last_refresh.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
-            if last.is_some_and(|at| now.duration_since(at) < REFRESH_GAP) {
+            let gap = Duration::from_millis(self.gap_ms.load(Ordering::Relaxed));
+            if last.is_some_and(|at| now.duration_since(at) < gap) {
                 self.refreshing.store(false, Ordering::Release);
                 return false;
             }
             *last = Some(now);
         }
-        let inner = self.clone();
+        let refreshing = Refreshing(self.clone());
         tokio::spawn(async move {
-            inner.refresh().await;
-            inner.refreshing.store(false, Ordering::Release);
-            inner.refreshed.send_modify(|n| *n += 1);
+            let changed = refreshing.0.refresh().await;
+            let gap = if changed {
+                REFRESH_GAP
+            } else {
+                let gap = Duration::from_millis(refreshing.0.gap_ms.load(Ordering::Relaxed));
+                (gap * 2).min(REFRESH_GAP_MAX)
+            };
+            refreshing
+                .0
+                .gap_ms
+                .store(gap.as_millis() as u64, Ordering::Relaxed);
         });
         true
     }
 
-    /// Asks the known primaries, then the seeds, a few at a time, for the slot map, and
-    /// installs the first answer.
-    async fn refresh(&self) {
-        let mut asked: Vec<(String, u16)> = Vec::new();
-        for node in &self.map.load().nodes {
-            asked.push((node.host.clone(), node.port));
-        }
+    /// Asks the known primaries one at a time, over the connections the store holds to them
+    /// (those that answer lately first), then the seeds over new connections, for the slot
+    /// map, and installs the first answer. Whether the map changed.
+    async fn refresh(&self) -> bool {
+        let mut known = self.map.load().nodes.clone();
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
-        if !asked.is_empty() {
-            let known = asked.len();
-            asked.rotate_left(turn % known);
+        if !known.is_empty() {
+            let len = known.len();
+            known.rotate_left(turn % len);
         }
-        for seed in &self.seeds {
-            if !asked.contains(seed) {
-                asked.push(seed.clone());
-            }
-        }
+        known.sort_by_key(|node| node.health.failing());
+        let tls = self.template.tls.is_some();
+        let wait = self.template.connect_timeout / 2;
         let mut last_error = None;
-        for wave in asked.chunks(ASKED_AT_ONCE) {
-            let mut answers = JoinSet::new();
-            for (host, port) in wave {
-                answers.spawn(shards_of(host.clone(), *port, self.template.clone()));
+        for node in &known {
+            match node.shards(tls, Instant::now() + wait).await {
+                Ok(shards) => return self.install(shards),
+                Err(e) => last_error = Some(e),
             }
-            while let Some(answer) = answers.join_next().await {
-                match answer {
-                    Ok(Ok(shards)) => {
-                        self.install(shards);
-                        return;
-                    }
-                    Ok(Err(e)) => last_error = Some(e),
-                    Err(_) => {}
-                }
+        }
+        let seeds = self
+            .seeds
+            .iter()
+            .filter(|(host, port)| !known.iter().any(|n| n.host == *host && n.port == *port));
+        let mut answers = JoinSet::new();
+        for (host, port) in seeds.take(ASKED_AT_ONCE) {
+            answers.spawn(shards_of(host.clone(), *port, self.template.clone()));
+        }
+        while let Some(answer) = answers.join_next().await {
+            match answer {
+                Ok(Ok(shards)) => return self.install(shards),
+                Ok(Err(e)) => last_error = Some(e),
+                Err(_) => {}
             }
         }
         if let Some(e) = last_error {
             tracing::warn!(error = %e, "no node of the Redis Cluster gave its slot map");
         }
+        false
     }
 
-    /// Makes `shards` the map, keeping the connections to primaries it knew already.
-    fn install(&self, shards: Vec<Shard>) {
-        let old = self.map.load();
-        let mut slots = vec![UNCOVERED; SLOTS].into_boxed_slice();
-        let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(shards.len());
-        for shard in shards {
-            let index = match nodes
-                .iter()
-                .position(|n| n.host == shard.host && n.port == shard.port)
-            {
+    /// Makes `shards` the map, keeping the connections to primaries it knew already. Whether
+    /// the map changed.
+    fn install(&self, shards: Vec<Shard>) -> bool {
+        let mut changed = false;
+        self.map.rcu(|old| {
+            let mut slots = vec![UNCOVERED; SLOTS].into_boxed_slice();
+            let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(shards.len());
+            for shard in &shards {
+                let index = match nodes
+                    .iter()
+                    .position(|n| n.host == shard.host && n.port == shard.port)
+                {
+                    Some(index) => index,
+                    None => {
+                        nodes.push(self.known_or_new(old, &shard.host, shard.port));
+                        nodes.len() - 1
+                    }
+                };
+                for &(first, last) in &shard.ranges {
+                    slots[usize::from(first)..=usize::from(last)].fill(index as u16);
+                }
+            }
+            let map = Map { slots, nodes };
+            changed = !map.same_as(old);
+            map
+        });
+        changed
+    }
+
+    /// `MOVED`: the slot's primary is the node at `host:port` now. The map says so at once
+    /// (a map read since may have said so already).
+    fn moved(&self, slot: u16, host: String, port: u16) -> Arc<Node> {
+        let mut chosen = None;
+        self.map.rcu(|old| {
+            let node = self.known_or_new(old, &host, port);
+            let index = old.nodes.iter().position(|n| Arc::ptr_eq(n, &node));
+            chosen = Some(node.clone());
+            let mut nodes = old.nodes.clone();
+            let index = match index {
+                Some(index) if old.slots.get(usize::from(slot)) == Some(&(index as u16)) => {
+                    return Arc::clone(old);
+                }
                 Some(index) => index,
                 None => {
-                    nodes.push(self.known_or_new(&old, &shard.host, shard.port));
+                    nodes.push(node);
                     nodes.len() - 1
                 }
             };
-            for (first, last) in shard.ranges {
-                slots[usize::from(first)..=usize::from(last)].fill(index as u16);
-            }
-        }
-        self.map.store(Arc::new(Map { slots, nodes }));
+            let mut slots = if old.slots.is_empty() {
+                vec![UNCOVERED; SLOTS].into_boxed_slice()
+            } else {
+                old.slots.clone()
+            };
+            slots[usize::from(slot)] = index as u16;
+            Arc::new(Map { slots, nodes })
+        });
+        chosen.expect("rcu runs its closure")
     }
 
-    /// `MOVED`: the slot's primary is the node at `host:port` now. The map says so at once.
-    fn moved(&self, slot: u16, host: String, port: u16) -> Arc<Node> {
-        let old = self.map.load_full();
-        let node = self.known_or_new(&old, &host, port);
-        let mut nodes = old.nodes.clone();
-        let index = match nodes.iter().position(|n| Arc::ptr_eq(n, &node)) {
-            Some(index) => index,
-            None => {
-                nodes.push(node.clone());
-                nodes.len() - 1
-            }
-        };
-        let mut slots = if old.slots.is_empty() {
-            vec![UNCOVERED; SLOTS].into_boxed_slice()
-        } else {
-            old.slots.clone()
-        };
-        slots[usize::from(slot)] = index as u16;
-        self.map.store(Arc::new(Map { slots, nodes }));
+    /// The node at `host:port` that `ASK` names: known already, or kept among the few nodes
+    /// asked lately (a slot may be moving to a new primary that serves no slot yet, and its
+    /// calls should not each open a connection).
+    fn node_at(&self, host: &str, port: u16) -> Arc<Node> {
+        let map = self.map.load();
+        if let Some(node) = map.nodes.iter().find(|n| n.is(host, port)) {
+            return node.clone();
+        }
+        let mut asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(node) = asked.iter().find(|n| n.is(host, port)) {
+            return node.clone();
+        }
+        let node = self.new_node(host, port);
+        if asked.len() == ASKED_KEPT {
+            asked.remove(0);
+        }
+        asked.push(node.clone());
         node
     }
 
-    /// The node at `host:port`, known already or new (`ASK` may name a node not in the map).
-    fn node_at(&self, host: &str, port: u16) -> Arc<Node> {
-        self.known_or_new(&self.map.load(), host, port)
-    }
-
+    /// The node at `host:port` in `map` or among the nodes asked lately, or a new one.
     fn known_or_new(&self, map: &Map, host: &str, port: u16) -> Arc<Node> {
-        if let Some(node) = map.nodes.iter().find(|n| n.host == host && n.port == port) {
+        if let Some(node) = map.nodes.iter().find(|n| n.is(host, port)) {
             return node.clone();
         }
+        let asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(node) = asked.iter().find(|n| n.is(host, port)) {
+            return node.clone();
+        }
+        drop(asked);
+        self.new_node(host, port)
+    }
+
+    fn new_node(&self, host: &str, port: u16) -> Arc<Node> {
         let endpoint = Endpoint {
             addr: Addr::Tcp(host.to_owned(), port),
             ..self.template.clone()
@@ -452,7 +587,36 @@ impl Inner {
     }
 }
 
-/// Asks the node at `host:port` for the cluster's shards.
+impl Map {
+    /// The same slots on the same nodes.
+    fn same_as(&self, other: &Map) -> bool {
+        self.slots == other.slots
+            && self.nodes.len() == other.nodes.len()
+            && self
+                .nodes
+                .iter()
+                .zip(&other.nodes)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+}
+
+/// The shards a node described, a node with no address of its own taken to be `asked`, the
+/// node asked (it has met no other).
+fn known_shards(
+    shards: Result<Vec<Shard>, &'static str>,
+    asked: &str,
+) -> Result<Vec<Shard>, Error> {
+    let mut shards = shards.map_err(Error::Protocol)?;
+    if shards.is_empty() {
+        return Err(Error::Protocol("the node knows of no shard"));
+    }
+    for shard in shards.iter_mut().filter(|s| s.host.is_empty()) {
+        shard.host = asked.to_owned();
+    }
+    Ok(shards)
+}
+
+/// Asks the node at `host:port` for the cluster's shards, over a new connection.
 async fn shards_of(host: String, port: u16, template: Endpoint) -> Result<Vec<Shard>, Error> {
     let tls = template.tls.as_ref();
     let ask = async {
@@ -469,17 +633,7 @@ async fn shards_of(host: String, port: u16, template: Endpoint) -> Result<Vec<Sh
             }
             Err(e) => return Err(e),
         };
-        match shards {
-            Some(Ok(mut shards)) if !shards.is_empty() => {
-                for shard in shards.iter_mut().filter(|s| s.host.is_empty()) {
-                    shard.host.clone_from(&host);
-                }
-                Ok(shards)
-            }
-            Some(Ok(_)) => Err(Error::Protocol("the node knows of no shard")),
-            Some(Err(what)) => Err(Error::Protocol(what)),
-            None => Err(Error::Protocol("no reply")),
-        }
+        known_shards(shards.unwrap_or(Err("no reply")), &host)
     };
     match tokio::time::timeout(template.connect_timeout, ask).await {
         Ok(answer) => answer,
@@ -512,7 +666,7 @@ fn redirect(error: &Error, from: &Node) -> Option<Redirect> {
     let (host, port) = words.next()?.rsplit_once(':')?;
     let port: u16 = port.parse().ok()?;
     let host = match host.trim_start_matches('[').trim_end_matches(']') {
-        "" => from.host.clone(),
+        "" | "?" => from.host.clone(),
         host => host.to_owned(),
     };
     if usize::from(slot) >= SLOTS {

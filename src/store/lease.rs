@@ -22,7 +22,8 @@
 //!   script's, as before.
 //! * Tokens a lease has not handed out by the end of its [`LIFE`] are given back
 //!   (`lua/give_back.lua` moves the bucket's TAT back by their time). Only a give-back written
-//!   as its connection breaks is lost.
+//!   as its connection breaks is lost, or, on a Cluster, one that meets its slot moved to
+//!   another primary (`MOVED`, `ASK`): either way the bucket keeps fewer tokens, never more.
 //! * A reply from a lease counts from the lease's reply. It does not see the refill since, nor
 //!   what others took since, as any count is out of date once others take tokens. Tokens given
 //!   back raise the count as a refill does, so two checks may be told the same count. Within

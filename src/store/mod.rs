@@ -319,7 +319,7 @@ impl StoreError {
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::Timeout(_) => "timeout",
-            // (a Cluster's connection times a call out itself)
+            // (redis-rs's cluster client times a call out itself)
             StoreError::Redis(e) if e.is_timeout() => "timeout",
             // (a shard's own breaker, in effect)
             StoreError::Redis(e) if e.is_skipped() => "circuit_open",
@@ -351,7 +351,7 @@ impl RedisError {
         }
     }
 
-    /// Whether the call timed out at the socket (a Cluster's connection times calls out).
+    /// Whether the call timed out at the socket (redis-rs's cluster client times calls out).
     pub fn is_timeout(&self) -> bool {
         match self {
             RedisError::Own(e) => e.as_io().is_some_and(|e| {
@@ -403,7 +403,7 @@ mod tests {
 
     use super::StoreError;
 
-    /// An I/O time-out (a Cluster connection times its calls out itself) counts as `timeout`,
+    /// An I/O time-out (redis-rs's cluster client times its calls out itself) counts as `timeout`,
     /// like the store's own; other I/O failures as `connection`.
     #[test]
     fn error_kinds() {

@@ -9,8 +9,8 @@
 //! replies as they come and hands each, in order, to its caller (Redis answers the commands of
 //! one connection in order). The replies are parsed as they come, with no intermediate frames,
 //! into the store's own reply and error types ([`super::resp`]). redis-rs does the same with
-//! more layers, which cost more than the call itself (see BENCHMARKS.md); it still serves a
-//! Cluster.
+//! more layers, which cost more than the call itself (see BENCHMARKS.md). A Cluster's
+//! connection ([`super::cluster`]) is one pipe per primary.
 //!
 //! The pieces: [`drive`] is the driver task, [`batch`] writes a batch and shares joined
 //! replies out, [`alarm`] keeps the deadlines, [`connect`] opens a connection, and

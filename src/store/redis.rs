@@ -299,7 +299,12 @@ impl RedisStore {
                         ));
                     }
                 }
-                Ok(())
+                // (a cluster that serves the rest, `cluster-require-full-coverage no`, still
+                // says ok)
+                match cluster.uncovered() {
+                    Some(_) => Err(cluster_down("a slot of the cluster has no primary")),
+                    None => Ok(()),
+                }
             }
             Conn::Client(client @ Client::Single(_)) => {
                 let mut client = client.clone();

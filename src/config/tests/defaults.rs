@@ -60,9 +60,9 @@ fn store_with_a_url_and_no_backend_is_redis() {
 /// `cluster` gives the cluster backend with every node URL in order.
 #[test]
 fn store_cluster_lists_its_nodes() {
-    let text = "listen: 0.0.0.0:8080\nstore:\n  backend: redis\n  cluster: [redis://a:7000, rediss://b:7001]\n  on_error: deny\n";
+    let text = "listen: 0.0.0.0:8080\nstore:\n  backend: redis\n  cluster: [rediss://a:7000, rediss://b:7001]\n  on_error: deny\n";
     let store = ok(text).config.store;
-    let urls = vec!["redis://a:7000".to_owned(), "rediss://b:7001".to_owned()];
+    let urls = vec!["rediss://a:7000".to_owned(), "rediss://b:7001".to_owned()];
     assert_eq!(store.backend, Backend::Cluster { urls });
     assert_eq!(store.on_error, OnError::Deny);
 }

@@ -323,6 +323,12 @@ fn store_backend_problems() {
         ],
     );
     assert_problems(
+        "listen: 0.0.0.0:1\nstore:\n  cluster: [\"redis://h:1\", \"rediss://h:2\"]\n",
+        &[
+            "proxy.yaml:3:12: store.cluster: every node URL must be redis:// or every one rediss:// (the Cluster client reaches all nodes the same way): node 1 differs from node 0",
+        ],
+    );
+    assert_problems(
         "listen: 0.0.0.0:1\nstore:\n  url: redis://h:1/0?password=pw\n",
         &[
             r#"proxy.yaml:3:8: store.url: the Redis client does not read the URL's `password` parameter (a password goes in the user-info: redis://:PASSWORD@host:port/db): "redis://h:1/0?password=***""#,

@@ -18,19 +18,31 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
 }
 
 fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in bytes {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
+    bytes.iter().fold(0, |crc, &byte| {
+        (crc << 8) ^ CRC16[usize::from((crc >> 8) as u8 ^ byte)]
+    })
+}
+
+/// CRC16 (XMODEM, polynomial 0x1021) of each byte value, a byte at a time.
+const CRC16: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
             crc = if crc & 0x8000 != 0 {
                 (crc << 1) ^ 0x1021
             } else {
                 crc << 1
             };
+            bit += 1;
         }
+        table[i] = crc;
+        i += 1;
     }
-    crc
-}
+    table
+};
 
 /// A primary and the slot ranges it serves, as the cluster described it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use crate::store::resp::{encode_command, parse, Error, Value};
 /// still be noticed: unacknowledged writes fail after `TCP_USER_TIMEOUT`, idle connections are
 /// probed by keepalive; the I/O error then breaks the connection and the next call makes a new
 /// one. Per-call timeouts alone would never do that. The same settings serve redis-rs's
-/// connections (TLS, Cluster).
+/// connections (the library path).
 pub(crate) const USER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Keepalive probes after 10 s idle, every 2 s (see [`USER_TIMEOUT`]).
