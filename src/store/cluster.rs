@@ -7,8 +7,9 @@
 //! and again, in the background, after anything that says it may be out of date: a `MOVED`
 //! redirect, a call past its deadline, a broken connection, `CLUSTERDOWN`. A failover shows up
 //! as timeouts or refused connections until the cluster promotes a replica; tollgate re-reads
-//! the map at most every [`REFRESH_GAP`] meanwhile, so it follows the promotion soon after the
-//! cluster makes it. The failure policy decides the calls that fail until then.
+//! the map at most every [`REFRESH_GAP`] meanwhile, and goes on reading it while a primary
+//! fails, calls or not, so it follows the promotion soon after the cluster makes it. The
+//! failure policy decides the calls that fail until then.
 //!
 //! A primary that fails three calls in a row (late, or its connection broken) is skipped for
 //! a short cool-down: its keys' calls fail at once, so a hung primary costs its shard's
@@ -42,6 +43,8 @@ const REDIRECTS: usize = 5;
 const REFRESH_GAP: Duration = Duration::from_millis(100);
 /// The most time between two reads of the slot map while something asks for them.
 const REFRESH_GAP_MAX: Duration = Duration::from_millis(400);
+/// How long reads of the map go on by themselves while it may be about to change.
+const FOLLOW_FOR: Duration = Duration::from_secs(30);
 /// Seeds asked for the map at once, when no known primary answers.
 const ASKED_AT_ONCE: usize = 3;
 /// Nodes that `ASK` named, kept for their next calls.
@@ -423,19 +426,37 @@ impl Inner {
         }
         let refreshing = Refreshing(self.clone());
         tokio::spawn(async move {
-            let changed = refreshing.0.refresh().await;
-            let gap = if changed {
-                REFRESH_GAP
-            } else {
-                let gap = Duration::from_millis(refreshing.0.gap_ms.load(Ordering::Relaxed));
-                (gap * 2).min(REFRESH_GAP_MAX)
-            };
-            refreshing
-                .0
-                .gap_ms
-                .store(gap.as_millis() as u64, Ordering::Relaxed);
+            let inner = &refreshing.0;
+            let began = Instant::now();
+            loop {
+                let changed = inner.refresh().await;
+                inner.refreshed.send_modify(|n| *n += 1);
+                let gap = if changed {
+                    REFRESH_GAP
+                } else {
+                    let gap = Duration::from_millis(inner.gap_ms.load(Ordering::Relaxed));
+                    (gap * 2).min(REFRESH_GAP_MAX)
+                };
+                inner
+                    .gap_ms
+                    .store(gap.as_millis() as u64, Ordering::Relaxed);
+                // While a primary fails or a slot has none, read again without waiting for a
+                // call: an open breaker keeps calls away, and its probe should meet the map
+                // the promotion made, not fail on the old one.
+                if changed || !inner.troubled() || began.elapsed() > FOLLOW_FOR {
+                    break;
+                }
+                tokio::time::sleep(gap).await;
+            }
         });
         true
+    }
+
+    /// Whether the map may be about to change: a primary failed its last call, or a slot has
+    /// no primary.
+    fn troubled(&self) -> bool {
+        let map = self.map.load();
+        map.nodes.iter().any(|node| node.health.failing()) || map.slots.contains(&UNCOVERED)
     }
 
     /// Asks the known primaries one at a time, over the connections the store holds to them
