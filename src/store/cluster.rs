@@ -563,7 +563,17 @@ impl Inner {
     /// asked lately (a slot may be moving to a new primary that serves no slot yet, and its
     /// calls should not each open a connection).
     fn node_at(&self, host: &str, port: u16) -> Arc<Node> {
-        let map = self.map.load();
+        self.find_or_make(&self.map.load(), host, port, true)
+    }
+
+    /// The node at `host:port` in `map` or among the nodes asked lately, or a new one.
+    fn known_or_new(&self, map: &Map, host: &str, port: u16) -> Arc<Node> {
+        self.find_or_make(map, host, port, false)
+    }
+
+    /// The node at `host:port` in `map` or among the nodes asked lately; else a new one, kept
+    /// among those asked lately when `keep`.
+    fn find_or_make(&self, map: &Map, host: &str, port: u16, keep: bool) -> Arc<Node> {
         if let Some(node) = map.nodes.iter().find(|n| n.is(host, port)) {
             return node.clone();
         }
@@ -572,24 +582,13 @@ impl Inner {
             return node.clone();
         }
         let node = self.new_node(host, port);
-        if asked.len() == ASKED_KEPT {
-            asked.remove(0);
+        if keep {
+            if asked.len() == ASKED_KEPT {
+                asked.remove(0);
+            }
+            asked.push(node.clone());
         }
-        asked.push(node.clone());
         node
-    }
-
-    /// The node at `host:port` in `map` or among the nodes asked lately, or a new one.
-    fn known_or_new(&self, map: &Map, host: &str, port: u16) -> Arc<Node> {
-        if let Some(node) = map.nodes.iter().find(|n| n.is(host, port)) {
-            return node.clone();
-        }
-        let asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(node) = asked.iter().find(|n| n.is(host, port)) {
-            return node.clone();
-        }
-        drop(asked);
-        self.new_node(host, port)
     }
 
     fn new_node(&self, host: &str, port: u16) -> Arc<Node> {
