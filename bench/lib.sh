@@ -109,15 +109,23 @@ redis_calls() {
         awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ { s += $3 } END { print s + 0 }'
 }
 
+# cpu_split PID: "USER SYSTEM", the clock ticks of PID and of its children (nginx's workers);
+# the fields after the command name, which may hold spaces: utime and stime are 12 and 13
+cpu_split() {
+    local user=0 system=0 p u s
+    for p in "$1" $(pgrep -P "$1" 2>/dev/null); do
+        read -r u s < <(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12, $13 }') || continue
+        user=$((user + ${u:-0}))
+        system=$((system + ${s:-0}))
+    done
+    echo "$user $system"
+}
+
 # cpu_ticks PID: user and system clock ticks of PID and of its children (nginx's workers)
 cpu_ticks() {
-    local total=0 p t
-    for p in "$1" $(pgrep -P "$1" 2>/dev/null); do
-        # the fields after the command name, which may hold spaces: utime and stime are 12 and 13
-        t=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12 + $13 }')
-        total=$((total + ${t:-0}))
-    done
-    echo "$total"
+    local user system
+    read -r user system < <(cpu_split "$1")
+    echo $((user + system))
 }
 
 start_upstream() {

@@ -3,7 +3,8 @@
 
 usage: report.py RESULTS.tsv   (flood and idle-connection figures come from the environment)
 
-RESULTS.tsv columns: kind name threads round rps p50_us p99_us requests non2xx sockerr notes.
+RESULTS.tsv columns: kind name threads round rps p50_us p99_us requests non2xx sockerr notes
+user_us system_us (the last two: CPU per request in each mode, when measured).
 With several rounds, each figure is the median over the rounds, and a target that compares two
 rows is decided on the median of their per-round ratios: the two rows of a pair run one after the
 other in every round, so a ratio taken within a round cancels how the machine's speed drifts
@@ -32,7 +33,11 @@ def load(path):
             kind, name, threads, rnd, rps, p50, p99, reqs, non2xx, sockerr, notes = cols[:11]
             key = (kind, name, int(threads))
             r = rows.setdefault(key, {"rps": [], "p50": [], "p99": [], "reqs": 0, "non2xx": 0,
-                                      "sockerr": 0, "notes": [], "by_round": {}})
+                                      "sockerr": 0, "notes": [], "by_round": {}, "user": [],
+                                      "system": []})
+            if len(cols) >= 13 and cols[11] and cols[12]:
+                r["user"].append(float(cols[11]))
+                r["system"].append(float(cols[12]))
             r["rps"].append(float(rps))
             r["by_round"][rnd] = float(rps)
             r["p50"].append(float(p50))
@@ -47,6 +52,11 @@ def load(path):
         r["rounds"] = len(r["rps"])
         for k in ("rps", "p50", "p99"):
             r[k] = median(r[k])
+        # CPU per request: the median over the rounds of each part, and of their sum
+        cpu = [u + s for u, s in zip(r["user"], r["system"])]
+        r["cpu"] = median(cpu) if cpu else None
+        r["user"] = median(r["user"]) if r["user"] else None
+        r["system"] = median(r["system"]) if r["system"] else None
     return rows
 
 
@@ -64,12 +74,17 @@ def merge_notes(notes):
     merged = []
     for label, values in figures.items():
         lo, hi = min(values), max(values)
-        merged.append(f"{label} {lo:.2f}" if lo == hi else f"{label} {lo:.2f}–{hi:.2f}")
+        text = (lambda x: f"{x:.0f}") if all(v.is_integer() for v in values) else (lambda x: f"{x:.2f}")
+        merged.append(f"{label} {text(lo)}" if lo == hi else f"{label} {text(lo)}–{text(hi)}")
     return [", ".join(merged)] if merged else []
 
 
 def ms(us):
     return f"{us / 1000:.2f}"
+
+
+def cpu_text(us):
+    return "-" if us is None else f"{us:.2f}"
 
 
 def num(x):
@@ -120,6 +135,38 @@ def main():
                       f"| {ratio} | {num(r['non2xx'])} | {num(r['sockerr'])} "
                       f"| {'; '.join(r['notes'])} |")
 
+    single = [(k, r) for k, r in rows.items() if k[0] == "single"]
+    if single:
+        print()
+        print("### One worker each, `wrk -t1`" + (f" (median of {rounds} rounds)" if rounds > 1 else ""))
+        print()
+        print("| proxy, connections | requests/s | vs HAProxy | CPU µs/request | user | system "
+              "| p99 ms | non-2xx | socket errors |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for (kind, name, t), r in single:
+            conns = name.rsplit(", ", 1)[1]
+            ref = rows.get(("single", f"{HAPROXY}, {conns}", t))
+            ratio = f"{r['rps'] / ref['rps']:.2f}" if ref and ref["rps"] else "-"
+            print(f"| {name} | {num(r['rps'])} | {ratio} | {cpu_text(r['cpu'])} "
+                  f"| {cpu_text(r['user'])} | {cpu_text(r['system'])} | {ms(r['p99'])} "
+                  f"| {num(r['non2xx'])} | {num(r['sockerr'])} |")
+
+    paced = [(k, r) for k, r in rows.items() if k[0] == "paced"]
+    if paced:
+        print()
+        print(f"### At a fixed load: {num(float(env.get('PACED_RATE') or 0))} requests/s, "
+              f"{float(env.get('PACED_SHARE') or 0):.0%} of HAProxy's one-worker maximum, "
+              f"{env.get('PACED_CONNS', '?')} connections, one worker each")
+        print()
+        print("Latency counts from when each request was due, so a stall counts for every "
+              "request behind it.")
+        print()
+        print("| proxy | served/s | p50 ms | p99 ms | CPU µs/request | errors | notes |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+        for (kind, name, t), r in paced:
+            print(f"| {name} | {num(r['rps'])} | {ms(r['p50'])} | {ms(r['p99'])} "
+                  f"| {cpu_text(r['cpu'])} | {num(r['non2xx'])} | {'; '.join(r['notes'])} |")
+
     bad = [(k, r) for k, r in rows.items() if r["non2xx"] or r["sockerr"]]
     bad = [(k, r) for k, r in bad if k[0] != "flood"]
     if bad:
@@ -145,10 +192,14 @@ def main():
             print(f"- {t} thread(s): tollgate no limits ≥ HAProxy requests/s: "
                   f"{num(plain['rps'])} vs {num(hap['rps'])} "
                   f"({ratio:.2f}{rounds_said}) {mark(ratio >= 1.0, plain, hap)}")
+        if plain and hap and plain["cpu"] and hap["cpu"]:
+            print(f"- {t} thread(s): tollgate no limits CPU per request ≤ HAProxy's: "
+                  f"{cpu_text(plain['cpu'])} µs vs {cpu_text(hap['cpu'])} µs "
+                  f"{mark(plain['cpu'] <= hap['cpu'], plain, hap)}")
         if plain and redis:
             ratio, rounds_said = paired(redis, plain)
-            print(f"- {t} thread(s): Redis bucket ≥ 0.85 of tollgate no limits: "
-                  f"{ratio:.2f}{rounds_said} {mark(ratio >= 0.85, plain, redis)}")
+            print(f"- {t} thread(s): Redis bucket ≥ 0.95 of tollgate no limits: "
+                  f"{ratio:.2f}{rounds_said} {mark(ratio >= 0.95, plain, redis)}")
         if plain and ngx:
             ok = plain["p99"] <= ngx["p99"]
             print(f"- {t} thread(s): p99 no worse than nginx, no limits vs proxy_pass: "
@@ -157,6 +208,27 @@ def main():
             ok = redis["p99"] <= ngx_lim["p99"]
             print(f"- {t} thread(s): p99 no worse than nginx, Redis bucket vs limit_req: "
                   f"{ms(redis['p99'])} ms vs {ms(ngx_lim['p99'])} ms {mark(ok, redis, ngx_lim)}")
+
+    for (kind, name, t), r in single:
+        base, conns = name.rsplit(", ", 1)
+        hap = rows.get(("single", f"{HAPROXY}, {conns}", t))
+        if base != PLAIN or not hap:
+            continue
+        ratio, rounds_said = paired(r, hap)
+        print(f"- one worker, wrk -t1 {conns}: tollgate no limits ≥ HAProxy requests/s: "
+              f"{num(r['rps'])} vs {num(hap['rps'])} ({ratio:.2f}{rounds_said}) "
+              f"{mark(ratio >= 1.0, r, hap)}")
+        if r["cpu"] and hap["cpu"]:
+            print(f"- one worker, wrk -t1 {conns}: CPU per request ≤ HAProxy's: "
+                  f"{cpu_text(r['cpu'])} µs (user {cpu_text(r['user'])}, system "
+                  f"{cpu_text(r['system'])}) vs {cpu_text(hap['cpu'])} µs (user "
+                  f"{cpu_text(hap['user'])}, system {cpu_text(hap['system'])}) "
+                  f"{mark(r['cpu'] <= hap['cpu'], r, hap)}")
+    fixed = dict((k[1], r) for k, r in paced)
+    if PLAIN in fixed and NGINX in fixed:
+        a, b = fixed[PLAIN], fixed[NGINX]
+        print(f"- fixed load: tollgate no limits p99 ≤ nginx proxy_pass's: {ms(a['p99'])} ms "
+              f"vs {ms(b['p99'])} ms {mark(a['p99'] <= b['p99'], a, b)}")
 
     if env.get("FLOOD_REQUESTS"):
         reqs = int(env["FLOOD_REQUESTS"])
