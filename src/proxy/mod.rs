@@ -317,16 +317,27 @@ impl Proxy {
                 path: &key_path,
                 route: &route.name,
             };
-            let (owed, held) = match self.limit(route, &req, &ctx, outcome).await? {
-                limits::Checked::Denied(resp) => return Ok(resp),
-                limits::Checked::Admitted(admitted, owed, held) => {
-                    *shown = admitted;
-                    (owed, held)
+            self.refuse_too_large(&req)?;
+            // A phase the route does not use is not entered: its future, kilobytes that
+            // would be built and moved for nothing, is not made.
+            let (owed, held) = if route.limits.is_empty() {
+                (None, slots::Held::default())
+            } else {
+                match limits::check(&self.limiter(), route, &ctx, &mut outcome.verdict).await? {
+                    limits::Checked::Denied(resp) => return Ok(resp),
+                    limits::Checked::Admitted(admitted, owed, held) => {
+                        *shown = admitted;
+                        (owed, held)
+                    }
                 }
             };
             // A request refused here, or whose client goes away while it waits, has what its
             // limits took given back as `owed` is dropped, and its slots released as `held` is.
-            let (paced, held) = self.pace(route, outcome, held).await?;
+            let (paced, held) = if route.upstream.paced() {
+                self.pace(route, outcome, held).await?
+            } else {
+                (None, held)
+            };
             if let Some(owed) = owed {
                 owed.paid();
             }
@@ -402,24 +413,15 @@ impl Proxy {
         Ok((route, path))
     }
 
-    /// Limit: the route's limits, in order ([`limits::check`]). A body announced larger than
-    /// `max_body_size` is refused first, so no limit counts it.
-    async fn limit<'s, B>(
-        &'s self,
-        route: &'s Route,
-        req: &Request<B>,
-        ctx: &KeyContext<'_>,
-        outcome: &mut Outcome<'s>,
-    ) -> Result<limits::Checked<'s>, ProxyError> {
-        if let (Some(max), Some(len)) = (
+    /// Refuses a body announced larger than `max_body_size`, before any limit counts it.
+    fn refuse_too_large<B>(&self, req: &Request<B>) -> Result<(), ProxyError> {
+        match (
             self.settings.max_body_size,
             forward::content_length(req.headers()),
         ) {
-            if len > max {
-                return Err(ProxyError::BodyTooLarge);
-            }
+            (Some(max), Some(len)) if len > max => Err(ProxyError::BodyTooLarge),
+            _ => Ok(()),
         }
-        limits::check(&self.limiter(), route, ctx, &mut outcome.verdict).await
     }
 
     /// What the limit phase, and the charges after it, use of the proxy.
@@ -434,8 +436,9 @@ impl Proxy {
         }
     }
 
-    /// Pace: waits for the upstream's slot, if it is paced ([`Pacer::wait`]), then for a slot
-    /// in flight to it, if they are bounded ([`inflight::Inflight::wait`]), added to `held`.
+    /// Pace, for an upstream that is paced or bounds its calls in flight: waits for the
+    /// upstream's slot, if it is paced ([`Pacer::wait`]), then for a slot in flight to it, if
+    /// they are bounded ([`inflight::Inflight::wait`]), added to `held`.
     /// Returns what the upstream's answer is read for ([`Proxy::upstream_answered`]), and the
     /// slots.
     ///
@@ -448,9 +451,6 @@ impl Proxy {
         mut held: slots::Held,
     ) -> Result<(Option<pacing::Answer<'s>>, slots::Held), ProxyError> {
         let upstream = &*route.upstream;
-        if !upstream.paced() {
-            return Ok((None, held));
-        }
         outcome.waiting_since = Some(Instant::now());
         let waited = async {
             let mut answer = None;
