@@ -1,7 +1,7 @@
 //! paced: a constant-rate HTTP/1.1 load generator, for latency at a fixed offered load.
 //!
 //! ```sh
-//! cargo run --release --example paced -- --rate 30000 --connections 64 --duration 10 http://127.0.0.1:8080/
+//! cargo run --release --manifest-path bench/paced/Cargo.toml -- --rate 30000 http://127.0.0.1:8080/
 //! ```
 //!
 //! wrk sends the next request as soon as the last answer arrives. So a slow server is offered
