@@ -154,8 +154,9 @@ def main():
     paced = [(k, r) for k, r in rows.items() if k[0] == "paced"]
     if paced:
         print()
-        print(f"### At a fixed load: {num(float(env.get('PACED_RATE') or 0))} requests/s, "
-              f"{float(env.get('PACED_SHARE') or 0):.0%} of HAProxy's one-worker maximum, "
+        share = env.get("PACED_SHARE")
+        why = f"{float(share):.0%} of HAProxy's one-worker maximum" if share else "BENCH_PACED_RATE"
+        print(f"### At a fixed load: {num(float(env.get('PACED_RATE') or 0))} requests/s ({why}), "
               f"{env.get('PACED_CONNS', '?')} connections, one worker each")
         print()
         print("Latency counts from when each request was due, so a stall counts for every "
