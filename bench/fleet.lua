@@ -6,7 +6,7 @@
 -- FLEET_HOT=0.1             share of requests with X-Api-Key: hot
 -- FLEET_GLOBAL=0.1          share of requests to /global (one limit shared by every client)
 --
--- done(): one machine-readable line with the run's totals, as bench/wrk.lua prints.
+-- done(): the BENCH line with the run's totals, as bench/wrk.lua prints (bench_line.lua).
 
 local ports = {}
 for p in string.gmatch(os.getenv("FLEET_PORTS") or "", "%d+") do
@@ -46,10 +46,5 @@ function request()
    return wrk.format(nil, "/", headers)
 end
 
-function done(summary, latency, requests)
-   local e = summary.errors
-   io.write(string.format(
-      "BENCH requests=%d duration_us=%d connect=%d read=%d write=%d status=%d timeout=%d p50_us=%d p90_us=%d p99_us=%d max_us=%d\n",
-      summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
-      latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
-end
+-- done(): the BENCH line, from bench_line.lua beside this script
+dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "bench_line.lua")

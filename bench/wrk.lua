@@ -1,7 +1,6 @@
 -- wrk script for bench/run.
 --
--- done(): prints one machine-readable line with the run's totals and latency percentiles in
--- microseconds (wrk's own text rounds them and changes units).
+-- done(): the BENCH line with the run's totals and latency percentiles (bench_line.lua).
 --
 -- BENCH_KEYS=N (optional): each request carries X-Forwarded-For 10.a.b.c, cycling through N
 -- distinct addresses (threads start at different offsets), so a proxy that trusts loopback
@@ -43,10 +42,5 @@ if keys and keys > 0 then
    end
 end
 
-function done(summary, latency, requests)
-   local e = summary.errors
-   io.write(string.format(
-      "BENCH requests=%d duration_us=%d connect=%d read=%d write=%d status=%d timeout=%d p50_us=%d p90_us=%d p99_us=%d max_us=%d\n",
-      summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
-      latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
-end
+-- done(): the BENCH line, from bench_line.lua beside this script
+dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "bench_line.lua")
