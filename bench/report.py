@@ -162,11 +162,13 @@ def main():
         print("Latency counts from when each request was due, so a stall counts for every "
               "request behind it.")
         print()
-        print("| proxy | served/s | p50 ms | p99 ms | CPU µs/request | errors | notes |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+        print("| proxy | served/s | p50 ms | p99 ms | CPU µs/request | errors | never answered "
+              "| notes |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
         for (kind, name, t), r in paced:
             print(f"| {name} | {num(r['rps'])} | {ms(r['p50'])} | {ms(r['p99'])} "
-                  f"| {cpu_text(r['cpu'])} | {num(r['non2xx'])} | {'; '.join(r['notes'])} |")
+                  f"| {cpu_text(r['cpu'])} | {num(r['non2xx'])} | {num(r['sockerr'])} "
+                  f"| {'; '.join(r['notes'])} |")
 
     bad = [(k, r) for k, r in rows.items() if r["non2xx"] or r["sockerr"]]
     bad = [(k, r) for k, r in bad if k[0] != "flood"]
